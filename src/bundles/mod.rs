@@ -1,0 +1,1 @@
+//! bundles (being built).

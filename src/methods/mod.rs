@@ -1,0 +1,1 @@
+//! The method table: binds each domain to the router.
