@@ -150,6 +150,7 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
 }
 
 #[cfg(test)]
+#[allow(clippy::excessive_precision)] // the RFC's vectors are spelled with their full digits
 mod tests {
     use super::*;
     use proptest::prelude::*;

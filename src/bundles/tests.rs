@@ -131,7 +131,8 @@ fn expect_field(v: Value, field: &str) {
 
 #[test]
 fn boundary_rules_name_the_field() {
-    let cases: Vec<(&str, fn(&mut Value))> = vec![
+    type Edit = fn(&mut Value);
+    let cases: Vec<(&str, Edit)> = vec![
         ("metadata.id", |v| v["metadata"]["id"] = json!("-bad")),
         ("metadata.id", |v| v["metadata"]["id"] = json!("a/b")),
         ("metadata.digest", |v| {
