@@ -45,13 +45,16 @@ pub struct Push {
 /// What the session needs from the program around it.
 pub trait Host: Send + Sync + 'static {
     type State: Send + Sync + 'static;
+    /// The host's notification type, turned into a [`Push`] by [`Host::push`].
+    type Notice: Clone + Send + 'static;
     /// Opens the state this connection works on. Called once: at `initialize` with its params
     /// (so an LSP `rootUri` can choose the workspace) or before the first other request.
     fn attach(&self, init: Option<&Value>) -> Result<Arc<Self::State>, RpcError>;
     /// The role a connection gets from its initialize params (operator needs proof).
     fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError>;
     /// Notifications for clients of `state` (from this process and from other processes).
-    fn subscribe(&self, state: &Self::State) -> broadcast::Receiver<Push>;
+    fn subscribe(&self, state: &Self::State) -> broadcast::Receiver<Self::Notice>;
+    fn push(notice: Self::Notice) -> Push;
     /// Server name and version for `serverInfo`.
     fn server_info(&self) -> (&'static str, &'static str);
     /// Short guidance for MCP hosts.
@@ -417,7 +420,8 @@ impl<H: Host> Conn<H> {
         tokio::spawn(async move {
             loop {
                 match rx.recv().await {
-                    Ok(push) => {
+                    Ok(notice) => {
+                        let push = H::push(notice);
                         if profile == Some(Profile::Mcp) {
                             continue;
                         }
