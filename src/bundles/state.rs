@@ -106,6 +106,12 @@ impl BundleState {
         self.bundles.values().map(|b| b.summary.clone()).collect()
     }
 
+    /// Folds one journal record (the workspace dispatches `bundle.*` here). Bundles cause no
+    /// notifications.
+    pub fn apply(&mut self, rec: &crate::workspace::Record, _out: &mut Vec<crate::workspace::Notice>) {
+        self.apply_record(&rec.kind, rec.seq, rec.time_ms, &rec.payload);
+    }
+
     /// Folds one record in. Records were validated before they were written; anything that
     /// does not decode is logged and skipped so a damaged record cannot stop the fold.
     pub fn apply_record(&mut self, kind: &str, seq: u64, time_ms: u64, payload: &Value) {

@@ -171,6 +171,14 @@ impl WorkerState {
             .collect()
     }
 
+    /// Folds one journal record (the workspace dispatches `worker.*` here); its notifications
+    /// go to every client.
+    pub fn apply(&mut self, rec: &crate::workspace::Record, out: &mut Vec<crate::workspace::Notice>) {
+        for (method, params) in self.apply_record(&rec.kind, rec.seq, rec.time_ms, &rec.payload) {
+            out.push(crate::workspace::Notice::everyone(&method, params));
+        }
+    }
+
     /// Folds one record in and returns the notifications it causes. Records were validated
     /// before they were written; what does not decode is logged and skipped.
     pub fn apply_record(
