@@ -108,7 +108,11 @@ impl BundleState {
 
     /// Folds one journal record (the workspace dispatches `bundle.*` here). Bundles cause no
     /// notifications.
-    pub fn apply(&mut self, rec: &crate::workspace::Record, _out: &mut Vec<crate::workspace::Notice>) {
+    pub fn apply(
+        &mut self,
+        rec: &crate::workspace::Record,
+        _out: &mut Vec<crate::workspace::Notice>,
+    ) {
         self.apply_record(&rec.kind, rec.seq, rec.time_ms, &rec.payload);
     }
 

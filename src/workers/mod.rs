@@ -12,6 +12,7 @@ pub mod plan;
 pub mod process;
 pub mod procinfo;
 pub mod request;
+pub mod runtime;
 pub mod state;
 pub mod types;
 
@@ -19,6 +20,7 @@ pub use backend::{ExecEvent, ExecResult, ExecutionBackend, Outcome, SpawnRequest
 pub use plan::{CreateCheck, WorkerError};
 pub use process::ProcessBackend;
 pub use request::{CreateRequest, InputRequest};
+pub use runtime::WorkerRuntime;
 pub use state::{StatusChange, WorkerState};
 pub use types::{
     ExitInfo, Owner, RunState, Segment, Stream, TranscriptEntry, Worker, WorkerStatus,

@@ -173,7 +173,11 @@ impl WorkerState {
 
     /// Folds one journal record (the workspace dispatches `worker.*` here); its notifications
     /// go to every client.
-    pub fn apply(&mut self, rec: &crate::workspace::Record, out: &mut Vec<crate::workspace::Notice>) {
+    pub fn apply(
+        &mut self,
+        rec: &crate::workspace::Record,
+        out: &mut Vec<crate::workspace::Notice>,
+    ) {
         for (method, params) in self.apply_record(&rec.kind, rec.seq, rec.time_ms, &rec.payload) {
             out.push(crate::workspace::Notice::everyone(&method, params));
         }
