@@ -268,7 +268,7 @@ fn worker_id(raw: &str) -> Result<String, RpcError> {
 
 async fn get(app: Arc<App>, _ctx: CallCtx, p: GetParams) -> Result<WorkerResult, RpcError> {
     let id = worker_id(&p.worker_id)?;
-    app.workers.start();
+    app.workers.ready().await;
     app.workspace
         .read(|s| s.workers.get(&id).cloned())
         .map(|worker| WorkerResult { worker })
@@ -276,7 +276,7 @@ async fn get(app: Arc<App>, _ctx: CallCtx, p: GetParams) -> Result<WorkerResult,
 }
 
 async fn list(app: Arc<App>, _ctx: CallCtx, p: ListParams) -> Result<ListResult, RpcError> {
-    app.workers.start();
+    app.workers.ready().await;
     let workers = app.workspace.read(|s| {
         s.workers
             .list()

@@ -63,6 +63,8 @@ pub struct WorkerRuntime {
     inner: Mutex<Inner>,
     events_tx: mpsc::UnboundedSender<ExecEvent>,
     events_rx: Mutex<Option<mpsc::UnboundedReceiver<ExecEvent>>>,
+    /// Becomes true once the startup restore has run, so answers never show a stale owner.
+    restored: tokio::sync::watch::Sender<bool>,
 }
 
 fn store_err<E>(e: CommitError<E>) -> Result<E, WorkerError> {
@@ -113,6 +115,7 @@ impl WorkerRuntime {
             inner: Mutex::new(Inner::default()),
             events_tx,
             events_rx: Mutex::new(Some(events_rx)),
+            restored: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -145,7 +148,17 @@ impl WorkerRuntime {
         let me = Arc::downgrade(self);
         tokio::spawn(run_loop(me, rx, notices));
         let rt = Arc::clone(self);
-        tokio::spawn(async move { rt.restore().await });
+        tokio::spawn(async move {
+            rt.restore().await;
+            rt.restored.send_replace(true);
+        });
+    }
+
+    /// Starts the runtime if needed and waits (briefly) for the startup restore.
+    pub async fn ready(self: &Arc<Self>) {
+        self.start();
+        let mut rx = self.restored.subscribe();
+        let _ = tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|done| *done)).await;
     }
 
     pub fn workspace(&self) -> &Arc<Workspace> {
@@ -249,7 +262,7 @@ impl WorkerRuntime {
 
     /// `workers/create`: the only place a worker id is issued.
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<Worker, WorkerError> {
-        self.start();
+        self.ready().await;
         let fingerprint = req.fingerprint();
 
         let (check, blob) = self.workspace.read(|s| {
@@ -405,7 +418,7 @@ impl WorkerRuntime {
         worker_id: &str,
         segments: Vec<Segment>,
     ) -> Result<(Worker, u64), WorkerError> {
-        self.start();
+        self.ready().await;
         // A worker whose owner vanished cannot take input; say so truthfully and record it.
         let stale = self.workspace.read(|s| s.workers.get(worker_id).cloned());
         if let Some(w) = &stale
@@ -497,7 +510,7 @@ impl WorkerRuntime {
         worker_id: &str,
         reason: Option<String>,
     ) -> Result<Worker, WorkerError> {
-        self.start();
+        self.ready().await;
         let w = self
             .workspace
             .read(|s| s.workers.get(worker_id).cloned())
