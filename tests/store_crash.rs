@@ -43,7 +43,7 @@ fn child_writer() {
             .collect();
         txn.append(&batch).unwrap();
         let last = batch.last().map_or(0, |r| r.seq);
-        if round % 40 == 0 {
+        if round.is_multiple_of(40) {
             txn.write_snapshot(&Snapshot {
                 seq: last,
                 state: json!({ "upto": last }),

@@ -62,7 +62,7 @@ fn child_appender() {
         txn.append(std::slice::from_ref(&record)).unwrap();
         drop(txn);
         known.insert(seq, id);
-        if i % 50 == 0 {
+        if i.is_multiple_of(50) {
             std::thread::yield_now();
         }
     }
