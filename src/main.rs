@@ -81,6 +81,8 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Store(cmd) => gaffer::cli::store::run(cmd, &root_of(&g)).await,
         Command::Schema { out, check } => schema(&out, check),
         Command::Doctor => doctor(&root_of(&g)),
+        Command::Bundle(cmd) => gaffer::cli::bundles::run(cmd, &root_of(&g), config(&g)).await,
+        Command::Worker(cmd) => gaffer::cli::workers::run(cmd, &root_of(&g), config(&g)).await,
         Command::Call { method, params } => call(&g, &method, &params).await,
     }
 }

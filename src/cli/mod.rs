@@ -1,7 +1,9 @@
 //! The command line: `gaffer serve` (the default) and the one-shot commands.
 
+pub mod bundles;
 pub mod doctor;
 pub mod store;
+pub mod workers;
 
 use std::path::PathBuf;
 
@@ -52,6 +54,12 @@ pub enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Sync, check and list config bundles.
+    #[command(subcommand)]
+    Bundle(bundles::BundleCmd),
+    /// Create, feed, inspect and stop workers.
+    #[command(subcommand)]
+    Worker(workers::WorkerCmd),
     /// Read-only health checks of the workspace and this machine.
     Doctor,
     /// Call one method in process and print its result as JSON.
