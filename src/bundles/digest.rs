@@ -17,7 +17,7 @@
 //! content address equals the hex part of the digest.
 
 use super::jcs;
-use super::types::Bundle;
+use super::types::{Bundle, InputMode, Profile};
 
 /// Prefix of every bundle digest.
 pub const DIGEST_PREFIX: &str = "sha256:";
@@ -50,16 +50,160 @@ pub fn normalize(bundle: &Bundle) -> Bundle {
 /// Normalises, encodes and hashes `bundle`.
 pub fn canonicalize(bundle: &Bundle) -> Canonical {
     let bundle = normalize(bundle);
-    // Serialising our own plain data types to a JSON value cannot fail (no maps with
-    // non-string keys, no non-finite floats).
-    let value = serde_json::to_value(&bundle).unwrap_or(serde_json::Value::Null);
-    let bytes = jcs::canonicalize(&value);
+    let bytes = encode(&bundle);
     let digest = format!("{DIGEST_PREFIX}{}", crate::util::sha256_hex(&bytes));
     Canonical {
         bundle,
         bytes,
         digest,
     }
+}
+
+/// The JCS bytes of a normalised bundle, via the generic path: serde's JSON value of the
+/// bundle run through [`jcs::canonicalize`]. [`encode`] must always equal this.
+pub fn encode_generic(bundle: &Bundle) -> Vec<u8> {
+    // Serialising our own plain data types to a JSON value cannot fail (no maps with
+    // non-string keys, no non-finite floats).
+    let value = serde_json::to_value(bundle).unwrap_or(serde_json::Value::Null);
+    jcs::canonicalize(&value)
+}
+
+/// The JCS bytes of a bundle written directly from the typed value (several times faster
+/// than building a JSON tree). Members are written in JCS order; every key is ASCII, so byte
+/// order is UTF-16 order. Field presence mirrors the serde attributes of the types.
+pub fn encode(b: &Bundle) -> Vec<u8> {
+    let mut out = Vec::with_capacity(estimate(b));
+    let o = &mut out;
+    o.push(b'{');
+    let mut first = true;
+    if !b.declarations.is_empty() {
+        key(o, &mut first, "declarations");
+        o.push(b'[');
+        for (i, d) in b.declarations.iter().enumerate() {
+            if i > 0 {
+                o.push(b',');
+            }
+            o.extend_from_slice(b"{\"kind\":");
+            jcs::write_string(d.kind.as_str(), o);
+            o.extend_from_slice(b",\"name\":");
+            jcs::write_string(&d.name, o);
+            o.extend_from_slice(b",\"reference\":");
+            jcs::write_string(&d.reference, o);
+            o.push(b'}');
+        }
+        o.push(b']');
+    }
+    key(o, &mut first, "metadata");
+    let m = &b.metadata;
+    o.extend_from_slice(b"{\"created_at\":");
+    jcs::write_string(&m.created_at, o);
+    if let Some(d) = &m.digest {
+        o.extend_from_slice(b",\"digest\":");
+        jcs::write_string(d, o);
+    }
+    o.extend_from_slice(b",\"id\":");
+    jcs::write_string(&m.id, o);
+    o.extend_from_slice(b",\"provenance\":{");
+    if let Some(detail) = &m.provenance.detail {
+        o.extend_from_slice(b"\"detail\":");
+        jcs::write_string(detail, o);
+        o.push(b',');
+    }
+    o.extend_from_slice(b"\"source\":");
+    jcs::write_string(&m.provenance.source, o);
+    o.extend_from_slice(b"},\"revision\":");
+    jcs::write_string(&m.revision, o);
+    o.push(b'}');
+    if !b.profiles.is_empty() {
+        key(o, &mut first, "profiles");
+        o.push(b'[');
+        for (i, p) in b.profiles.iter().enumerate() {
+            if i > 0 {
+                o.push(b',');
+            }
+            write_profile(p, o);
+        }
+        o.push(b']');
+    }
+    o.push(b'}');
+    out
+}
+
+fn key(o: &mut Vec<u8>, first: &mut bool, name: &str) {
+    if !*first {
+        o.push(b',');
+    }
+    *first = false;
+    jcs::write_string(name, o);
+    o.push(b':');
+}
+
+fn write_strings(items: &[String], o: &mut Vec<u8>) {
+    o.push(b'[');
+    for (i, s) in items.iter().enumerate() {
+        if i > 0 {
+            o.push(b',');
+        }
+        jcs::write_string(s, o);
+    }
+    o.push(b']');
+}
+
+fn write_profile(p: &Profile, o: &mut Vec<u8>) {
+    let mut first = true;
+    o.push(b'{');
+    if !p.command.is_empty() {
+        key(o, &mut first, "command");
+        write_strings(&p.command, o);
+    }
+    key(o, &mut first, "input_mode");
+    jcs::write_string(
+        match p.input_mode {
+            InputMode::StdinText => "stdin_text",
+            InputMode::StdinJsonl => "stdin_jsonl",
+            InputMode::Argument => "argument",
+        },
+        o,
+    );
+    if let Some(label) = &p.label {
+        key(o, &mut first, "label");
+        jcs::write_string(label, o);
+    }
+    if let Some(model) = &p.model {
+        key(o, &mut first, "model");
+        jcs::write_string(model, o);
+    }
+    key(o, &mut first, "selector");
+    o.extend_from_slice(b"{\"kind\":");
+    jcs::write_string(p.selector.kind(), o);
+    o.extend_from_slice(b",\"value\":");
+    jcs::write_string(p.selector.value(), o);
+    o.push(b'}');
+    if let Some(t) = p.timeout_ms {
+        key(o, &mut first, "timeout_ms");
+        jcs::write_u64(t, o);
+    }
+    if !p.toolsets.is_empty() {
+        key(o, &mut first, "toolsets");
+        write_strings(&p.toolsets, o);
+    }
+    o.push(b'}');
+}
+
+/// A capacity guess that avoids most reallocations.
+fn estimate(b: &Bundle) -> usize {
+    let texts: usize = b
+        .profiles
+        .iter()
+        .map(|p| {
+            p.command.iter().map(|c| c.len() + 3).sum::<usize>()
+                + p.label.as_ref().map_or(0, String::len)
+                + p.selector.value().len()
+                + p.toolsets.iter().map(|t| t.len() + 3).sum::<usize>()
+                + 96
+        })
+        .sum();
+    texts + b.declarations.len() * 96 + 256
 }
 
 /// The digest of `bundle` (see the module documentation).

@@ -60,6 +60,15 @@ pub fn write_value(value: &Value, out: &mut Vec<u8>) {
 /// Largest integer an IEEE-754 double holds exactly; beyond it JCS goes through the double.
 const MAX_EXACT_INT: u64 = 1 << 53;
 
+/// Appends an unsigned integer the way JCS writes it.
+pub fn write_u64(u: u64, out: &mut Vec<u8>) {
+    if u <= MAX_EXACT_INT {
+        out.extend_from_slice(u.to_string().as_bytes());
+    } else {
+        out.extend_from_slice(format_es6_number(u as f64).as_bytes());
+    }
+}
+
 fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
     if let Some(u) = n.as_u64()
         && u <= MAX_EXACT_INT
@@ -117,9 +126,16 @@ pub fn format_es6_number(x: f64) -> String {
     }
 }
 
-fn write_string(s: &str, out: &mut Vec<u8>) {
+/// Appends `s` as a canonical JSON string.
+pub fn write_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
     let bytes = s.as_bytes();
+    // Most text needs no escaping at all: copy it in one go.
+    if !bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let escape: Option<&[u8]> = match b {
