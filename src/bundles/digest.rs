@@ -17,20 +17,20 @@
 //! content address equals the hex part of the digest.
 
 use super::jcs;
-use super::types::{Bundle, InputMode, Profile};
+use super::types::{Bundle, Declaration, InputMode, Profile};
 
 /// Prefix of every bundle digest.
 pub const DIGEST_PREFIX: &str = "sha256:";
 
-/// A bundle put in canonical order with its encoding and digest.
+/// A bundle's canonical encoding and digest.
 #[derive(Clone, Debug)]
 pub struct Canonical {
-    /// The normalised bundle, `metadata.digest` cleared.
-    pub bundle: Bundle,
-    /// RFC 8785 bytes of `bundle`.
+    /// RFC 8785 bytes of the normalised bundle.
     pub bytes: Vec<u8>,
     /// `sha256:<hex>` of `bytes`.
     pub digest: String,
+    /// Profile selectors in canonical order.
+    pub profiles: Vec<super::types::ProfileSelector>,
 }
 
 /// The bundle in canonical order, without its stated digest.
@@ -41,22 +41,28 @@ pub fn normalize(bundle: &Bundle) -> Bundle {
     for p in &mut b.profiles {
         p.toolsets.sort();
     }
-    b.declarations.sort_by(|x, y| {
-        (x.kind.as_str(), &x.name, &x.reference).cmp(&(y.kind.as_str(), &y.name, &y.reference))
-    });
+    b.declarations.sort_by(|x, y| decl_key(x).cmp(&decl_key(y)));
     b
 }
 
-/// Normalises, encodes and hashes `bundle`.
+/// Normalises, encodes and hashes `bundle` (without copying it: the lists are put in order
+/// by reference).
 pub fn canonicalize(bundle: &Bundle) -> Canonical {
-    let bundle = normalize(bundle);
-    let bytes = encode(&bundle);
+    let mut profiles: Vec<&Profile> = bundle.profiles.iter().collect();
+    profiles.sort_by(|x, y| x.selector.cmp(&y.selector));
+    let mut decls: Vec<&Declaration> = bundle.declarations.iter().collect();
+    decls.sort_by(|x, y| decl_key(x).cmp(&decl_key(y)));
+    let bytes = encode_parts(bundle, &profiles, &decls, true);
     let digest = format!("{DIGEST_PREFIX}{}", crate::util::sha256_hex(&bytes));
     Canonical {
-        bundle,
         bytes,
         digest,
+        profiles: profiles.iter().map(|p| p.selector.clone()).collect(),
     }
+}
+
+fn decl_key(d: &Declaration) -> (&str, &str, &str) {
+    (d.kind.as_str(), &d.name, &d.reference)
 }
 
 /// The JCS bytes of a normalised bundle, via the generic path: serde's JSON value of the
@@ -68,18 +74,33 @@ pub fn encode_generic(bundle: &Bundle) -> Vec<u8> {
     jcs::canonicalize(&value)
 }
 
-/// The JCS bytes of a bundle written directly from the typed value (several times faster
-/// than building a JSON tree). Members are written in JCS order; every key is ASCII, so byte
-/// order is UTF-16 order. Field presence mirrors the serde attributes of the types.
+/// The JCS bytes of `b` as it stands (lists in their given order, a stated digest kept),
+/// written directly from the typed value, which is several times faster than building a JSON
+/// tree. Members are written in JCS order; every key is ASCII, so byte order is UTF-16 order.
+/// Field presence mirrors the serde attributes of the types.
 pub fn encode(b: &Bundle) -> Vec<u8> {
+    let profiles: Vec<&Profile> = b.profiles.iter().collect();
+    let decls: Vec<&Declaration> = b.declarations.iter().collect();
+    encode_parts(b, &profiles, &decls, false)
+}
+
+/// Writes `b` with its profiles and declarations in the given order. `canonical` drops a
+/// stated `metadata.digest` and sorts toolsets, as the digest requires; otherwise the bundle
+/// is written as it stands.
+fn encode_parts(
+    b: &Bundle,
+    profiles: &[&Profile],
+    decls: &[&Declaration],
+    canonical: bool,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(estimate(b));
     let o = &mut out;
     o.push(b'{');
     let mut first = true;
-    if !b.declarations.is_empty() {
+    if !decls.is_empty() {
         key(o, &mut first, "declarations");
         o.push(b'[');
-        for (i, d) in b.declarations.iter().enumerate() {
+        for (i, d) in decls.iter().enumerate() {
             if i > 0 {
                 o.push(b',');
             }
@@ -97,7 +118,7 @@ pub fn encode(b: &Bundle) -> Vec<u8> {
     let m = &b.metadata;
     o.extend_from_slice(b"{\"created_at\":");
     jcs::write_string(&m.created_at, o);
-    if let Some(d) = &m.digest {
+    if let Some(d) = m.digest.as_ref().filter(|_| !canonical) {
         o.extend_from_slice(b",\"digest\":");
         jcs::write_string(d, o);
     }
@@ -114,14 +135,14 @@ pub fn encode(b: &Bundle) -> Vec<u8> {
     o.extend_from_slice(b"},\"revision\":");
     jcs::write_string(&m.revision, o);
     o.push(b'}');
-    if !b.profiles.is_empty() {
+    if !profiles.is_empty() {
         key(o, &mut first, "profiles");
         o.push(b'[');
-        for (i, p) in b.profiles.iter().enumerate() {
+        for (i, p) in profiles.iter().enumerate() {
             if i > 0 {
                 o.push(b',');
             }
-            write_profile(p, o);
+            write_profile(p, canonical, o);
         }
         o.push(b']');
     }
@@ -138,18 +159,18 @@ fn key(o: &mut Vec<u8>, first: &mut bool, name: &str) {
     o.push(b':');
 }
 
-fn write_strings(items: &[String], o: &mut Vec<u8>) {
+fn write_strings<S: AsRef<str>>(items: &[S], o: &mut Vec<u8>) {
     o.push(b'[');
     for (i, s) in items.iter().enumerate() {
         if i > 0 {
             o.push(b',');
         }
-        jcs::write_string(s, o);
+        jcs::write_string(s.as_ref(), o);
     }
     o.push(b']');
 }
 
-fn write_profile(p: &Profile, o: &mut Vec<u8>) {
+fn write_profile(p: &Profile, sort_toolsets: bool, o: &mut Vec<u8>) {
     let mut first = true;
     o.push(b'{');
     if !p.command.is_empty() {
@@ -185,7 +206,11 @@ fn write_profile(p: &Profile, o: &mut Vec<u8>) {
     }
     if !p.toolsets.is_empty() {
         key(o, &mut first, "toolsets");
-        write_strings(&p.toolsets, o);
+        let mut toolsets: Vec<&String> = p.toolsets.iter().collect();
+        if sort_toolsets {
+            toolsets.sort();
+        }
+        write_strings(&toolsets, o);
     }
     o.push(b'}');
 }

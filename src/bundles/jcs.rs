@@ -126,38 +126,49 @@ pub fn format_es6_number(x: f64) -> String {
     }
 }
 
+/// Escape class of each byte: 0 = copied as is, `u` = `\u00xx`, anything else = the letter
+/// after the backslash.
+static ESCAPES: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = b'u';
+        i += 1;
+    }
+    t[0x08] = b'b';
+    t[0x09] = b't';
+    t[0x0a] = b'n';
+    t[0x0c] = b'f';
+    t[0x0d] = b'r';
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t
+};
+
 /// Appends `s` as a canonical JSON string.
 pub fn write_string(s: &str, out: &mut Vec<u8>) {
-    out.push(b'"');
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let bytes = s.as_bytes();
-    // Most text needs no escaping at all: copy it in one go.
-    if !bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\') {
-        out.extend_from_slice(bytes);
-        out.push(b'"');
-        return;
-    }
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
-        let escape: Option<&[u8]> = match b {
-            b'"' => Some(b"\\\""),
-            b'\\' => Some(b"\\\\"),
-            0x08 => Some(b"\\b"),
-            0x09 => Some(b"\\t"),
-            0x0a => Some(b"\\n"),
-            0x0c => Some(b"\\f"),
-            0x0d => Some(b"\\r"),
-            0x00..=0x1f => None,
-            _ => continue,
-        };
+        let e = ESCAPES[b as usize];
+        if e == 0 {
+            continue;
+        }
         out.extend_from_slice(&bytes[start..i]);
-        match escape {
-            Some(e) => out.extend_from_slice(e),
-            None => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[(b >> 4) as usize]);
-                out.push(HEX[(b & 0x0f) as usize]);
-            }
+        if e == b'u' {
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(b >> 4) as usize],
+                HEX[(b & 0x0f) as usize],
+            ]);
+        } else {
+            out.extend_from_slice(&[b'\\', e]);
         }
         start = i + 1;
     }

@@ -103,12 +103,12 @@ pub fn prepare(bundle: &Bundle) -> Result<Prepared, BundleError> {
             actual: canonical.digest.clone(),
         });
     }
-    let summary = summarize(&canonical);
+    let summary = summarize(bundle, &canonical);
     Ok(Prepared { canonical, summary })
 }
 
-fn summarize(c: &digest::Canonical) -> BundleSummary {
-    let m = &c.bundle.metadata;
+fn summarize(bundle: &Bundle, c: &digest::Canonical) -> BundleSummary {
+    let m = &bundle.metadata;
     BundleSummary {
         id: m.id.clone(),
         digest: c.digest.clone(),
@@ -116,14 +116,9 @@ fn summarize(c: &digest::Canonical) -> BundleSummary {
         revision: m.revision.clone(),
         created_at: m.created_at.clone(),
         provenance: m.provenance.clone(),
-        profile_count: c.bundle.profiles.len(),
-        declaration_count: c.bundle.declarations.len(),
-        profiles: c
-            .bundle
-            .profiles
-            .iter()
-            .map(|p| p.selector.clone())
-            .collect(),
+        profile_count: bundle.profiles.len(),
+        declaration_count: bundle.declarations.len(),
+        profiles: c.profiles.clone(),
         size_bytes: c.bytes.len(),
     }
 }

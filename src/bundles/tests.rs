@@ -450,5 +450,11 @@ proptest! {
             String::from_utf8(digest::encode(&b)).unwrap(),
             String::from_utf8(digest::encode_generic(&b)).unwrap()
         );
+        // The digest path (ordering by reference, no copy) equals the generic encoding of the
+        // normalised bundle.
+        prop_assert_eq!(
+            String::from_utf8(digest::canonicalize(&b).bytes).unwrap(),
+            String::from_utf8(digest::encode_generic(&digest::normalize(&b))).unwrap()
+        );
     }
 }
