@@ -65,6 +65,8 @@ pub struct WorkerRuntime {
     events_rx: Mutex<Option<mpsc::UnboundedReceiver<ExecEvent>>>,
     /// Becomes true once the startup restore has run, so answers never show a stale owner.
     restored: tokio::sync::watch::Sender<bool>,
+    /// Asks the run loop (the only flusher, which keeps output in order) to flush now.
+    flush_now: Arc<tokio::sync::Notify>,
 }
 
 fn store_err<E>(e: CommitError<E>) -> Result<E, WorkerError> {
@@ -116,6 +118,7 @@ impl WorkerRuntime {
             events_tx,
             events_rx: Mutex::new(Some(events_rx)),
             restored: tokio::sync::watch::Sender::new(false),
+            flush_now: Arc::new(tokio::sync::Notify::new()),
         })
     }
 
@@ -146,7 +149,7 @@ impl WorkerRuntime {
         };
         let notices = self.workspace.subscribe();
         let me = Arc::downgrade(self);
-        tokio::spawn(run_loop(me, rx, notices));
+        tokio::spawn(run_loop(me, rx, notices, Arc::clone(&self.flush_now)));
         let rt = Arc::clone(self);
         tokio::spawn(async move {
             rt.restore().await;
@@ -407,6 +410,8 @@ impl WorkerRuntime {
             }
         }
         self.deliver_pending(&id);
+        // Output that arrived before the record was durable can go out now.
+        self.flush_now.notify_one();
         self.workspace
             .read(|s| s.workers.get(&id).cloned())
             .ok_or(WorkerError::NotFound { worker_id: id })
@@ -703,7 +708,11 @@ async fn run_loop(
     rt: std::sync::Weak<WorkerRuntime>,
     mut events: mpsc::UnboundedReceiver<ExecEvent>,
     mut notices: broadcast::Receiver<Notice>,
+    nudge: Arc<tokio::sync::Notify>,
 ) {
+    // Output is journalled at most once per FLUSH_INTERVAL: the first output after a quiet
+    // spell goes out at once (low latency), a burst waits for the next tick (coalesced).
+    let mut last_flush = tokio::time::Instant::now() - FLUSH_INTERVAL;
     let mut flush = tokio::time::interval(FLUSH_INTERVAL);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
@@ -718,6 +727,10 @@ async fn run_loop(
                 while let Ok(ev) = events.try_recv() {
                     rt.on_event(ev);
                 }
+                if last_flush.elapsed() >= FLUSH_INTERVAL {
+                    last_flush = tokio::time::Instant::now();
+                    rt.flush().await;
+                }
             }
             n = notices.recv() => {
                 let Some(rt) = rt.upgrade() else { return };
@@ -727,8 +740,17 @@ async fn run_loop(
                     Err(broadcast::error::RecvError::Closed) => return,
                 }
             }
+            _ = nudge.notified() => {
+                let Some(rt) = rt.upgrade() else { return };
+                last_flush = tokio::time::Instant::now();
+                rt.flush().await;
+            }
             _ = flush.tick() => {
                 let Some(rt) = rt.upgrade() else { return };
+                if last_flush.elapsed() < FLUSH_INTERVAL {
+                    continue;
+                }
+                last_flush = tokio::time::Instant::now();
                 rt.flush().await;
             }
             _ = rescan.tick() => {
