@@ -65,7 +65,7 @@ fn sync_computes_the_documented_digest_and_is_idempotent() {
     let again = s.call("bundles/sync", json!({"text": yaml}));
     assert_eq!(again["reference"], r["reference"]);
     assert_eq!(again["created"], false);
-    assert_eq!(journal_bytes(ws.path()), before);
+    assert!(journal_bytes(ws.path()) == before, "the journal changed");
 
     // Same id, other content: refused, naming both digests.
     let mut other = vector();
@@ -73,7 +73,7 @@ fn sync_computes_the_documented_digest_and_is_idempotent() {
     let e = s.request("bundles/sync", json!({"bundle": other}));
     assert_eq!(e["error"]["data"]["code"], "bundle_digest_mismatch", "{e}");
     assert_eq!(e["error"]["data"]["expected_digest"], VECTOR_DIGEST);
-    assert_eq!(journal_bytes(ws.path()), before);
+    assert!(journal_bytes(ws.path()) == before, "the journal changed");
 
     // A stated digest that does not match the content is refused too.
     let mut lying = vector();
@@ -81,7 +81,7 @@ fn sync_computes_the_documented_digest_and_is_idempotent() {
     lying["metadata"]["digest"] = json!(VECTOR_DIGEST);
     let e = s.request("bundles/sync", json!({"bundle": lying}));
     assert_eq!(e["error"]["data"]["code"], "bundle_digest_mismatch", "{e}");
-    assert_eq!(journal_bytes(ws.path()), before);
+    assert!(journal_bytes(ws.path()) == before, "the journal changed");
 }
 
 #[test]
@@ -176,7 +176,7 @@ fn invalid_bundles_are_refused_by_field_and_nothing_is_written() {
     assert_eq!(r["error"]["data"]["field"], "text");
     let r = s.request("bundles/sync", json!({"bundle": vector(), "path": "/x"}));
     assert_eq!(r["error"]["data"]["field"], "path");
-    assert_eq!(journal_bytes(ws.path()), before);
+    assert!(journal_bytes(ws.path()) == before, "the journal changed");
 }
 
 #[test]
