@@ -698,3 +698,27 @@ fn bad_input_is_refused_naming_the_field_and_nothing_is_written() {
     );
     wait_transcript(&mut s, &id, "echo: @notes.md");
 }
+
+#[test]
+fn a_live_process_notices_when_another_owner_dies() {
+    let ws = workspace();
+    let mut a = Server::start(ws.path(), Wire::Ndjson, &["--jsonl"]);
+    let reference = sync(&mut a);
+    let mut b = Server::start(ws.path(), Wire::Ndjson, &["--jsonl"]);
+    let w = create(&mut a, &reference, "sleeper", None)["result"]["worker"].clone();
+    let id = w["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        b.call("workers/get", json!({"worker_id": id}))["worker"]["status"],
+        "running"
+    );
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // B keeps running and, without a restart, reports the worker stopped with the reason.
+    let w = wait_worker(&mut b, &id, |w| w["status"] != "running");
+    assert_eq!(w["status"], "stopped");
+    assert!(w["reason"].as_str().unwrap().contains("ended"), "{w}");
+    let changed = b.wait_for(Duration::from_secs(5), |v| {
+        v["method"] == "workers/changed" && v["params"]["worker"]["status"] == "stopped"
+    });
+    assert!(changed.is_some(), "B's client is told");
+}

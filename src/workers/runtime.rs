@@ -35,6 +35,8 @@ use crate::workspace::{CommitError, NewRecord, Notice, State, Workspace};
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 /// How often live workers are re-checked for input or stop requests missed as notices.
 const RESCAN_INTERVAL: Duration = Duration::from_millis(500);
+/// How often running workers of other gaffer processes are checked for a vanished owner.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 /// How long `stop` waits for the worker's final status.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
@@ -715,6 +717,9 @@ async fn run_loop(
     let mut last_flush = tokio::time::Instant::now() - FLUSH_INTERVAL;
     let mut flush = tokio::time::interval(FLUSH_INTERVAL);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    sweep.tick().await; // startup already ran a restore
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -752,6 +757,12 @@ async fn run_loop(
                 }
                 last_flush = tokio::time::Instant::now();
                 rt.flush().await;
+            }
+            _ = sweep.tick() => {
+                // Another gaffer process may have died while this one runs: its workers must
+                // not keep showing as running to our clients.
+                let Some(rt) = rt.upgrade() else { return };
+                rt.restore().await;
             }
             _ = rescan.tick() => {
                 let Some(rt) = rt.upgrade() else { return };
