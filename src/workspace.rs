@@ -11,7 +11,7 @@
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -26,6 +26,9 @@ const SNAPSHOT_EVERY: u64 = 50_000;
 const MAX_BATCH: usize = 512;
 /// How often the tailer looks for other processes' appends.
 const TAIL_INTERVAL: Duration = Duration::from_millis(25);
+/// A read re-checks the journal itself when the last check is older than this, so a burst of
+/// reads costs one check while a read after a pause still sees other processes' writes.
+const READ_FRESHNESS: Duration = Duration::from_millis(2);
 
 /// A record to append; the workspace assigns `seq` and `time_ms`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -133,6 +136,8 @@ struct Inner {
     store: Store,
     state: State,
     since_snapshot: u64,
+    /// When the journal was last checked for other processes' appends.
+    last_poll: Instant,
 }
 
 /// The records a batch has staged so far, and the state they produce.
@@ -200,6 +205,7 @@ impl Workspace {
             store,
             state,
             since_snapshot: replayed,
+            last_poll: Instant::now(),
         }));
         let (events, _) = broadcast::channel(4096);
         let (tx, rx) = mpsc::channel::<Job>();
@@ -255,7 +261,9 @@ impl Workspace {
     /// Reads the current state, after folding in anything other processes appended.
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         let mut guard = lock(&self.inner);
-        fold_new(&mut guard, &self.events);
+        if guard.last_poll.elapsed() >= READ_FRESHNESS {
+            fold_new(&mut guard, &self.events);
+        }
         f(&guard.state)
     }
 
@@ -368,6 +376,7 @@ fn broadcast_all(events: &broadcast::Sender<Notice>, notices: Vec<Notice>) {
 
 /// Folds records other processes appended since we last looked.
 fn fold_new(inner: &mut Inner, events: &broadcast::Sender<Notice>) {
+    inner.last_poll = Instant::now();
     match inner.store.poll() {
         Ok(records) if records.is_empty() => {}
         Ok(records) => {
@@ -564,7 +573,9 @@ mod tests {
         })
         .await
         .expect("commit a");
-        // b folds a's records on read, and its own commit continues the sequence.
+        // b folds a's records on read (reads re-check the journal after READ_FRESHNESS), and
+        // its own commit continues the sequence.
+        std::thread::sleep(READ_FRESHNESS * 2);
         assert_eq!(b.seq(), 2);
         b.commit(|s: &State| {
             assert_eq!(s.last_seq, 2);
@@ -572,6 +583,7 @@ mod tests {
         })
         .await
         .expect("commit b");
+        std::thread::sleep(READ_FRESHNESS * 2);
         assert_eq!(a.seq(), 3);
         assert_eq!(a.compact().await.expect("compact"), 3);
         a.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 4)], ())))
