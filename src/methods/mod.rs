@@ -60,6 +60,14 @@ pub fn router() -> Router<App> {
     r
 }
 
+/// Decodes `params` as the params of every method (nothing runs); returns the refusals.
+pub fn decode_all_params(params: &Value) -> Vec<RpcError> {
+    router()
+        .methods()
+        .filter_map(|m| m.check_params(params.clone()).err())
+        .collect()
+}
+
 /// Runs one method in process, as the CLI does: the same handlers, no transport.
 pub async fn call_local(
     app: Arc<App>,
