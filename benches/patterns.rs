@@ -39,12 +39,24 @@ fn main() {
     let ctx = SelectContext::isolated();
     let cases: [(&str, Value); 4] = [
         ("small request", json!({"objective": "small docs update"})),
-        ("small request, output=select", json!({"objective": "small docs update", "output": "select"})),
-        ("50 scopes", json!({"objective": "Apply the lint autofix", "scopes": scopes(50), "notes": ["disjoint"], "max_parallel_lanes": 8})),
-        ("1,000 scopes", json!({"objective": "Apply the lint autofix", "scopes": scopes(1000), "notes": ["disjoint"], "max_parallel_lanes": 8})),
+        (
+            "small request, output=select",
+            json!({"objective": "small docs update", "output": "select"}),
+        ),
+        (
+            "50 scopes",
+            json!({"objective": "Apply the lint autofix", "scopes": scopes(50), "notes": ["disjoint"], "max_parallel_lanes": 8}),
+        ),
+        (
+            "1,000 scopes",
+            json!({"objective": "Apply the lint autofix", "scopes": scopes(1000), "notes": ["disjoint"], "max_parallel_lanes": 8}),
+        ),
     ];
     println!("patterns: in-process selection (reference: {REFERENCE_MS_PER_CALL} ms/call)");
-    println!("{:<32} {:>14} {:>14} {:>14} {:>10}", "request", "decide µs", "to Value µs", "to bytes µs", "speed-up");
+    println!(
+        "{:<32} {:>14} {:>14} {:>14} {:>10}",
+        "request", "decide µs", "to Value µs", "to bytes µs", "speed-up"
+    );
     for (name, params) in &cases {
         // Decision only: parse + plan (no rendering of the output wrapper).
         let decide = measure(|| {

@@ -9,7 +9,11 @@ use serde_json::Value;
 fn context_for(case: &Value) -> SelectContext {
     let env: Vec<(String, String)> = case["env"]
         .as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
         .unwrap_or_default();
     let mut ctx = SelectContext::isolated();
     ctx.env = RosterEnv::from_pairs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -31,8 +35,14 @@ fn every_conformance_case_matches_the_reference_decision() {
             errors += 1;
             match result {
                 Err(e) if Some(e.field.as_str()) == err["field"].as_str() => {}
-                Err(e) => failures.push(format!("{id}: error names {:?}, expected {}", e.field, err["field"])),
-                Ok(_) => failures.push(format!("{id}: accepted, expected an error on {}", err["field"])),
+                Err(e) => failures.push(format!(
+                    "{id}: error names {:?}, expected {}",
+                    e.field, err["field"]
+                )),
+                Ok(_) => failures.push(format!(
+                    "{id}: accepted, expected an error on {}",
+                    err["field"]
+                )),
             }
             continue;
         }
@@ -44,9 +54,16 @@ fn every_conformance_case_matches_the_reference_decision() {
             }
         };
         if out["kind"] != case["expect_kind"] {
-            failures.push(format!("{id}: kind {} expected {}", out["kind"], case["expect_kind"]));
+            failures.push(format!(
+                "{id}: kind {} expected {}",
+                out["kind"], case["expect_kind"]
+            ));
         }
-        assert_eq!(out["dry_run"], Value::Bool(true), "{id}: every wrapper is a dry run");
+        assert_eq!(
+            out["dry_run"],
+            Value::Bool(true),
+            "{id}: every wrapper is a dry run"
+        );
         kinds += 1;
         if let Some(expect) = case.get("expect").and_then(Value::as_object) {
             decisions += 1;
@@ -57,6 +74,12 @@ fn every_conformance_case_matches_the_reference_decision() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
     assert_eq!((decisions, kinds, errors), (73, 80, 4));
 }

@@ -6,8 +6,17 @@ use serde_json::{Map, Value, json};
 
 /// Fields a failed request may name.
 const FIELDS: [&str; 11] = [
-    "params", "objective", "scopes", "scope", "dependencies", "dependency", "variants_requested", "variant_count",
-    "max_parallel_lanes", "notes", "note",
+    "params",
+    "objective",
+    "scopes",
+    "scope",
+    "dependencies",
+    "dependency",
+    "variants_requested",
+    "variant_count",
+    "max_parallel_lanes",
+    "notes",
+    "note",
 ];
 
 fn any_json() -> impl Strategy<Value = Value> {
@@ -16,44 +25,90 @@ fn any_json() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|n| json!(n)),
         any::<u64>().prop_map(|n| json!(n)),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
         ".{0,24}".prop_map(Value::String),
         "-?[0-9]{1,30}".prop_map(Value::String),
-        prop::sample::select(vec!["module", "pattern:module-swarm", "disjoint", "critical", "merge", "review", "2"])
-            .prop_map(|s| Value::String(s.to_owned())),
+        prop::sample::select(vec![
+            "module",
+            "pattern:module-swarm",
+            "disjoint",
+            "critical",
+            "merge",
+            "review",
+            "2"
+        ])
+        .prop_map(|s| Value::String(s.to_owned())),
     ];
     leaf.prop_recursive(3, 24, 6, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::btree_map("[a-z_]{1,8}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+            prop::collection::btree_map("[a-z_]{1,8}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }
 
 const KEYS: [&str; 21] = [
-    "objective", "scopes", "scope", "dependencies", "dependency", "risk_level", "risk", "review_required",
-    "no_review", "tests_required", "variants_requested", "variant_count", "durable", "persistent_workers",
-    "recovery", "max_parallel_lanes", "notes", "note", "output", "roster_path", "unknown",
+    "objective",
+    "scopes",
+    "scope",
+    "dependencies",
+    "dependency",
+    "risk_level",
+    "risk",
+    "review_required",
+    "no_review",
+    "tests_required",
+    "variants_requested",
+    "variant_count",
+    "durable",
+    "persistent_workers",
+    "recovery",
+    "max_parallel_lanes",
+    "notes",
+    "note",
+    "output",
+    "roster_path",
+    "unknown",
 ];
 
 fn any_request() -> impl Strategy<Value = Value> {
-    prop::collection::btree_map(prop::sample::select(KEYS.to_vec()), any_json(), 0..10).prop_map(|m| {
-        let mut map = Map::new();
-        for (k, v) in m {
-            // roster_path would touch the file system; keep it out of the fuzzed inputs.
-            if k != "roster_path" {
-                map.insert(k.to_owned(), v);
+    prop::collection::btree_map(prop::sample::select(KEYS.to_vec()), any_json(), 0..10).prop_map(
+        |m| {
+            let mut map = Map::new();
+            for (k, v) in m {
+                // roster_path would touch the file system; keep it out of the fuzzed inputs.
+                if k != "roster_path" {
+                    map.insert(k.to_owned(), v);
+                }
             }
-        }
-        Value::Object(map)
-    })
+            Value::Object(map)
+        },
+    )
 }
 
 /// Well-formed requests that exercise every pattern.
 fn valid_request() -> impl Strategy<Value = Value> {
     let words = prop::sample::select(vec![
-        "fix", "module", "compare", "phase", "recover", "canonical", "review", "small", "disjoint", "merge",
-        "same file", "code", "test", "browser", "package", "secret", "own directory",
+        "fix",
+        "module",
+        "compare",
+        "phase",
+        "recover",
+        "canonical",
+        "review",
+        "small",
+        "disjoint",
+        "merge",
+        "same file",
+        "code",
+        "test",
+        "browser",
+        "package",
+        "secret",
+        "own directory",
     ]);
     (
         prop::collection::vec(words.clone(), 1..6),
@@ -143,10 +198,16 @@ proptest! {
 #[test]
 fn ten_thousand_scopes_plan_in_bounded_waves() {
     let scopes: Vec<String> = (0..10_000).map(|i| format!("pkg-{i:05}")).collect();
-    for output in ["execution_plan", "prompt_bundle", "task_graph", "ephemeral_workers", "persistent_workers"] {
+    for output in [
+        "execution_plan",
+        "prompt_bundle",
+        "task_graph",
+        "ephemeral_workers",
+        "persistent_workers",
+    ] {
         let req = json!({"objective": "Bump headers", "scopes": scopes, "max_parallel_lanes": 16, "output": output});
         let out = select(&req, &SelectContext::isolated()).unwrap();
-        assert_eq!(out["kind"].as_str().unwrap().starts_with("worker_pattern_"), true);
+        assert!(out["kind"].as_str().unwrap().starts_with("worker_pattern_"));
         if output == "execution_plan" {
             let scale = &out["plan"]["module_swarm_scale"];
             assert_eq!(scale["requested_lane_count"], 10_000);
@@ -164,12 +225,30 @@ fn ten_thousand_scopes_plan_in_bounded_waves() {
 fn huge_and_wrong_values_are_errors_naming_the_field() {
     let ctx = SelectContext::isolated();
     let field = |req: Value| select(&req, &ctx).unwrap_err().field;
-    assert_eq!(field(json!({"objective": "x", "max_parallel_lanes": u64::MAX})), "max_parallel_lanes");
-    assert_eq!(field(json!({"objective": "x", "max_parallel_lanes": -5})), "max_parallel_lanes");
-    assert_eq!(field(json!({"objective": "x", "max_parallel_lanes": [1]})), "max_parallel_lanes");
-    assert_eq!(field(json!({"objective": "x", "variants_requested": i64::MAX})), "variants_requested");
-    assert_eq!(field(json!({"objective": "x", "variant_count": "9".repeat(40)})), "variant_count");
-    assert_eq!(field(json!({"objective": "x", "dependencies": 7})), "dependencies");
+    assert_eq!(
+        field(json!({"objective": "x", "max_parallel_lanes": u64::MAX})),
+        "max_parallel_lanes"
+    );
+    assert_eq!(
+        field(json!({"objective": "x", "max_parallel_lanes": -5})),
+        "max_parallel_lanes"
+    );
+    assert_eq!(
+        field(json!({"objective": "x", "max_parallel_lanes": [1]})),
+        "max_parallel_lanes"
+    );
+    assert_eq!(
+        field(json!({"objective": "x", "variants_requested": i64::MAX})),
+        "variants_requested"
+    );
+    assert_eq!(
+        field(json!({"objective": "x", "variant_count": "9".repeat(40)})),
+        "variant_count"
+    );
+    assert_eq!(
+        field(json!({"objective": "x", "dependencies": 7})),
+        "dependencies"
+    );
     assert_eq!(field(json!({"objective": "x", "note": true})), "note");
     assert_eq!(field(json!({"objective": "x", "output": 3})), "output");
     assert_eq!(field(json!(42)), "params");

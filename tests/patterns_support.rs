@@ -13,7 +13,8 @@ pub fn data_dir() -> PathBuf {
 
 /// All conformance cases, in file order.
 pub fn cases() -> Vec<Value> {
-    let text = std::fs::read_to_string(data_dir().join("cases.jsonl")).expect("cases.jsonl is readable");
+    let text =
+        std::fs::read_to_string(data_dir().join("cases.jsonl")).expect("cases.jsonl is readable");
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).expect("each case line is JSON"))
@@ -76,6 +77,11 @@ pub fn diff(expected: &Value, actual: &Value) -> Vec<String> {
     };
     e.iter()
         .filter(|(k, v)| a.get(*k) != Some(*v))
-        .map(|(k, v)| format!("  {k}: expected {v}\n  {k}:   actual {}", a.get(k).unwrap_or(&Value::Null)))
+        .map(|(k, v)| {
+            format!(
+                "  {k}: expected {v}\n  {k}:   actual {}",
+                a.get(k).unwrap_or(&Value::Null)
+            )
+        })
         .collect()
 }

@@ -70,7 +70,13 @@ pub struct SwarmScale {
 const CONSERVATIVE_WIDTH: u64 = 4;
 
 impl SwarmScale {
-    pub fn recommend(lane_requests: usize, req: &PatternRequest, text: &TextSignals, dims: &Dimensions, policy: &Policy) -> SwarmScale {
+    pub fn recommend(
+        lane_requests: usize,
+        req: &PatternRequest,
+        text: &TextSignals,
+        dims: &Dimensions,
+        policy: &Policy,
+    ) -> SwarmScale {
         let requested = (lane_requests as u64).max(1);
         let parallel = u64::try_from(req.max_parallel_lanes).unwrap_or(1).max(1);
         let risk = req.risk();
@@ -80,7 +86,10 @@ impl SwarmScale {
         let (strategy, active) = if disjoint {
             (PoolStrategy::LowCostDisjoint, requested.min(parallel))
         } else {
-            (PoolStrategy::LowCostConservative, requested.min(parallel).min(CONSERVATIVE_WIDTH))
+            (
+                PoolStrategy::LowCostConservative,
+                requested.min(parallel).min(CONSERVATIVE_WIDTH),
+            )
         };
         let waves = requested.div_ceil(active);
         SwarmScale {
@@ -113,9 +122,19 @@ struct Profile {
 fn resolve_profile(role: LaneRole, flags: Flags, policy: &Policy) -> Profile {
     let rule = policy.role_rule(role);
     let (preferred, role_fallbacks, toolsets, role_reasoning_off) = match rule {
-        Some(r) => (r.preferred_profile.as_str(), &r.fallback_profiles[..], r.toolsets.clone(), r.disable_reasoning),
+        Some(r) => (
+            r.preferred_profile.as_str(),
+            &r.fallback_profiles[..],
+            r.toolsets.clone(),
+            r.disable_reasoning,
+        ),
         // A role without a policy entry (recovery-worker) gets the bare default profile.
-        None => (policy.unknown_role_profile.as_str(), &[][..], Vec::new(), false),
+        None => (
+            policy.unknown_role_profile.as_str(),
+            &[][..],
+            Vec::new(),
+            false,
+        ),
     };
     let esc = &policy.escalation;
     let (selected, mut fallbacks, disable_reasoning) = if flags.module_swarm {
@@ -123,13 +142,21 @@ fn resolve_profile(role: LaneRole, flags: Flags, policy: &Policy) -> Profile {
     } else if flags.premium {
         let mut f = vec![esc.premium_escalation_profile.clone()];
         f.extend(role_fallbacks.iter().cloned());
-        (esc.premium_escalation_profile.clone(), f, role_reasoning_off)
+        (
+            esc.premium_escalation_profile.clone(),
+            f,
+            role_reasoning_off,
+        )
     } else if flags.code_heavy {
         let mut f = vec![esc.code_heavy_profile.clone()];
         f.extend(role_fallbacks.iter().cloned());
         (esc.code_heavy_profile.clone(), f, role_reasoning_off)
     } else {
-        (preferred.to_owned(), role_fallbacks.to_vec(), role_reasoning_off)
+        (
+            preferred.to_owned(),
+            role_fallbacks.to_vec(),
+            role_reasoning_off,
+        )
     };
     // Keep the first occurrence of each fallback and never fall back to the selected profile.
     let mut seen: Vec<String> = Vec::with_capacity(fallbacks.len());
@@ -149,7 +176,15 @@ fn resolve_profile(role: LaneRole, flags: Flags, policy: &Policy) -> Profile {
     }
 }
 
-fn lane(role: LaneRole, count: u64, scope: Vec<String>, purpose: String, runtime_hint: String, flags: Flags, policy: &Policy) -> Lane {
+fn lane(
+    role: LaneRole,
+    count: u64,
+    scope: Vec<String>,
+    purpose: String,
+    runtime_hint: String,
+    flags: Flags,
+    policy: &Policy,
+) -> Lane {
     let profile = resolve_profile(role, flags, policy);
     Lane {
         role,
@@ -220,9 +255,15 @@ pub fn build_lanes(
                 ));
             }
             let (count, purpose) = if s.integrator_per_wave {
-                (s.waves_required, "Merge and check the builder outputs at the end of every wave.")
+                (
+                    s.waves_required,
+                    "Merge and check the builder outputs at the end of every wave.",
+                )
             } else {
-                (1, "Merge and check the builder outputs once all waves are done.")
+                (
+                    1,
+                    "Merge and check the builder outputs once all waves are done.",
+                )
             };
             lanes.push(lane(
                 LaneRole::Integrator,
@@ -236,7 +277,11 @@ pub fn build_lanes(
             scale = Some(s);
         }
         Pattern::BlueprintFanout => {
-            let wanted = if req.variants_requested == 0 { 2 } else { req.variants_requested.max(2) };
+            let wanted = if req.variants_requested == 0 {
+                2
+            } else {
+                req.variants_requested.max(2)
+            };
             let n = wanted.min(req.max_parallel_lanes).max(1);
             for i in 1..=n {
                 lanes.push(lane(
@@ -270,8 +315,11 @@ pub fn build_lanes(
                     LaneRole::PhaseWorker,
                     1,
                     vec![dep.clone()],
-                    format!("Finish the {dep} step of its wave and hand off to the work it unlocks."),
-                    "A child task in a task graph, or one step of a managed continuation.".to_owned(),
+                    format!(
+                        "Finish the {dep} step of its wave and hand off to the work it unlocks."
+                    ),
+                    "A child task in a task graph, or one step of a managed continuation."
+                        .to_owned(),
                     escalated,
                     policy,
                 ));
@@ -294,7 +342,8 @@ pub fn build_lanes(
                 1,
                 req.scopes.clone(),
                 "Implement the change as the single build lane, within its scope.".to_owned(),
-                "One turn in the current runtime, or a managed continuation if it spans turns.".to_owned(),
+                "One turn in the current runtime, or a managed continuation if it spans turns."
+                    .to_owned(),
                 escalated,
                 policy,
             ));
@@ -302,7 +351,11 @@ pub fn build_lanes(
     }
 
     if overlays.contains(&Pattern::TwinInspection) {
-        let flags = if pattern == Pattern::ModuleSwarm { swarm } else { escalated };
+        let flags = if pattern == Pattern::ModuleSwarm {
+            swarm
+        } else {
+            escalated
+        };
         lanes.push(lane(
             LaneRole::Reviewer,
             1,
@@ -343,10 +396,16 @@ mod tests {
         let text = TextSignals::analyze(&req, &[], &p);
         let dims = Dimensions::default();
         let s = SwarmScale::recommend(32, &req, &text, &dims, &p);
-        assert_eq!((s.max_active_lanes, s.waves_required, s.integrator_per_wave), (8, 4, false));
+        assert_eq!(
+            (s.max_active_lanes, s.waves_required, s.integrator_per_wave),
+            (8, 4, false)
+        );
         req.risk_level = "high".into();
         let s = SwarmScale::recommend(32, &req, &text, &dims, &p);
-        assert_eq!((s.max_active_lanes, s.waves_required, s.integrator_per_wave), (4, 8, true));
+        assert_eq!(
+            (s.max_active_lanes, s.waves_required, s.integrator_per_wave),
+            (4, 8, true)
+        );
         req.max_parallel_lanes = 4;
         let s = SwarmScale::recommend(50, &req, &text, &dims, &p);
         assert_eq!((s.max_active_lanes, s.waves_required), (4, 13));

@@ -101,15 +101,23 @@ impl SelectContext {
 
 /// Parse `params` (the reference request vocabulary plus `output` and `roster_path`), select a
 /// pattern and render the requested wrapper as JSON.
-pub fn select(params: &serde_json::Value, ctx: &SelectContext) -> Result<serde_json::Value, PatternError> {
+pub fn select(
+    params: &serde_json::Value,
+    ctx: &SelectContext,
+) -> Result<serde_json::Value, PatternError> {
     let parsed = parse_params(params)?;
     let outcome = build_plan(&parsed.request, parsed.roster_path.as_deref(), ctx)?;
     let rendered = render::render_output(&outcome, parsed.output);
-    serde_json::to_value(&rendered).map_err(|e| PatternError::new("output", format!("could not encode the result: {e}")))
+    serde_json::to_value(&rendered)
+        .map_err(|e| PatternError::new("output", format!("could not encode the result: {e}")))
 }
 
 /// Parse `params`, select, and render one of the text forms.
-pub fn render_text(params: &serde_json::Value, form: TextForm, ctx: &SelectContext) -> Result<String, PatternError> {
+pub fn render_text(
+    params: &serde_json::Value,
+    form: TextForm,
+    ctx: &SelectContext,
+) -> Result<String, PatternError> {
     let parsed = parse_params(params)?;
     let outcome = build_plan(&parsed.request, parsed.roster_path.as_deref(), ctx)?;
     Ok(render::render_text_form(&outcome, form))

@@ -43,7 +43,8 @@ fn pattern_proof(p: Pattern) -> &'static [&'static str] {
     }
 }
 
-const TESTS_PROOF: &str = "The test command and its output are attached, or the reason tests were not run is given.";
+const TESTS_PROOF: &str =
+    "The test command and its output are attached, or the reason tests were not run is given.";
 
 fn push_unique(list: &mut Vec<String>, line: String) {
     if !list.contains(&line) {
@@ -52,7 +53,11 @@ fn push_unique(list: &mut Vec<String>, line: String) {
 }
 
 /// The pattern's lines, then each overlay's, then tests and scopes lines; de-duplicated.
-pub fn proof_expectations(req: &PatternRequest, pattern: Pattern, overlays: &[Pattern]) -> Vec<String> {
+pub fn proof_expectations(
+    req: &PatternRequest,
+    pattern: Pattern,
+    overlays: &[Pattern],
+) -> Vec<String> {
     let mut out = Vec::with_capacity(8);
     for p in std::iter::once(pattern).chain(overlays.iter().copied()) {
         for line in pattern_proof(p) {
@@ -63,7 +68,13 @@ pub fn proof_expectations(req: &PatternRequest, pattern: Pattern, overlays: &[Pa
         push_unique(&mut out, TESTS_PROOF.to_owned());
     }
     if !req.scopes.is_empty() {
-        push_unique(&mut out, format!("The summary names the scopes touched: {}.", req.scopes.join(", ")));
+        push_unique(
+            &mut out,
+            format!(
+                "The summary names the scopes touched: {}.",
+                req.scopes.join(", ")
+            ),
+        );
     }
     out
 }

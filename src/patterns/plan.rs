@@ -1,13 +1,11 @@
 //! Assembles a [`Plan`] from a request: signals → dimensions → decision → lanes → notes →
 //! roster mapping → runtime mapping.
 
-use std::collections::BTreeMap;
-
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use super::lanes::{Lane, SwarmScale, build_lanes};
 use super::notes::{proof_expectations, safety_notes};
-use super::policy::RoleRuleView;
 use super::request::PatternRequest;
 use super::roster::{self, RosterLoad, RosterOrigin};
 use super::runtime::{RuntimeMapping, map_runtime};
@@ -24,8 +22,9 @@ pub struct Plan<'a> {
     pub runtime_mapping: RuntimeMapping,
     pub proof_expectations: Vec<String>,
     pub safety_notes: Vec<String>,
-    pub role_rules: &'a BTreeMap<String, RoleRuleView>,
-    pub profile_mapping: &'a BTreeMap<String, String>,
+    /// Static per policy; pre-encoded (see [`super::policy::Policy::role_rules_json`]).
+    pub role_rules: &'a RawValue,
+    pub profile_mapping: &'a RawValue,
     pub module_swarm_scale: Option<SwarmScale>,
 }
 
@@ -59,7 +58,8 @@ pub fn build_plan<'a>(
         let problem = match roster::load(&loc.path) {
             RosterLoad::Loaded(entries) => {
                 if req.persistent_workers && !entries.is_empty() {
-                    let mapped = roster::apply(&mut lanes, &entries, &ctx.env.unavailable(), &loc.shown);
+                    let mapped =
+                        roster::apply(&mut lanes, &entries, &ctx.env.unavailable(), &loc.shown);
                     for note in mapped {
                         if !notes.contains(&note) {
                             notes.push(note);
@@ -80,7 +80,10 @@ pub fn build_plan<'a>(
             if req.persistent_workers {
                 return Err(PatternError::new(
                     "roster",
-                    format!("persistent workers need a readable roster, but {} ({origin}): {problem}", loc.shown),
+                    format!(
+                        "persistent workers need a readable roster, but {} ({origin}): {problem}",
+                        loc.shown
+                    ),
                 ));
             }
             diagnostics.push(format!(
@@ -99,8 +102,8 @@ pub fn build_plan<'a>(
             runtime_mapping,
             proof_expectations: proof,
             safety_notes: notes,
-            role_rules: &policy.role_rules_view,
-            profile_mapping: &policy.profile_mapping_view,
+            role_rules: &policy.role_rules_json,
+            profile_mapping: &policy.profile_mapping_json,
             module_swarm_scale: scale,
         },
         diagnostics,

@@ -81,8 +81,12 @@ impl OutputKind {
             OutputKind::Select => "worker_pattern_selection",
             OutputKind::ExecutionPlan => "worker_pattern_execution_plan",
             OutputKind::PromptBundle => "worker_pattern_prompt_bundle",
-            OutputKind::EphemeralWorkers | OutputKind::Delegate => "worker_pattern_ephemeral_worker_spec",
-            OutputKind::PersistentWorkers | OutputKind::Swarm => "worker_pattern_persistent_worker_spec",
+            OutputKind::EphemeralWorkers | OutputKind::Delegate => {
+                "worker_pattern_ephemeral_worker_spec"
+            }
+            OutputKind::PersistentWorkers | OutputKind::Swarm => {
+                "worker_pattern_persistent_worker_spec"
+            }
             OutputKind::TaskGraph | OutputKind::Kanban => "worker_pattern_task_graph_spec",
         }
     }
@@ -110,9 +114,15 @@ fn lane_parts(plan: &Plan<'_>, lane: &Lane) -> LaneParts {
     let req = plan.request;
     let summary = scope_summary(lane, req);
     let allowed_edits = if !lane.scope.is_empty() {
-        format!("Edit only the files that the lane scope ({}) requires.", lane.scope.join(", "))
+        format!(
+            "Edit only the files that the lane scope ({}) requires.",
+            lane.scope.join(", ")
+        )
     } else if !req.scopes.is_empty() {
-        format!("Edit only the files that the request scopes ({}) require.", req.scopes.join(", "))
+        format!(
+            "Edit only the files that the request scopes ({}) require.",
+            req.scopes.join(", ")
+        )
     } else {
         "Edit only the files the objective directly requires.".to_owned()
     };
@@ -127,9 +137,15 @@ fn lane_parts(plan: &Plan<'_>, lane: &Lane) -> LaneParts {
         proof.push(format!("The summary names the scopes touched: {summary}."));
     }
     let extra = match lane.role {
-        LaneRole::Reviewer => Some("The verdict is independent and lists every regression found, or says there were none."),
-        LaneRole::Integrator => Some("The integration summary names the merged scopes and the risks still open."),
-        LaneRole::VariantDesigner => Some("The rationale explains how this variant differs from the others."),
+        LaneRole::Reviewer => Some(
+            "The verdict is independent and lists every regression found, or says there were none.",
+        ),
+        LaneRole::Integrator => {
+            Some("The integration summary names the merged scopes and the risks still open.")
+        }
+        LaneRole::VariantDesigner => {
+            Some("The rationale explains how this variant differs from the others.")
+        }
         _ => None,
     };
     if let Some(extra) = extra
@@ -149,7 +165,11 @@ fn lane_prompt(plan: &Plan<'_>, lane: &Lane, parts: &LaneParts) -> String {
     let mut out = String::with_capacity(512);
     let _ = writeln!(out, "Role: {} lane", lane.role.as_str());
     let _ = writeln!(out, "Objective: {}", plan.request.objective);
-    let _ = writeln!(out, "Worker pattern: {}", plan.selection.selected_pattern.as_str());
+    let _ = writeln!(
+        out,
+        "Worker pattern: {}",
+        plan.selection.selected_pattern.as_str()
+    );
     let _ = writeln!(out, "Purpose: {}", lane.purpose);
     let _ = writeln!(out, "Scope: {}", parts.scope_summary);
     let _ = writeln!(out, "Allowed edits: {}", parts.allowed_edits);
@@ -468,7 +488,9 @@ pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
     };
     let mut notes = plan.safety_notes.clone();
     notes.push("This execution plan only renders specs; it runs nothing.".to_owned());
-    notes.push("The reserved execute switch fails closed until execution has been approved.".to_owned());
+    notes.push(
+        "The reserved execute switch fails closed until execution has been approved.".to_owned(),
+    );
     if let Some(scale) = &plan.module_swarm_scale {
         notes.push("These lanes are a logical decomposition; the adapter decides how they map onto real workers.".to_owned());
         notes.push(format!(
@@ -596,11 +618,27 @@ pub fn render_text_form(outcome: &PlanOutcome<'_>, form: TextForm) -> String {
 /// `select --text`.
 pub fn summary_text(plan: &Plan<'_>) -> String {
     let mut out = String::with_capacity(1024);
-    let _ = writeln!(out, "selected_pattern: {}", plan.selection.selected_pattern.as_str());
-    let _ = writeln!(out, "overlays: {}", overlays_summary(&plan.selection.overlays));
+    let _ = writeln!(
+        out,
+        "selected_pattern: {}",
+        plan.selection.selected_pattern.as_str()
+    );
+    let _ = writeln!(
+        out,
+        "overlays: {}",
+        overlays_summary(&plan.selection.overlays)
+    );
     let _ = writeln!(out, "reason: {}", plan.selection.reason);
-    let _ = writeln!(out, "runtime_primary: {}", plan.runtime_mapping.primary_mechanism.as_str());
-    let _ = writeln!(out, "runtime_hint: {}", plan.runtime_mapping.invocation_hint);
+    let _ = writeln!(
+        out,
+        "runtime_primary: {}",
+        plan.runtime_mapping.primary_mechanism.as_str()
+    );
+    let _ = writeln!(
+        out,
+        "runtime_hint: {}",
+        plan.runtime_mapping.invocation_hint
+    );
     out.push_str("lanes:\n");
     for lane in &plan.lanes {
         let scopes = if lane.scope.is_empty() {
@@ -628,10 +666,26 @@ pub fn summary_text(plan: &Plan<'_>) -> String {
 pub fn prompt_contract_text(plan: &Plan<'_>) -> String {
     let mut out = String::with_capacity(2048);
     let _ = writeln!(out, "Objective: {}", plan.request.objective);
-    let _ = writeln!(out, "Worker pattern: {}", plan.selection.selected_pattern.as_str());
-    let _ = writeln!(out, "Mechanism: {}", plan.runtime_mapping.primary_mechanism.as_str());
-    let _ = writeln!(out, "Overlays: {}", overlays_summary(&plan.selection.overlays));
-    let _ = writeln!(out, "Runtime hint: {}", plan.runtime_mapping.invocation_hint);
+    let _ = writeln!(
+        out,
+        "Worker pattern: {}",
+        plan.selection.selected_pattern.as_str()
+    );
+    let _ = writeln!(
+        out,
+        "Mechanism: {}",
+        plan.runtime_mapping.primary_mechanism.as_str()
+    );
+    let _ = writeln!(
+        out,
+        "Overlays: {}",
+        overlays_summary(&plan.selection.overlays)
+    );
+    let _ = writeln!(
+        out,
+        "Runtime hint: {}",
+        plan.runtime_mapping.invocation_hint
+    );
     out.push_str("\nLanes:\n");
     for (i, lane) in plan.lanes.iter().enumerate() {
         let parts = lane_parts(plan, lane);
@@ -644,6 +698,8 @@ pub fn prompt_contract_text(plan: &Plan<'_>) -> String {
             let _ = writeln!(out, "   - {line}");
         }
     }
-    out.push_str("\nDry run only: no worker has been started and no runtime setting has been changed.");
+    out.push_str(
+        "\nDry run only: no worker has been started and no runtime setting has been changed.",
+    );
     out
 }

@@ -71,7 +71,10 @@ impl PatternRequest {
         if self.variants_requested > MAX_VARIANTS {
             return Err(PatternError::new(
                 "variants_requested",
-                format!("at most {MAX_VARIANTS} variants can be planned, got {}", self.variants_requested),
+                format!(
+                    "at most {MAX_VARIANTS} variants can be planned, got {}",
+                    self.variants_requested
+                ),
             ));
         }
         Ok(())
@@ -93,17 +96,29 @@ pub fn parse_params(params: &Value) -> Result<SelectParams, PatternError> {
     let map = match params {
         Value::Object(map) => map,
         Value::String(text) => {
-            decoded = serde_json::from_str::<Value>(text)
-                .map_err(|e| PatternError::new("params", format!("a string request must hold a JSON object: {e}")))?;
+            decoded = serde_json::from_str::<Value>(text).map_err(|e| {
+                PatternError::new(
+                    "params",
+                    format!("a string request must hold a JSON object: {e}"),
+                )
+            })?;
             match &decoded {
                 Value::Object(map) => map,
-                _ => return Err(PatternError::new("params", "a string request must decode to a JSON object")),
+                _ => {
+                    return Err(PatternError::new(
+                        "params",
+                        "a string request must decode to a JSON object",
+                    ));
+                }
             }
         }
         other => {
             return Err(PatternError::new(
                 "params",
-                format!("expected an object (or a JSON string holding one), got {}", type_name(other)),
+                format!(
+                    "expected an object (or a JSON string holding one), got {}",
+                    type_name(other)
+                ),
             ));
         }
     };
@@ -134,7 +149,9 @@ fn parse_map(map: &Map<String, Value>) -> Result<SelectParams, PatternError> {
         req.review_required = false;
     }
     req.tests_required = map.get("tests_required").is_some_and(truthy);
-    if let Some((key, v)) = pick(map, "variants_requested", "variant_count").filter(|(_, v)| !v.is_null()) {
+    if let Some((key, v)) =
+        pick(map, "variants_requested", "variant_count").filter(|(_, v)| !v.is_null())
+    {
         req.variants_requested = python_int(key, v)?;
     }
     req.durable = map.get("durable").is_some_and(truthy);
@@ -178,12 +195,19 @@ fn bad_output(value: &str) -> PatternError {
     let accepted: Vec<&str> = OutputKind::ACCEPTED_SORTED.to_vec();
     PatternError::new(
         "output",
-        format!("unknown output {value:?}; use one of: {}", accepted.join(", ")),
+        format!(
+            "unknown output {value:?}; use one of: {}",
+            accepted.join(", ")
+        ),
     )
 }
 
 /// The canonical key if present, else the alias.
-fn pick<'a>(map: &'a Map<String, Value>, canonical: &'static str, alias: &'static str) -> Option<(&'static str, &'a Value)> {
+fn pick<'a>(
+    map: &'a Map<String, Value>,
+    canonical: &'static str,
+    alias: &'static str,
+) -> Option<(&'static str, &'a Value)> {
     map.get(canonical)
         .map(|v| (canonical, v))
         .or_else(|| map.get(alias).map(|v| (alias, v)))
@@ -234,7 +258,13 @@ fn python_repr(v: &Value) -> String {
         Value::Object(map) => {
             let inner: Vec<String> = map
                 .iter()
-                .map(|(k, v)| format!("{}: {}", python_repr(&Value::String(k.clone())), python_repr(v)))
+                .map(|(k, v)| {
+                    format!(
+                        "{}: {}",
+                        python_repr(&Value::String(k.clone())),
+                        python_repr(v)
+                    )
+                })
                 .collect();
             format!("{{{}}}", inner.join(", "))
         }
@@ -251,7 +281,10 @@ fn string_list(field: &str, v: &Value) -> Result<Vec<String>, PatternError> {
         Value::Object(map) => Ok(map.keys().cloned().collect()),
         other => Err(PatternError::new(
             field,
-            format!("expected a string or a list of strings, got {}", type_name(other)),
+            format!(
+                "expected a string or a list of strings, got {}",
+                type_name(other)
+            ),
         )),
     }
 }
@@ -270,7 +303,7 @@ fn python_int(field: &str, v: &Value) -> Result<i64, PatternError> {
             } else {
                 let f = n.as_f64().unwrap_or(f64::NAN);
                 // 2^63 is exactly representable; anything at or beyond it does not fit.
-                if f.is_finite() && f.abs() < 9.223_372_036_854_775_808e18 {
+                if f.is_finite() && f.abs() < 9_223_372_036_854_775_808.0_f64 {
                     Ok(f.trunc() as i64)
                 } else {
                     Err(too_large())
@@ -296,7 +329,11 @@ fn parse_int_text(text: &str) -> Option<i64> {
         b'+' => (false, &t[1..]),
         _ => (false, t),
     };
-    if digits.is_empty() || digits.starts_with('_') || digits.ends_with('_') || digits.contains("__") {
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+    {
         return None;
     }
     let mut value: i64 = 0;
@@ -306,7 +343,11 @@ fn parse_int_text(text: &str) -> Option<i64> {
             b'0'..=b'9' => {
                 let d = i64::from(b - b'0');
                 value = value.checked_mul(10)?;
-                value = if negative { value.checked_sub(d)? } else { value.checked_add(d)? };
+                value = if negative {
+                    value.checked_sub(d)?
+                } else {
+                    value.checked_add(d)?
+                };
             }
             _ => return None,
         }
@@ -417,20 +458,40 @@ mod tests {
         let field = |v: Value| parse_params(&v).unwrap_err().field;
         assert_eq!(field(json!({"objective": "  "})), "objective");
         assert_eq!(field(json!({"scopes": ["a"]})), "objective");
-        assert_eq!(field(json!({"objective": "x", "max_parallel_lanes": "2.5"})), "max_parallel_lanes");
-        assert_eq!(field(json!({"objective": "x", "max_parallel_lanes": 0})), "max_parallel_lanes");
+        assert_eq!(
+            field(json!({"objective": "x", "max_parallel_lanes": "2.5"})),
+            "max_parallel_lanes"
+        );
+        assert_eq!(
+            field(json!({"objective": "x", "max_parallel_lanes": 0})),
+            "max_parallel_lanes"
+        );
         assert_eq!(field(json!({"objective": "x", "scope": 3})), "scope");
-        assert_eq!(field(json!({"objective": "x", "output": "execute"})), "output");
-        assert_eq!(field(json!({"objective": "x", "variants_requested": 1e30})), "variants_requested");
-        assert_eq!(field(json!({"objective": "x", "variants_requested": 5000})), "variants_requested");
-        assert_eq!(field(json!({"objective": "x", "roster_path": 1})), "roster_path");
+        assert_eq!(
+            field(json!({"objective": "x", "output": "execute"})),
+            "output"
+        );
+        assert_eq!(
+            field(json!({"objective": "x", "variants_requested": 1e30})),
+            "variants_requested"
+        );
+        assert_eq!(
+            field(json!({"objective": "x", "variants_requested": 5000})),
+            "variants_requested"
+        );
+        assert_eq!(
+            field(json!({"objective": "x", "roster_path": 1})),
+            "roster_path"
+        );
         assert_eq!(field(json!([1, 2])), "params");
     }
 
     #[test]
     fn no_review_beats_review_required_and_canonical_beats_alias() {
-        let p = parse_params(&json!({"objective": "x", "review_required": true, "no_review": 1,
-            "scopes": ["a"], "scope": ["b"]}))
+        let p = parse_params(
+            &json!({"objective": "x", "review_required": true, "no_review": 1,
+            "scopes": ["a"], "scope": ["b"]}),
+        )
         .unwrap();
         assert!(!p.request.review_required);
         assert_eq!(p.request.scopes, vec!["a"]);

@@ -62,7 +62,12 @@ impl RosterEnv {
     /// Build from `(name, value)` pairs; unknown names are ignored.
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let pairs: Vec<(&str, &str)> = pairs.into_iter().collect();
-        Self::from_lookup(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned()))
+        Self::from_lookup(|k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        })
     }
 
     /// The deprecated variables that are set, for `doctor` warnings.
@@ -122,15 +127,24 @@ fn non_empty(v: &Option<String>) -> Option<&str> {
 pub fn locate(param: Option<&str>, ctx: &SelectContext) -> Option<RosterLocation> {
     let configured = param
         .map(|p| (p, RosterOrigin::Param))
-        .or_else(|| non_empty(&ctx.env.roster_path).map(|p| (p, RosterOrigin::Env(ENV_ROSTER_PATH))))
-        .or_else(|| non_empty(&ctx.env.legacy_roster_path).map(|p| (p, RosterOrigin::Env(ENV_LEGACY_ROSTER_PATH))));
+        .or_else(|| {
+            non_empty(&ctx.env.roster_path).map(|p| (p, RosterOrigin::Env(ENV_ROSTER_PATH)))
+        })
+        .or_else(|| {
+            non_empty(&ctx.env.legacy_roster_path)
+                .map(|p| (p, RosterOrigin::Env(ENV_LEGACY_ROSTER_PATH)))
+        });
     if let Some((raw, origin)) = configured {
         let shown = expand_home(raw, ctx.home_dir.as_deref());
         let path = match &ctx.base_dir {
             Some(base) if Path::new(&shown).is_relative() => base.join(&shown),
             _ => PathBuf::from(&shown),
         };
-        return Some(RosterLocation { shown, path, origin });
+        return Some(RosterLocation {
+            shown,
+            path,
+            origin,
+        });
     }
     let default = ctx.workspace_roster.as_ref()?;
     default.exists().then(|| RosterLocation {
@@ -205,7 +219,12 @@ pub fn entries_of(doc: &Yaml) -> Vec<RosterEntry> {
 fn entry_of(item: &Yaml) -> Option<RosterEntry> {
     let m = item.as_mapping()?;
     let id = m.get("id").filter(|v| yaml_truthy(v))?;
-    let text = |key: &str| m.get(key).filter(|v| !v.is_null()).map(yaml_str).unwrap_or_default();
+    let text = |key: &str| {
+        m.get(key)
+            .filter(|v| !v.is_null())
+            .map(yaml_str)
+            .unwrap_or_default()
+    };
     let types = m
         .get("preferred_task_types")
         .filter(|v| yaml_truthy(v))
@@ -250,7 +269,9 @@ fn yaml_str(v: &Yaml) -> String {
         Yaml::Number(n) => n.to_string(),
         Yaml::String(s) => s.clone(),
         Yaml::Tagged(t) => yaml_str(&t.value),
-        other => serde_yaml::to_string(other).map(|s| s.trim_end().to_owned()).unwrap_or_default(),
+        other => serde_yaml::to_string(other)
+            .map(|s| s.trim_end().to_owned())
+            .unwrap_or_default(),
     }
 }
 
@@ -258,9 +279,15 @@ fn yaml_str(v: &Yaml) -> String {
 fn expand_scope(scope: &str, out: &mut Vec<String>) {
     let lower = scope.to_lowercase();
     let family: &[&str] = match lower.as_str() {
-        "docs" | "documentation" | "runbook" | "handoff" | "spec" => &["docs", "runbook", "handoff", "spec"],
-        "review" | "qa" | "verification" | "test" | "tests" | "smoke" => &["review", "qa", "verification", "smoke"],
-        "scheduler" | "cron" | "ops" | "health" | "monitoring" => &["ops", "lifecycle", "backend", "implementation"],
+        "docs" | "documentation" | "runbook" | "handoff" | "spec" => {
+            &["docs", "runbook", "handoff", "spec"]
+        }
+        "review" | "qa" | "verification" | "test" | "tests" | "smoke" => {
+            &["review", "qa", "verification", "smoke"]
+        }
+        "scheduler" | "cron" | "ops" | "health" | "monitoring" => {
+            &["ops", "lifecycle", "backend", "implementation"]
+        }
         _ => {
             out.push(lower);
             return;
@@ -279,7 +306,13 @@ pub fn lane_task_types(lane: &Lane) -> Vec<String> {
     let all: Vec<String> = match lane.role {
         LaneRole::Builder | LaneRole::PhaseWorker | LaneRole::RecoveryWorker => {
             let mut v = scope_types;
-            v.extend(fixed(&["implementation", "feature", "patch", "backend", "integration"]));
+            v.extend(fixed(&[
+                "implementation",
+                "feature",
+                "patch",
+                "backend",
+                "integration",
+            ]));
             v
         }
         LaneRole::Reviewer => {
@@ -309,21 +342,32 @@ pub fn lane_task_types(lane: &Lane) -> Vec<String> {
 
 /// Map lanes onto roster workers (each worker at most once, lanes in order) and return the
 /// roster notes. Unmatched lanes keep their logical profile.
-pub fn apply(lanes: &mut [Lane], entries: &[RosterEntry], unavailable: &BTreeSet<String>, shown_path: &str) -> Vec<String> {
+pub fn apply(
+    lanes: &mut [Lane],
+    entries: &[RosterEntry],
+    unavailable: &BTreeSet<String>,
+    shown_path: &str,
+) -> Vec<String> {
     let mut notes = vec![
         format!("Persistent lanes were mapped onto named workers from the roster at {shown_path}."),
         "The selector chose only the execution shape; the roster remains the authority on which worker is which.".to_owned(),
     ];
     if !unavailable.is_empty() {
         let names: Vec<&str> = unavailable.iter().map(String::as_str).collect();
-        notes.push(format!("Workers reported unavailable were skipped: {}.", names.join(", ")));
+        notes.push(format!(
+            "Workers reported unavailable were skipped: {}.",
+            names.join(", ")
+        ));
     }
     let mut used = vec![false; entries.len()];
     for lane in lanes.iter_mut() {
         let types = lane_task_types(lane);
         let chosen = types.iter().find_map(|t| {
             entries.iter().enumerate().position(|(i, e)| {
-                !used[i] && e.accepts_broadcast && !unavailable.contains(&e.id) && e.preferred_task_types.contains(t)
+                !used[i]
+                    && e.accepts_broadcast
+                    && !unavailable.contains(&e.id)
+                    && e.preferred_task_types.contains(t)
             })
         });
         match chosen {
@@ -382,7 +426,9 @@ pub fn validate_roster_at(shown: &str, resolved: &Path) -> RosterReport {
         warnings: Vec::new(),
     };
     if !resolved.exists() {
-        report.errors.push(format!("roster path does not exist: {shown}"));
+        report
+            .errors
+            .push(format!("roster path does not exist: {shown}"));
         return report;
     }
     let text = match std::fs::read_to_string(resolved) {
@@ -404,7 +450,10 @@ pub fn validate_roster_at(shown: &str, resolved: &Path) -> RosterReport {
         other => Some(other),
     };
     let Some(Yaml::Sequence(workers)) = workers else {
-        report.errors.push("the roster needs a top-level list of workers (a list, or a `workers:` list)".to_owned());
+        report.errors.push(
+            "the roster needs a top-level list of workers (a list, or a `workers:` list)"
+                .to_owned(),
+        );
         return report;
     };
     report.worker_count = workers.len();
@@ -412,7 +461,9 @@ pub fn validate_roster_at(shown: &str, resolved: &Path) -> RosterReport {
     for (i, w) in workers.iter().enumerate() {
         let index = i + 1;
         let Some(m) = w.as_mapping() else {
-            report.errors.push(format!("worker {index} must be a mapping"));
+            report
+                .errors
+                .push(format!("worker {index} must be a mapping"));
             continue;
         };
         let id = m
@@ -438,23 +489,29 @@ pub fn validate_roster_at(shown: &str, resolved: &Path) -> RosterReport {
         let roles = m.get("roles").or_else(|| m.get("role"));
         let has_role = match roles {
             Some(Yaml::String(s)) => !s.trim().is_empty(),
-            Some(Yaml::Sequence(items)) => items.iter().any(|r| matches!(r, Yaml::String(s) if !s.trim().is_empty())),
+            Some(Yaml::Sequence(items)) => items
+                .iter()
+                .any(|r| matches!(r, Yaml::String(s) if !s.trim().is_empty())),
             _ => false,
         };
         if !has_role {
-            report.errors.push(format!("{label} declares no role (`roles` or `role`)"));
+            report
+                .errors
+                .push(format!("{label} declares no role (`roles` or `role`)"));
         }
         if let Some(caps) = m.get("capabilities").filter(|v| !v.is_null())
             && !caps.is_sequence()
         {
-            report.errors.push(format!("{label}: `capabilities` must be a list"));
+            report
+                .errors
+                .push(format!("{label}: `capabilities` must be a list"));
         }
         if m.get("adapter").is_none() {
             for key in ADAPTER_KEYS {
                 if m.get(key).is_some() {
-                    report
-                        .warnings
-                        .push(format!("{label}: `{key}` is adapter-specific and belongs under an `adapter` block"));
+                    report.warnings.push(format!(
+                        "{label}: `{key}` is adapter-specific and belongs under an `adapter` block"
+                    ));
                 }
             }
         }
@@ -504,7 +561,10 @@ mod tests {
         ]);
         let names: Vec<String> = env.unavailable().into_iter().collect();
         assert_eq!(names, vec!["a", "b", "c"]);
-        assert_eq!(env.deprecated_in_use(), vec![ENV_LEGACY_UNHEALTHY, ENV_LEGACY_BLOCKED]);
+        assert_eq!(
+            env.deprecated_in_use(),
+            vec![ENV_LEGACY_UNHEALTHY, ENV_LEGACY_BLOCKED]
+        );
     }
 
     #[test]

@@ -71,10 +71,17 @@ pub fn scope_summary(lane: &Lane, req: &PatternRequest) -> String {
 }
 
 /// Pick the mechanism (first matching rule wins) and write the prompt contract.
-pub fn map_runtime(req: &PatternRequest, pattern: Pattern, overlays: &[Pattern], lanes: &[Lane]) -> RuntimeMapping {
+pub fn map_runtime(
+    req: &PatternRequest,
+    pattern: Pattern,
+    overlays: &[Pattern],
+    lanes: &[Lane],
+) -> RuntimeMapping {
     use Mechanism::*;
     let lane_count: u64 = lanes.iter().map(|l| l.count.max(1)).sum();
-    let (primary, fallbacks, hint): (Mechanism, &[Mechanism], &str) = if req.durable || req.dependencies.len() > 2 {
+    let (primary, fallbacks, hint): (Mechanism, &[Mechanism], &str) = if req.durable
+        || req.dependencies.len() > 2
+    {
         (
             TaskGraph,
             &[Continuation, PersistentWorkers, EphemeralWorkers],
@@ -125,11 +132,22 @@ pub fn overlays_summary(overlays: &[Pattern]) -> String {
     if overlays.is_empty() {
         "none".to_owned()
     } else {
-        overlays.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
+        overlays
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
-fn prompt_contract(req: &PatternRequest, pattern: Pattern, overlays: &[Pattern], primary: Mechanism, hint: &str, lanes: &[Lane]) -> String {
+fn prompt_contract(
+    req: &PatternRequest,
+    pattern: Pattern,
+    overlays: &[Pattern],
+    primary: Mechanism,
+    hint: &str,
+    lanes: &[Lane],
+) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(512 + lanes.len() * 200);
     // Writing into a String cannot fail.

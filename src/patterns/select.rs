@@ -30,7 +30,8 @@ pub fn parse_directives(notes: &[String]) -> (Directives, Vec<&str>) {
     for note in notes {
         let value = |prefix: &str| -> Option<String> {
             let head = note.get(..prefix.len())?;
-            head.eq_ignore_ascii_case(prefix).then(|| note[prefix.len()..].trim().to_owned())
+            head.eq_ignore_ascii_case(prefix)
+                .then(|| note[prefix.len()..].trim().to_owned())
         };
         if let Some(v) = value(PREFIX_PATTERN) {
             directives.pattern = Some(v);
@@ -53,7 +54,10 @@ impl Scores {
     pub fn compute(dims: &Dimensions, adj: &Adjustments, policy: &Policy) -> Scores {
         let mut out = [0i64; 6];
         for (slot, p) in out.iter_mut().zip(Pattern::BASE) {
-            let weighted: i64 = Dimension::ALL.iter().map(|&d| policy.weight(p, d) * dims.get(d)).sum();
+            let weighted: i64 = Dimension::ALL
+                .iter()
+                .map(|&d| policy.weight(p, d) * dims.get(d))
+                .sum();
             *slot = weighted + adj.get(p);
         }
         Scores(out)
@@ -68,7 +72,8 @@ impl Scores {
 
     /// Base patterns by score, highest first; ties by wire spelling in code-point order.
     pub fn ranking(&self) -> [(Pattern, i64); 6] {
-        let mut ranked: [(Pattern, i64); 6] = std::array::from_fn(|i| (Pattern::BASE[i], self.0[i]));
+        let mut ranked: [(Pattern, i64); 6] =
+            std::array::from_fn(|i| (Pattern::BASE[i], self.0[i]));
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.as_str().cmp(b.0.as_str())));
         ranked
     }
@@ -152,7 +157,10 @@ pub fn decide(
     };
 
     let reason = match valid_override {
-        Some(p) => format!("An explicit, validated override note selected {}.", p.as_str()),
+        Some(p) => format!(
+            "An explicit, validated override note selected {}.",
+            p.as_str()
+        ),
         None => reason_for(selected).to_owned(),
     };
     let overlays = if req.review_required && selected != Pattern::TwinInspection {
@@ -171,7 +179,9 @@ pub fn decide(
         score_adjustments: adjustments,
         selection_source: source,
         selector_version: policy.selector_version.clone(),
-        override_pattern: valid_override.map(|p| p.as_str().to_owned()).unwrap_or_default(),
+        override_pattern: valid_override
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default(),
         override_requested_by: directives.requested_by.clone(),
         override_reason: directives.reason.clone(),
         invalid_override_reason,
@@ -192,9 +202,16 @@ fn by_score(scores: &Scores, policy: &Policy) -> (Pattern, SelectionSource) {
         && (0..=policy.close_score_margin).contains(&(best_score - runner_score));
     if close {
         let rank = |p: Pattern| policy.simpler_pattern_order.iter().position(|&q| q == p);
-        let simpler = if rank(runner_up) < rank(best) { runner_up } else { best };
+        let simpler = if rank(runner_up) < rank(best) {
+            runner_up
+        } else {
+            best
+        };
         if simpler != best {
-            return (simpler, SelectionSource::PolicyScoringCloseScorePreferSimpler);
+            return (
+                simpler,
+                SelectionSource::PolicyScoringCloseScorePreferSimpler,
+            );
         }
     }
     (best, source)
@@ -205,12 +222,18 @@ fn reason_for(p: Pattern) -> &'static str {
         Pattern::BridgeLane => {
             "Critical recovery or a landing on the canonical line calls for one tightly controlled bridge lane."
         }
-        Pattern::RecoveryLane => "Failed, blocked or stale work is best repaired in one narrow recovery lane.",
+        Pattern::RecoveryLane => {
+            "Failed, blocked or stale work is best repaired in one narrow recovery lane."
+        }
         Pattern::BlueprintFanout => {
             "The task asks for variants, alternatives or curation, so designs are explored side by side and then curated."
         }
-        Pattern::PhasedAssembly => "The depth of the dependencies points to ordered waves that unlock one another.",
-        Pattern::ModuleSwarm => "Several scopes or separable modules can be built in parallel lanes.",
+        Pattern::PhasedAssembly => {
+            "The depth of the dependencies points to ordered waves that unlock one another."
+        }
+        Pattern::ModuleSwarm => {
+            "Several scopes or separable modules can be built in parallel lanes."
+        }
         Pattern::Sequential | Pattern::TwinInspection => {
             "One bounded workpiece gains little from parallel lanes, so it is built in a single lane."
         }
@@ -223,10 +246,14 @@ mod tests {
 
     #[test]
     fn directives_are_case_insensitive_and_need_the_prefix_at_the_start() {
-        let notes: Vec<String> = ["Pattern:  Module-Swarm  ", " pattern:sequential", "pattern_override_reason: why"]
-            .into_iter()
-            .map(String::from)
-            .collect();
+        let notes: Vec<String> = [
+            "Pattern:  Module-Swarm  ",
+            " pattern:sequential",
+            "pattern_override_reason: why",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
         let (d, blob) = parse_directives(&notes);
         assert_eq!(d.pattern.as_deref(), Some("Module-Swarm"));
         assert_eq!(d.reason, "why");
@@ -244,10 +271,19 @@ mod tests {
         let p = Policy::builtin();
         // module-swarm 10, phased-assembly 9: phased is simpler and within the margin.
         let s = Scores([0, 10, 9, 0, 0, 0]);
-        assert_eq!(by_score(&s, &p), (Pattern::PhasedAssembly, SelectionSource::PolicyScoringCloseScorePreferSimpler));
+        assert_eq!(
+            by_score(&s, &p),
+            (
+                Pattern::PhasedAssembly,
+                SelectionSource::PolicyScoringCloseScorePreferSimpler
+            )
+        );
         // bridge_lane as runner-up is outside the simple set: no change.
         let s = Scores([10, 0, 0, 0, 0, 9]);
-        assert_eq!(by_score(&s, &p), (Pattern::Sequential, SelectionSource::PolicyScoring));
+        assert_eq!(
+            by_score(&s, &p),
+            (Pattern::Sequential, SelectionSource::PolicyScoring)
+        );
         // Everything at or below zero falls back.
         let s = Scores([0, -1, -1, -1, -1, -1]);
         assert_eq!(by_score(&s, &p).1, SelectionSource::PolicyFallback);

@@ -7,7 +7,7 @@
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
-use super::policy::Policy;
+use super::policy::{Phrases, Policy};
 use super::request::PatternRequest;
 use super::vocab::{Dimension, Pattern};
 
@@ -28,16 +28,18 @@ impl TextSignals {
         let mut hits = [0usize; 7];
         let mut matched: Vec<String> = Vec::new();
         for p in Pattern::ALL {
-            for kw in policy.keywords(p) {
-                if blob.contains(kw.as_str()) {
-                    hits[p.index()] += 1;
-                    matched.push(kw.clone());
-                }
+            for kw in policy.keywords(p).hits_in(&blob) {
+                hits[p.index()] += 1;
+                matched.push(kw.clone());
             }
         }
         matched.sort_unstable();
         matched.dedup();
-        TextSignals { blob, hits, matched }
+        TextSignals {
+            blob,
+            hits,
+            matched,
+        }
     }
 
     pub fn hit(&self, p: Pattern) -> bool {
@@ -45,8 +47,8 @@ impl TextSignals {
     }
 
     /// True when the blob contains any of `phrases`.
-    pub fn any(&self, phrases: &[String]) -> bool {
-        phrases.iter().any(|ph| self.blob.contains(ph.as_str()))
+    pub fn any(&self, phrases: &Phrases) -> bool {
+        phrases.any_in(&self.blob)
     }
 
     /// Keyword bonus per pattern (`min(hits, cap)`), for the patterns with at least one hit.
@@ -180,7 +182,10 @@ impl Dimensions {
         }
         if risk == "high" || risk == "critical" || text.hit(Pattern::BridgeLane) {
             let high = risk == "high";
-            d.set(Verification, d.get(Verification).max(if high { 2 } else { 3 }));
+            d.set(
+                Verification,
+                d.get(Verification).max(if high { 2 } else { 3 }),
+            );
             d.set(MergeRisk, d.get(MergeRisk).max(if high { 1 } else { 2 }));
         }
         d
@@ -228,7 +233,11 @@ mod tests {
         let req = PatternRequest::new("compare alternatives");
         let t = analyze(&req);
         assert_eq!(t.hits[Pattern::BlueprintFanout.index()], 3);
-        assert_eq!(t.adjustments(&Policy::builtin()).get(Pattern::BlueprintFanout), 2);
+        assert_eq!(
+            t.adjustments(&Policy::builtin())
+                .get(Pattern::BlueprintFanout),
+            2
+        );
     }
 
     #[test]

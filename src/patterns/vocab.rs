@@ -165,13 +165,21 @@ impl LaneRole {
     /// What a worker in this role is expected to hand back (used by the renderers).
     pub const fn expected_output(self) -> &'static str {
         match self {
-            LaneRole::Builder => "the changed files, a short account of the implementation, and validation evidence",
-            LaneRole::Integrator => "the merged result, the scopes it touched, and the integration risks still open",
+            LaneRole::Builder => {
+                "the changed files, a short account of the implementation, and validation evidence"
+            }
+            LaneRole::Integrator => {
+                "the merged result, the scopes it touched, and the integration risks still open"
+            }
             LaneRole::VariantDesigner => "one alternative approach together with its trade-offs",
             LaneRole::Curator => "a ranked comparison of the variants and a recommendation",
-            LaneRole::PhaseWorker => "evidence that the phase is complete, plus handoff notes for the work that depends on it",
+            LaneRole::PhaseWorker => {
+                "evidence that the phase is complete, plus handoff notes for the work that depends on it"
+            }
             LaneRole::RecoveryWorker => "the root cause, a narrow repair diff, and how to resume",
-            LaneRole::Reviewer => "an independent verdict, any regressions found, and a check of the proof",
+            LaneRole::Reviewer => {
+                "an independent verdict, any regressions found, and a check of the proof"
+            }
         }
     }
 }
