@@ -142,7 +142,7 @@ fn parse_map(map: &Map<String, Value>) -> Result<SelectParams, PatternError> {
         req.risk_level = python_str(v);
     }
     if let Some(v) = map.get("review_required") {
-        req.review_required = v.is_null() || truthy(v);
+        req.review_required = truthy(v);
     }
     // `no_review` beats `review_required` when both are present.
     if map.get("no_review").is_some_and(truthy) {
@@ -502,6 +502,20 @@ mod tests {
         assert!(parse_params(&json!("{\"objective\": \"x\"}")).is_ok());
         assert_eq!(parse_params(&json!("[1]")).unwrap_err().field, "params");
         assert_eq!(parse_params(&json!("nope")).unwrap_err().field, "params");
+    }
+
+    #[test]
+    fn schema_requires_objective_and_lists_outputs() {
+        let schema = serde_json::to_value(schemars::schema_for!(SelectParamsSchema)).unwrap();
+        assert_eq!(schema["required"], json!(["objective"]));
+        let props = schema["properties"].as_object().unwrap();
+        for key in ["objective", "scopes", "max_parallel_lanes", "notes", "output", "roster_path"] {
+            assert!(props.contains_key(key), "{key} missing from {schema}");
+        }
+        let text = schema.to_string();
+        for value in OutputKind::ACCEPTED_SORTED {
+            assert!(text.contains(&format!("\"{value}\"")), "{value}");
+        }
     }
 
     #[test]
