@@ -509,7 +509,14 @@ mod tests {
         let schema = serde_json::to_value(schemars::schema_for!(SelectParamsSchema)).unwrap();
         assert_eq!(schema["required"], json!(["objective"]));
         let props = schema["properties"].as_object().unwrap();
-        for key in ["objective", "scopes", "max_parallel_lanes", "notes", "output", "roster_path"] {
+        for key in [
+            "objective",
+            "scopes",
+            "max_parallel_lanes",
+            "notes",
+            "output",
+            "roster_path",
+        ] {
             assert!(props.contains_key(key), "{key} missing from {schema}");
         }
         let text = schema.to_string();

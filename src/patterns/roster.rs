@@ -399,8 +399,9 @@ pub fn apply(
 // ----- validation ----------------------------------------------------------------------------
 
 /// Result of `validate-roster` / `roster/validate`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct RosterReport {
+    /// True when there are no errors (warnings do not count).
     pub ok: bool,
     pub path: String,
     pub worker_count: usize,
