@@ -79,6 +79,9 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => serve(&g, args).await,
         Command::Store(cmd) => gaffer::cli::store::run(cmd, &root_of(&g)).await,
         Command::Schema { out, check } => schema(&out, check),
+        Command::Patterns(cmd) => {
+            gaffer::cli::patterns::run(cmd, &root_of(&g), g.patterns_policy.as_deref())
+        }
         Command::Doctor => doctor(&root_of(&g)),
         Command::Call { method, params } => call(&g, &method, &params).await,
     }

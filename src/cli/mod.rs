@@ -1,6 +1,7 @@
 //! The command line: `gaffer serve` (the default) and the one-shot commands.
 
 pub mod doctor;
+pub mod patterns;
 pub mod store;
 
 use std::path::PathBuf;
@@ -52,6 +53,9 @@ pub enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Plan work with the worker-pattern selector (dry runs only).
+    #[command(subcommand)]
+    Patterns(patterns::PatternsCmd),
     /// Read-only health checks of the workspace and this machine.
     Doctor,
     /// Call one method in process and print its result as JSON.

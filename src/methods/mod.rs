@@ -1,5 +1,6 @@
 //! The method table: binds each domain to the router, and the host the session talks to.
 
+pub mod patterns;
 pub mod schema;
 pub mod status;
 
@@ -57,6 +58,7 @@ pub fn store_error(context: &str, e: &WorkspaceError) -> RpcError {
 pub fn router() -> Router<App> {
     let mut r = Router::new();
     status::register(&mut r);
+    patterns::register(&mut r);
     r
 }
 
