@@ -83,6 +83,8 @@ async fn run(cli: Cli) -> ExitCode {
             gaffer::cli::patterns::run(cmd, &root_of(&g), g.patterns_policy.as_deref())
         }
         Command::Doctor => doctor(&root_of(&g)),
+        Command::Bundle(cmd) => gaffer::cli::bundles::run(cmd, &root_of(&g), config(&g)).await,
+        Command::Worker(cmd) => gaffer::cli::workers::run(cmd, &root_of(&g), config(&g)).await,
         Command::Call { method, params } => call(&g, &method, &params).await,
     }
 }

@@ -1,8 +1,10 @@
 //! The method table: binds each domain to the router, and the host the session talks to.
 
+pub mod bundles;
 pub mod patterns;
 pub mod schema;
 pub mod status;
+pub mod workers;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +31,8 @@ pub struct App {
     pub config: AppConfig,
     /// Identity of this gaffer process, for presence and ownership.
     pub instance: crate::peers::Instance,
+    /// The workers whose OS processes this gaffer process owns.
+    pub workers: Arc<crate::workers::WorkerRuntime>,
 }
 
 impl App {
@@ -36,10 +40,13 @@ impl App {
     pub fn open(root: &Path, config: AppConfig) -> Result<Arc<App>, WorkspaceError> {
         let workspace = Workspace::open(root)?;
         let instance = crate::peers::Instance::register(&workspace.gaffer_dir());
+        let workers = crate::workers::WorkerRuntime::new(Arc::clone(&workspace));
+        workers.start();
         Ok(Arc::new(App {
             workspace,
             config,
             instance,
+            workers,
         }))
     }
 }
@@ -59,6 +66,8 @@ pub fn router() -> Router<App> {
     let mut r = Router::new();
     status::register(&mut r);
     patterns::register(&mut r);
+    bundles::register(&mut r);
+    workers::register(&mut r);
     r
 }
 
