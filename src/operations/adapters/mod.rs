@@ -1,0 +1,1 @@
+//! Built-in providers and the bridge to external provider executables.
