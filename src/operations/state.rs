@@ -258,6 +258,22 @@ pub enum ApplyError {
 }
 
 impl OperationState {
+    /// The workspace fold entry point for kinds `operation.*` and `approval.*`.
+    pub fn apply(&mut self, rec: &crate::workspace::Record, out: &mut Vec<crate::workspace::Notice>) {
+        let mut notices = Vec::new();
+        if let Err(e) = self.apply_record(&rec.kind, &rec.payload, &mut notices) {
+            tracing::warn!(seq = rec.seq, kind = %rec.kind, error = %e, "operation record skipped");
+            return;
+        }
+        for n in notices {
+            out.push(if n.operators_only {
+                crate::workspace::Notice::operators(n.method, n.params)
+            } else {
+                crate::workspace::Notice::everyone(n.method, n.params)
+            });
+        }
+    }
+
     pub fn get(&self, id: &str) -> Option<&Operation> {
         self.operations.get(id)
     }

@@ -1,1 +1,596 @@
-//! store (being built).
+//! The per-workspace durable store under `<workspace>/.gaffer/`: an append-only journal in
+//! segments, a snapshot of folded state, and content-addressed blobs.
+//!
+//! # On-disk layout (format version 1)
+//!
+//! ```text
+//! .gaffer/
+//!   .gitignore            "*": the store never belongs in version control
+//!   lock                  empty; writers hold an exclusive File::lock on it
+//!   snapshot.json         optional; see below
+//!   journal/000001.log    segments, numbered from 1, six or more decimal digits
+//!   journal/000002.log
+//!   blobs/sha256/ab/<64 hex>
+//! ```
+//!
+//! **Segment** = 16-byte header, then records back to back.
+//! Header: the magic bytes `GAFFERJ\n`, the format version as u32 little-endian, and four
+//! reserved zero bytes. A reader refuses a segment whose version it does not know.
+//!
+//! **Record** = body length (u32 LE) + crc32 of the body (u32 LE, `crc32fast`) + body.
+//! The body is the compact JSON of [`Record`] (`{"seq":..,"time_ms":..,"kind":..,"payload":..}`,
+//! `seq` always first), at most 64 MiB. Sequence numbers start at 1 and are contiguous across
+//! all segments; readers check this.
+//!
+//! **Snapshot** = `{"format":1,"seq":N,"journal_from":K,"state_sha256":..,"state":..}`:
+//! state folded through seq N, whose later records start in segment K. It is replaced
+//! atomically (temp file, fsync, rename, directory fsync). Writing one rotates the journal to a
+//! fresh segment first, so a crash at any point leaves either the old snapshot (and every
+//! record after it) or the new one. Older segments stay as the audit trail ([`Store::read_all`]).
+//!
+//! # Concurrency and crashes
+//!
+//! Many processes may share one store. Readers never lock: they only trust whole,
+//! checksum-valid records, and treat an incomplete tail of the last segment as "not written
+//! yet". A writer takes the lock ([`Store::begin`]), reads what others appended, cuts a torn
+//! tail left by a crashed writer, appends one batch with one write and one `fdatasync`, and
+//! only then acknowledges. Damage anywhere except the tail of the last segment is corruption:
+//! it is reported with the segment and byte offset, never skipped.
+
+mod blob;
+mod codec;
+mod durable;
+mod error;
+mod segment;
+mod snapshot;
+mod verify;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use codec::{HEADER_LEN, MAX_RECORD_BODY};
+pub use error::StoreError;
+pub use verify::{Problem, SegmentReport, SnapshotReport, VerifyReport, verify};
+
+use segment::SegmentEnd;
+
+/// Version of the on-disk format written by this build; anything else is refused.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One journal entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub seq: u64,
+    pub time_ms: u64,
+    pub kind: String,
+    pub payload: serde_json::Value,
+}
+
+impl Record {
+    /// A record stamped with the current wall-clock time.
+    pub fn new(seq: u64, kind: impl Into<String>, payload: serde_json::Value) -> Record {
+        Record {
+            seq,
+            time_ms: crate::util::now_ms(),
+            kind: kind.into(),
+            payload,
+        }
+    }
+}
+
+/// State folded through `seq`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub seq: u64,
+    pub state: serde_json::Value,
+}
+
+/// A position in the journal: byte `offset` of segment `segment`. Offset 0 means the segment's
+/// header has not been read yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cursor {
+    segment: u64,
+    offset: u64,
+}
+
+/// What a journal read has delivered so far; kept up to date even when a read fails midway.
+#[derive(Clone, Copy, Debug)]
+struct Progress {
+    cursor: Cursor,
+    last_seq: u64,
+}
+
+/// An incomplete or damaged tail at the end of the last segment.
+#[derive(Debug)]
+struct TornTail {
+    path: PathBuf,
+    offset: u64,
+    reason: String,
+}
+
+/// The store of one workspace, as seen by one process. Not meant to be shared between threads
+/// without a lock (wrap it in a `Mutex`); open one per process per workspace.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    journal: PathBuf,
+    snapshot: Option<Snapshot>,
+    /// First segment holding records after the snapshot (1 without a snapshot).
+    snapshot_from: u64,
+    /// End of what this Store has read or written.
+    cursor: Cursor,
+    last_seq: u64,
+    /// Records read past by a write transaction's catch-up but not yet handed to the caller.
+    undelivered: Vec<Record>,
+    /// Write handle of the segment `cursor` is in, kept across transactions.
+    writer: Option<(u64, File)>,
+    warned_torn: Option<(PathBuf, u64)>,
+}
+
+impl Store {
+    /// Opens the store in `dir` (`<workspace>/.gaffer`). A missing directory is an empty store;
+    /// nothing is created or repaired here, since another process may be mid-append.
+    /// Refuses segments or a snapshot of an unknown format version.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Store, StoreError> {
+        let dir = dir.into();
+        let journal = dir.join("journal");
+        let loaded = snapshot::load(&dir)?;
+        let segments = segment::list_segments(&journal)?;
+        for (i, n) in segments.iter().enumerate() {
+            let is_last = i + 1 == segments.len();
+            segment::check_segment_header(&segment::segment_path(&journal, *n), is_last)?;
+        }
+        let (snapshot, snapshot_from) = match loaded {
+            Some(l) => (Some(l.snapshot), l.journal_from),
+            None => (None, 1),
+        };
+        let last_seq = snapshot.as_ref().map_or(0, |s| s.seq);
+        Ok(Store {
+            dir,
+            journal,
+            snapshot,
+            snapshot_from,
+            cursor: Cursor {
+                segment: snapshot_from,
+                offset: 0,
+            },
+            last_seq,
+            undelivered: Vec::new(),
+            writer: None,
+            warned_torn: None,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The snapshot found at open (or written since by this Store), already verified.
+    pub fn snapshot(&self) -> Result<Option<Snapshot>, StoreError> {
+        Ok(self.snapshot.clone())
+    }
+
+    /// Seq of the last record this Store has read or written (the snapshot's seq before that).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Calls `f` for every whole record with seq > `after_seq`, in order, and moves the read
+    /// cursor to the end of what was read. With `after_seq` at or past the snapshot's seq only
+    /// the segments after the snapshot are read; below it, the whole journal is. A torn tail of
+    /// the last segment is ignored (warned once); damage before it is an error. Returns the
+    /// journal's last seq: that of the last record read, or the snapshot's when none follows.
+    pub fn replay<E: From<StoreError>>(
+        &mut self,
+        after_seq: u64,
+        mut f: impl FnMut(Record) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        let snap_seq = self.snapshot.as_ref().map_or(0, |s| s.seq);
+        let mut progress = if after_seq >= snap_seq {
+            Progress {
+                cursor: Cursor {
+                    segment: self.snapshot_from,
+                    offset: 0,
+                },
+                last_seq: snap_seq,
+            }
+        } else {
+            Progress {
+                cursor: Cursor {
+                    segment: 1,
+                    offset: 0,
+                },
+                last_seq: 0,
+            }
+        };
+        self.undelivered.clear();
+        let result = read_journal(&self.journal, &mut progress, |record| {
+            if record.seq > after_seq {
+                f(record)
+            } else {
+                Ok(())
+            }
+        });
+        self.cursor = progress.cursor;
+        self.last_seq = progress.last_seq;
+        if let Some(torn) = result? {
+            self.warn_torn(&torn);
+        }
+        Ok(self.last_seq)
+    }
+
+    /// Whole records appended (by anyone) after the read cursor, without taking the lock.
+    /// An incomplete tail is "not written yet" and left for a later poll. Follows rotation into
+    /// newer segments.
+    pub fn poll(&mut self) -> Result<Vec<Record>, StoreError> {
+        let mut out = std::mem::take(&mut self.undelivered);
+        let mut progress = Progress {
+            cursor: self.cursor,
+            last_seq: self.last_seq,
+        };
+        let result = read_journal(&self.journal, &mut progress, |record| {
+            out.push(record);
+            Ok::<(), StoreError>(())
+        });
+        self.cursor = progress.cursor;
+        self.last_seq = progress.last_seq;
+        match result {
+            Ok(_) => Ok(out),
+            Err(e) => {
+                // Keep what was read so the next poll still hands it over.
+                self.undelivered = out;
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes the writer lock (creating the store directory, its `.gitignore` and `journal/` on
+    /// first use), catches up with what others appended (see [`WriteTxn::take_new`]) and cuts a
+    /// torn tail left by a crashed writer. Blocks while another writer holds the lock.
+    pub fn begin(&mut self) -> Result<WriteTxn<'_>, StoreError> {
+        self.ensure_layout()?;
+        let lock_path = self.dir.join("lock");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(StoreError::io(&lock_path))?;
+        lock.lock().map_err(StoreError::io(&lock_path))?;
+
+        let mut fresh = Vec::new();
+        let mut progress = Progress {
+            cursor: self.cursor,
+            last_seq: self.last_seq,
+        };
+        let result = read_journal(&self.journal, &mut progress, |record| {
+            fresh.push(record);
+            Ok::<(), StoreError>(())
+        });
+        self.cursor = progress.cursor;
+        self.last_seq = progress.last_seq;
+        self.undelivered.append(&mut fresh);
+        if let Some(torn) = result? {
+            self.cut_torn_tail(&torn)?;
+        }
+        if segment::list_segments(&self.journal)?.is_empty() {
+            let n = self.cursor.segment.max(1);
+            segment::create_segment(&self.journal, n)?;
+            self.cursor = Cursor {
+                segment: n,
+                offset: HEADER_LEN as u64,
+            };
+        }
+        if self.cursor.offset < HEADER_LEN as u64 {
+            // The scan stopped before the header only if it was torn, and that was just cut.
+            self.cursor.offset = HEADER_LEN as u64;
+        }
+        if self.writer.as_ref().map(|(n, _)| *n) != Some(self.cursor.segment) {
+            self.writer = None;
+            let path = segment::segment_path(&self.journal, self.cursor.segment);
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(StoreError::io(&path))?;
+            self.writer = Some((self.cursor.segment, file));
+        }
+        Ok(WriteTxn {
+            store: self,
+            lock,
+            poisoned: false,
+        })
+    }
+
+    /// Writes `snap` (whose seq must be the journal's last) and rotates the journal. Takes the
+    /// lock for the duration; see [`WriteTxn::write_snapshot`].
+    pub fn write_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
+        self.begin()?.write_snapshot(snap)
+    }
+
+    /// Every record of every segment, including those a snapshot covers, with seq >
+    /// `after_seq`: the audit trail. Does not move the read cursor.
+    pub fn read_all<E: From<StoreError>>(
+        &self,
+        after_seq: u64,
+        mut f: impl FnMut(Record) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut progress = Progress {
+            cursor: Cursor {
+                segment: 1,
+                offset: 0,
+            },
+            last_seq: 0,
+        };
+        read_journal(&self.journal, &mut progress, |record| {
+            if record.seq > after_seq {
+                f(record)
+            } else {
+                Ok(())
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Stores `bytes` at `<dir>/blobs/sha256/ab/<hex>` (temp file, fsync, rename) and returns
+    /// the hex sha256. Idempotent; needs no lock since the name is the content.
+    pub fn put_blob(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        self.ensure_root()?;
+        blob::put(&self.dir, bytes)
+    }
+
+    /// Reads a blob, verifying its hash. Rejects names that are not 64 lowercase hex digits.
+    pub fn get_blob(&self, hex: &str) -> Result<Vec<u8>, StoreError> {
+        blob::get(&self.dir, hex)
+    }
+
+    /// Creates the store directory with its `.gitignore` if missing.
+    fn ensure_root(&self) -> Result<(), StoreError> {
+        durable::ensure_dir(&self.dir)?;
+        let gitignore = self.dir.join(".gitignore");
+        if !gitignore.exists() {
+            durable::write_atomic(&gitignore, b"*\n")?;
+        }
+        Ok(())
+    }
+
+    fn ensure_layout(&self) -> Result<(), StoreError> {
+        self.ensure_root()?;
+        durable::ensure_dir(&self.journal)?;
+        Ok(())
+    }
+
+    /// Under the lock: truncates the last segment back to its last whole record.
+    fn cut_torn_tail(&mut self, torn: &TornTail) -> Result<(), StoreError> {
+        tracing::warn!(
+            segment = %torn.path.display(),
+            offset = torn.offset,
+            reason = %torn.reason,
+            "cutting a torn journal tail left by an interrupted write"
+        );
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&torn.path)
+            .map_err(StoreError::io(&torn.path))?;
+        let result = if torn.offset < HEADER_LEN as u64 {
+            // Even the header was torn: rewrite it so the segment is valid and empty.
+            file.set_len(0)
+                .and_then(|_| (&file).write_all(&codec::header()))
+        } else {
+            file.set_len(torn.offset)
+        };
+        result
+            .and_then(|_| file.sync_all())
+            .map_err(StoreError::io(&torn.path))?;
+        self.cursor.offset = torn.offset.max(HEADER_LEN as u64);
+        self.writer = None;
+        Ok(())
+    }
+
+    fn warn_torn(&mut self, torn: &TornTail) {
+        let key = (torn.path.clone(), torn.offset);
+        if self.warned_torn.as_ref() != Some(&key) {
+            tracing::warn!(
+                segment = %torn.path.display(),
+                offset = torn.offset,
+                reason = %torn.reason,
+                "ignoring an incomplete journal tail (an interrupted or in-progress write)"
+            );
+            self.warned_torn = Some(key);
+        }
+    }
+}
+
+/// Reads whole records from `progress.cursor` to the end of the journal, checking that seqs
+/// continue from `progress.last_seq`, and advances `progress` past each record `on` accepts.
+/// Returns the torn tail of the last segment, if any.
+fn read_journal<E: From<StoreError>>(
+    journal: &Path,
+    progress: &mut Progress,
+    mut on: impl FnMut(Record) -> Result<(), E>,
+) -> Result<Option<TornTail>, E> {
+    let segments: Vec<u64> = segment::list_segments(journal)?
+        .into_iter()
+        .filter(|n| *n >= progress.cursor.segment)
+        .collect();
+    let Some(&first) = segments.first() else {
+        return Ok(None);
+    };
+    if first != progress.cursor.segment {
+        if progress.cursor.offset > 0 {
+            return Err(StoreError::SegmentMissing {
+                path: segment::segment_path(journal, progress.cursor.segment),
+            }
+            .into());
+        }
+        progress.cursor = Cursor {
+            segment: first,
+            offset: 0,
+        };
+    }
+    let last = segments[segments.len() - 1];
+    for n in segments {
+        if n != progress.cursor.segment {
+            progress.cursor = Cursor {
+                segment: n,
+                offset: 0,
+            };
+        }
+        let path = segment::segment_path(journal, n);
+        let end = segment::scan(
+            &path,
+            progress.cursor.offset,
+            n == last,
+            |record, offset, end| {
+                let expected = progress.last_seq + 1;
+                if record.seq != expected {
+                    return Err(E::from(StoreError::Corrupt {
+                        segment: path.clone(),
+                        offset,
+                        reason: format!(
+                            "record has seq {} where seq {expected} was due (seqs must be contiguous)",
+                            record.seq
+                        ),
+                    }));
+                }
+                let seq = record.seq;
+                on(record)?;
+                progress.last_seq = seq;
+                progress.cursor.offset = end;
+                Ok(())
+            },
+        )?;
+        match end {
+            SegmentEnd::Clean { end } => progress.cursor.offset = end,
+            SegmentEnd::Torn { end, reason } => {
+                progress.cursor.offset = end;
+                return Ok(Some(TornTail {
+                    path,
+                    offset: end,
+                    reason,
+                }));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The writer lock plus the right to append. Dropping it releases the lock.
+#[derive(Debug)]
+pub struct WriteTxn<'a> {
+    store: &'a mut Store,
+    lock: File,
+    poisoned: bool,
+}
+
+impl WriteTxn<'_> {
+    /// Whole records others appended since this Store's cursor (read under the lock, so a torn
+    /// tail there was a crash and has been cut). Records already returned by `poll` are not
+    /// repeated.
+    pub fn take_new(&mut self) -> Result<Vec<Record>, StoreError> {
+        Ok(std::mem::take(&mut self.store.undelivered))
+    }
+
+    /// The seq the next appended record must carry.
+    pub fn next_seq(&self) -> u64 {
+        self.store.last_seq + 1
+    }
+
+    /// Appends `records`, whose seqs must run contiguously from [`next_seq`](Self::next_seq)
+    /// (otherwise nothing is written), in one write followed by one `fdatasync`; returns only
+    /// once they are durable. A failed write is truncated away before the error is returned.
+    pub fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
+        let path = segment::segment_path(&self.store.journal, self.store.cursor.segment);
+        if self.poisoned {
+            return Err(StoreError::Poisoned { segment: path });
+        }
+        let Some(last) = records.last() else {
+            return Ok(());
+        };
+        let next = self.next_seq();
+        for (index, record) in records.iter().enumerate() {
+            let expected = next + index as u64;
+            if record.seq != expected {
+                return Err(StoreError::NonContiguous {
+                    index,
+                    expected,
+                    found: record.seq,
+                });
+            }
+        }
+        let mut buf = Vec::with_capacity(records.len() * 256);
+        for record in records {
+            codec::encode_into(record, &mut buf)?;
+        }
+        let offset = self.store.cursor.offset;
+        let Some((_, file)) = self.store.writer.as_mut() else {
+            return Err(StoreError::Poisoned { segment: path });
+        };
+        let written = file
+            .seek(SeekFrom::Start(offset))
+            .and_then(|_| file.write_all(&buf))
+            .and_then(|_| file.sync_data());
+        if let Err(source) = written {
+            let rolled_back = file.set_len(offset).and_then(|_| file.sync_data());
+            if rolled_back.is_err() {
+                self.poisoned = true;
+                self.store.writer = None;
+            }
+            return Err(StoreError::Io { path, source });
+        }
+        self.store.cursor.offset = offset + buf.len() as u64;
+        self.store.last_seq = last.seq;
+        Ok(())
+    }
+
+    /// Writes `snap` as the store's snapshot and rotates the journal so later records go to a
+    /// new segment. `snap.seq` must equal the journal's last seq (take and fold new records
+    /// first). Order: new segment, then snapshot (temp, fsync, rename, dir fsync); a crash in
+    /// between leaves the previous snapshot valid with every record after it.
+    pub fn write_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
+        let store = &mut *self.store;
+        if snap.seq != store.last_seq {
+            return Err(StoreError::SnapshotNotAtTail {
+                snapshot_seq: snap.seq,
+                last_seq: store.last_seq,
+            });
+        }
+        snapshot::remove_stale_temps(&store.dir);
+        let current = store.cursor.segment;
+        let journal_from = if store.cursor.offset > HEADER_LEN as u64 {
+            segment::create_segment(&store.journal, current + 1)?;
+            current + 1
+        } else {
+            current
+        };
+        if journal_from != current {
+            let path = segment::segment_path(&store.journal, journal_from);
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(StoreError::io(&path))?;
+            store.writer = Some((journal_from, file));
+            store.cursor = Cursor {
+                segment: journal_from,
+                offset: HEADER_LEN as u64,
+            };
+        }
+        snapshot::store(&store.dir, snap, journal_from)?;
+        store.snapshot = Some(snap.clone());
+        store.snapshot_from = journal_from;
+        Ok(())
+    }
+}
+
+impl Drop for WriteTxn<'_> {
+    fn drop(&mut self) {
+        // Closing the handle would release the lock too; unlocking first is explicit.
+        let _ = self.lock.unlock();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,89 @@
+//! Small filesystem primitives that make writes survive a crash: atomic file replacement and
+//! directory fsync.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::StoreError;
+
+/// Makes a rename or a new directory entry inside `dir` durable.
+pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(StoreError::io(dir))?;
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+/// A temp path beside `target`, unique within this machine for this process's lifetime, and
+/// hidden (leading dot) so listings that look for real names skip it.
+pub fn temp_path_for(target: &Path) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = target
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    target.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()))
+}
+
+/// Whether `name` is one of our temp files (left behind only by a crash).
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with('.') && name.contains(".tmp-")
+}
+
+/// Writes the temp file of an atomic replacement, fsynced; the caller renames it.
+pub fn write_temp(target: &Path, bytes: &[u8]) -> Result<PathBuf, StoreError> {
+    let tmp = temp_path_for(target);
+    let result = (|| {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    if let Err(source) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(StoreError::Io { path: tmp, source });
+    }
+    Ok(tmp)
+}
+
+/// Renames a fsynced temp file over `target` and makes the rename durable.
+pub fn commit_temp(tmp: &Path, target: &Path) -> Result<(), StoreError> {
+    if let Err(source) = fs::rename(tmp, target) {
+        let _ = fs::remove_file(tmp);
+        return Err(StoreError::Io {
+            path: target.to_path_buf(),
+            source,
+        });
+    }
+    match target.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
+/// Replaces `target` with `bytes` so that after a crash it holds either the old or the new
+/// content, never a mix: temp file, fsync, rename, directory fsync.
+pub fn write_atomic(target: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let tmp = write_temp(target, bytes)?;
+    commit_temp(&tmp, target)
+}
+
+/// Creates `dir` (and parents) if missing; returns whether it had to be created. A new
+/// directory's entry is fsynced in its parent so it survives a crash.
+pub fn ensure_dir(dir: &Path) -> Result<bool, StoreError> {
+    if dir.is_dir() {
+        return Ok(false);
+    }
+    fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(true)
+}

@@ -1,0 +1,278 @@
+//! Journal segments on disk: naming, listing, creation, and the bulk scanner every reader uses.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use super::codec::{self, FRAME_PREFIX, Frame, HEADER_LEN, HeaderCheck};
+use super::durable;
+use super::{FORMAT_VERSION, Record, StoreError};
+
+/// Largest read issued by the scanner; big enough that a replay costs few syscalls.
+const READ_CHUNK: usize = 4 * 1024 * 1024;
+
+pub fn segment_name(n: u64) -> String {
+    format!("{n:06}.log")
+}
+
+pub fn segment_path(journal: &Path, n: u64) -> PathBuf {
+    journal.join(segment_name(n))
+}
+
+/// Parses `NNNNNN.log` (at least six digits); anything else in the directory is ignored.
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(".log")?;
+    if stem.len() < 6 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok().filter(|n| *n > 0)
+}
+
+/// Segment numbers present in `journal`, ascending. A missing directory has none.
+pub fn list_segments(journal: &Path) -> Result<Vec<u64>, StoreError> {
+    let entries = match fs::read_dir(journal) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(StoreError::Io {
+                path: journal.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(StoreError::io(journal))?;
+        if let Some(n) = entry.file_name().to_str().and_then(parse_segment_name) {
+            out.push(n);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Creates segment `n` holding only its header, atomically, so a segment never exists without
+/// a whole header because of us.
+pub fn create_segment(journal: &Path, n: u64) -> Result<PathBuf, StoreError> {
+    let path = segment_path(journal, n);
+    if path.exists() {
+        return Err(StoreError::Io {
+            path,
+            source: io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "refusing to replace an existing journal segment",
+            ),
+        });
+    }
+    durable::write_atomic(&path, &codec::header())?;
+    Ok(path)
+}
+
+/// Reads and checks only the header of a segment (used by `open` to refuse newer formats).
+/// Returns false when the header is incomplete.
+pub fn check_segment_header(path: &Path, is_last: bool) -> Result<bool, StoreError> {
+    let mut file = File::open(path).map_err(StoreError::io(path))?;
+    let head = read_up_to(&mut file, HEADER_LEN).map_err(StoreError::io(path))?;
+    header_verdict(path, &head, is_last)
+}
+
+fn header_verdict(path: &Path, head: &[u8], is_last: bool) -> Result<bool, StoreError> {
+    match codec::check_header(head) {
+        HeaderCheck::Valid => Ok(true),
+        HeaderCheck::Incomplete if is_last => Ok(false),
+        HeaderCheck::Incomplete => Err(StoreError::Corrupt {
+            segment: path.to_path_buf(),
+            offset: head.len() as u64,
+            reason: "segment ends inside its header".into(),
+        }),
+        HeaderCheck::Version(found) => Err(StoreError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found,
+            supported: FORMAT_VERSION,
+        }),
+        HeaderCheck::Bad(reason) => Err(StoreError::Corrupt {
+            segment: path.to_path_buf(),
+            offset: 0,
+            reason,
+        }),
+    }
+}
+
+fn read_up_to(file: &mut File, n: usize) -> io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n);
+    file.by_ref().take(n as u64).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// How a segment scan stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SegmentEnd {
+    /// Every byte up to `end` (the end of the file when read) belongs to a whole record.
+    Clean { end: u64 },
+    /// Whole records end at `end`; what follows is an incomplete or damaged tail with no whole
+    /// record after it. Only possible in the last segment.
+    Torn { end: u64, reason: String },
+}
+
+/// Calls `on(record, offset, end_offset)` for every whole record of the segment at `path`
+/// from byte `start` (0 or below the header length means "check the header first").
+///
+/// In the last segment a damaged or incomplete tail is reported as [`SegmentEnd::Torn`], but
+/// only when no whole record follows it; otherwise (or in any earlier segment) the damage is a
+/// [`StoreError::Corrupt`] naming the segment and offset.
+pub fn scan<E: From<StoreError>>(
+    path: &Path,
+    start: u64,
+    is_last: bool,
+    mut on: impl FnMut(Record, u64, u64) -> Result<(), E>,
+) -> Result<SegmentEnd, E> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(StoreError::SegmentMissing {
+                path: path.to_path_buf(),
+            }
+            .into());
+        }
+        Err(source) => {
+            return Err(StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+            .into());
+        }
+    };
+    let io_err = |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut base = start;
+    if start < HEADER_LEN as u64 {
+        let head = read_up_to(&mut file, HEADER_LEN).map_err(io_err)?;
+        if !header_verdict(path, &head, is_last)? {
+            return Ok(SegmentEnd::Torn {
+                end: 0,
+                reason: format!("segment header incomplete ({} bytes)", head.len()),
+            });
+        }
+        base = HEADER_LEN as u64;
+    } else {
+        file.seek(SeekFrom::Start(start)).map_err(io_err)?;
+    }
+
+    let file_len = file.metadata().map_err(io_err)?.len();
+    let remaining = file_len.saturating_sub(base) as usize;
+    let mut buf = vec![0u8; remaining.clamp(4096, READ_CHUNK) + FRAME_PREFIX];
+    let (mut lo, mut hi) = (0usize, 0usize);
+    let mut eof = false;
+    loop {
+        // Decode every whole frame already buffered.
+        let mut incomplete: Option<Option<usize>> = None;
+        while lo < hi {
+            match codec::decode(&buf[lo..hi]) {
+                Frame::Whole { record, len } => {
+                    let offset = base + lo as u64;
+                    lo += len;
+                    on(record, offset, base + lo as u64)?;
+                }
+                Frame::Incomplete { needed } => {
+                    incomplete = Some(needed);
+                    break;
+                }
+                Frame::Bad(reason) => {
+                    let offset = base + lo as u64;
+                    return damaged(path, &mut file, &buf[lo..hi], offset, reason, is_last)
+                        .map_err(E::from);
+                }
+            }
+        }
+        if eof {
+            let offset = base + lo as u64;
+            if lo == hi {
+                return Ok(SegmentEnd::Clean { end: offset });
+            }
+            let reason = match incomplete.flatten() {
+                Some(needed) => format!("incomplete record: {} of {needed} bytes present", hi - lo),
+                None => format!("incomplete record prefix: {} bytes", hi - lo),
+            };
+            return damaged(path, &mut file, &buf[lo..hi], offset, reason, is_last)
+                .map_err(E::from);
+        }
+        // Keep the unfinished frame at the front and read more behind it.
+        if lo > 0 {
+            buf.copy_within(lo..hi, 0);
+            hi -= lo;
+            base += lo as u64;
+            lo = 0;
+        }
+        if hi == buf.len() {
+            let grown = (buf.len() * 2).max(hi + 4096);
+            buf.resize(grown, 0);
+        }
+        let n = loop {
+            match file.read(&mut buf[hi..]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => return Err(io_err(source).into()),
+            }
+        };
+        if n == 0 {
+            eof = true;
+        } else {
+            hi += n;
+        }
+    }
+}
+
+/// Decides whether damage at `offset` is a torn tail or corruption. `buffered` holds the bytes
+/// from `offset` already read; the rest of the file is read behind them.
+fn damaged(
+    path: &Path,
+    file: &mut File,
+    buffered: &[u8],
+    offset: u64,
+    reason: String,
+    is_last: bool,
+) -> Result<SegmentEnd, StoreError> {
+    if !is_last {
+        return Err(StoreError::Corrupt {
+            segment: path.to_path_buf(),
+            offset,
+            reason: format!("{reason} (in a segment that is not the last)"),
+        });
+    }
+    let mut rest = buffered.to_vec();
+    file.read_to_end(&mut rest).map_err(StoreError::io(path))?;
+    match codec::find_whole_frame_after(&rest) {
+        Some(at) => Err(StoreError::Corrupt {
+            segment: path.to_path_buf(),
+            offset,
+            reason: format!(
+                "{reason}; a whole record follows at offset {}",
+                offset + at as u64
+            ),
+        }),
+        None => Ok(SegmentEnd::Torn {
+            end: offset,
+            reason,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names() {
+        assert_eq!(segment_name(1), "000001.log");
+        assert_eq!(segment_name(1_234_567), "1234567.log");
+        assert_eq!(parse_segment_name("000001.log"), Some(1));
+        assert_eq!(parse_segment_name("1234567.log"), Some(1_234_567));
+        assert_eq!(parse_segment_name("000000.log"), None);
+        assert_eq!(parse_segment_name("00001.log"), None);
+        assert_eq!(parse_segment_name(".000001.log.tmp-1-0"), None);
+        assert_eq!(parse_segment_name("00000a.log"), None);
+        assert_eq!(parse_segment_name("000001.txt"), None);
+    }
+}

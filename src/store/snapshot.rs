@@ -1,0 +1,190 @@
+//! `snapshot.json`: folded state up to a seq, with its own format version and checksum.
+//!
+//! On disk: `{"format":1,"seq":N,"journal_from":K,"state_sha256":"<hex>","state":<json>}`.
+//! `journal_from` is the first segment holding records after `seq`; `state_sha256` is the
+//! sha256 of the exact `state` bytes as stored, so damage anywhere in the state is detected.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::durable;
+use super::{FORMAT_VERSION, Snapshot, StoreError};
+use crate::util::sha256_hex;
+
+pub const FILE_NAME: &str = "snapshot.json";
+
+/// A snapshot as loaded, plus where the journal continues after it.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub snapshot: Snapshot,
+    pub journal_from: u64,
+    pub state_bytes: usize,
+}
+
+#[derive(Deserialize)]
+struct FormatOnly {
+    format: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope<'a> {
+    format: u32,
+    seq: u64,
+    journal_from: u64,
+    state_sha256: String,
+    #[serde(borrow)]
+    state: &'a RawValue,
+}
+
+pub fn encode(snap: &Snapshot, journal_from: u64) -> Result<Vec<u8>, StoreError> {
+    let encode_err = |source| StoreError::Encode {
+        seq: snap.seq,
+        source,
+    };
+    let state = serde_json::to_string(&snap.state).map_err(encode_err)?;
+    let raw = RawValue::from_string(state).map_err(encode_err)?;
+    let envelope = Envelope {
+        format: FORMAT_VERSION,
+        seq: snap.seq,
+        journal_from,
+        state_sha256: sha256_hex(raw.get().as_bytes()),
+        state: &raw,
+    };
+    serde_json::to_vec(&envelope).map_err(encode_err)
+}
+
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
+    let bad = |reason: String| StoreError::SnapshotCorrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    // Check the version before anything else so a newer layout is refused as such.
+    let format = serde_json::from_slice::<FormatOnly>(bytes)
+        .map_err(|e| bad(format!("not a snapshot envelope: {e}")))?
+        .format;
+    if format != FORMAT_VERSION {
+        return Err(StoreError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: format,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let envelope: Envelope<'_> =
+        serde_json::from_slice(bytes).map_err(|e| bad(format!("malformed envelope: {e}")))?;
+    let actual = sha256_hex(envelope.state.get().as_bytes());
+    if actual != envelope.state_sha256 {
+        return Err(bad(format!(
+            "state checksum mismatch (stored {}, computed {actual})",
+            envelope.state_sha256
+        )));
+    }
+    if envelope.journal_from == 0 {
+        return Err(bad("journal_from must be at least 1".into()));
+    }
+    let state = serde_json::from_str(envelope.state.get())
+        .map_err(|e| bad(format!("state is not JSON: {e}")))?;
+    Ok(Loaded {
+        snapshot: Snapshot {
+            seq: envelope.seq,
+            state,
+        },
+        journal_from: envelope.journal_from,
+        state_bytes: envelope.state.get().len(),
+    })
+}
+
+/// Loads `<dir>/snapshot.json`; `None` when there is none.
+pub fn load(dir: &Path) -> Result<Option<Loaded>, StoreError> {
+    let path = dir.join(FILE_NAME);
+    match fs::read(&path) {
+        Ok(bytes) => decode(&path, &bytes).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(StoreError::Io { path, source }),
+    }
+}
+
+/// Durably replaces `<dir>/snapshot.json`.
+pub fn store(dir: &Path, snap: &Snapshot, journal_from: u64) -> Result<(), StoreError> {
+    let bytes = encode(snap, journal_from)?;
+    durable::write_atomic(&dir.join(FILE_NAME), &bytes)
+}
+
+/// Removes temp files of snapshot writes that a crash interrupted. Call only under the lock.
+pub fn remove_stale_temps(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!(".{FILE_NAME}.tmp-");
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn roundtrip() {
+        let snap = Snapshot {
+            seq: 42,
+            state: json!({"b": [1, 2], "a": {"z": "y"}}),
+        };
+        let bytes = encode(&snap, 3).unwrap();
+        let loaded = decode(Path::new("s.json"), &bytes).unwrap();
+        assert_eq!(loaded.snapshot.seq, 42);
+        assert_eq!(loaded.snapshot.state, snap.state);
+        assert_eq!(loaded.journal_from, 3);
+    }
+
+    #[test]
+    fn damaged_state_is_detected() {
+        let snap = Snapshot {
+            seq: 1,
+            state: json!({"count": 12345}),
+        };
+        let bytes = encode(&snap, 1).unwrap();
+        let text = String::from_utf8(bytes).unwrap().replace("12345", "12346");
+        match decode(Path::new("s.json"), text.as_bytes()) {
+            Err(StoreError::SnapshotCorrupt { reason, .. }) => {
+                assert!(reason.contains("checksum"), "{reason}")
+            }
+            other => panic!("expected SnapshotCorrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn newer_format_is_refused_as_such() {
+        let text = br#"{"format":2,"something_new":true}"#;
+        match decode(Path::new("/w/.gaffer/snapshot.json"), text) {
+            Err(e @ StoreError::UnsupportedVersion { found: 2, .. }) => {
+                assert!(e.to_string().contains("snapshot.json"), "{e}");
+            }
+            other => panic!("expected UnsupportedVersion, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn truncated_snapshot_is_corrupt() {
+        let bytes = encode(
+            &Snapshot {
+                seq: 1,
+                state: json!([1, 2, 3]),
+            },
+            1,
+        )
+        .unwrap();
+        let cut = &bytes[..bytes.len() - 3];
+        assert!(matches!(
+            decode(Path::new("s.json"), cut),
+            Err(StoreError::SnapshotCorrupt { .. })
+        ));
+    }
+}
