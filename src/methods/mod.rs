@@ -1,5 +1,7 @@
 //! The method table: binds each domain to the router, and the host the session talks to.
 
+pub mod approvals;
+pub mod operations;
 pub mod schema;
 pub mod status;
 
@@ -28,6 +30,8 @@ pub struct App {
     pub config: AppConfig,
     /// Identity of this gaffer process, for presence and ownership.
     pub instance: crate::peers::Instance,
+    /// Operations: submit, approvals, execute-once dispatch (started by `Host::attach`).
+    pub operations: Arc<crate::operations::engine::OperationRuntime>,
 }
 
 impl App {
@@ -35,10 +39,17 @@ impl App {
     pub fn open(root: &Path, config: AppConfig) -> Result<Arc<App>, WorkspaceError> {
         let workspace = Workspace::open(root)?;
         let instance = crate::peers::Instance::register(&workspace.gaffer_dir());
+        let operations = crate::operations::open_runtime(
+            Arc::clone(&workspace),
+            &instance.me,
+            Default::default(),
+        )
+        .map_err(WorkspaceError::Unavailable)?;
         Ok(Arc::new(App {
             workspace,
             config,
             instance,
+            operations,
         }))
     }
 }
@@ -57,6 +68,8 @@ pub fn store_error(context: &str, e: &WorkspaceError) -> RpcError {
 pub fn router() -> Router<App> {
     let mut r = Router::new();
     status::register(&mut r);
+    operations::register(&mut r);
+    approvals::register(&mut r);
     r
 }
 
@@ -140,13 +153,16 @@ impl Host for Server {
 
     fn attach(&self, init: Option<&Value>) -> Result<Arc<App>, RpcError> {
         let root = self.choose_root(init)?;
-        App::open(&root, self.config.clone()).map_err(|e| match e {
+        let app = App::open(&root, self.config.clone()).map_err(|e| match e {
             WorkspaceError::NotADirectory { .. } => RpcError::invalid_params(
                 "rootUri",
                 format!("workspace {} is not a directory", root.display()),
             ),
             other => store_error("opening the workspace", &other),
-        })
+        })?;
+        // A serving process recovers interrupted operations and executes approved ones.
+        crate::operations::start_runtime(&app.operations);
+        Ok(app)
     }
 
     fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError> {

@@ -61,6 +61,9 @@ pub struct Operation {
     pub result: Option<Value>,
     pub upstream_status: Option<u16>,
     pub error: Option<OpFailure>,
+    /// The process (`pid:started_ms`) that claimed the execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -202,6 +205,8 @@ pub struct Transitioned {
     pub upstream_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalChange>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -419,6 +424,9 @@ impl OperationState {
         if t.upstream_status.is_some() {
             op.upstream_status = t.upstream_status;
         }
+        if t.executor.is_some() {
+            op.executor = t.executor;
+        }
         if t.to.is_terminal() {
             op.terminal_at_ms = Some(op.updated_at_ms);
             self.terminal.insert((op.updated_at_ms, op.id.clone()));
@@ -629,6 +637,7 @@ pub(crate) mod tests {
             result: None,
             upstream_status: None,
             error: None,
+            executor: None,
         }
     }
 
@@ -681,6 +690,7 @@ pub(crate) mod tests {
                 approval_id: a.into(),
                 effect: e,
             }),
+            executor: None,
         })
         .unwrap()
     }

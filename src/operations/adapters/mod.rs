@@ -4,3 +4,4 @@ pub mod command;
 pub mod common;
 pub mod paths;
 pub mod workspace;
+pub mod external;
