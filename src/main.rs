@@ -18,8 +18,11 @@ fn init_logging(g: &Global) -> Result<(), String> {
         .clone()
         .or_else(|| std::env::var("GAFFER_LOG").ok())
         .unwrap_or_else(|| "warn".to_string());
-    let filter = EnvFilter::try_new(&filter).map_err(|e| format!("bad --log-level {filter:?}: {e}"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
+    let filter =
+        EnvFilter::try_new(&filter).map_err(|e| format!("bad --log-level {filter:?}: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
     match &g.log_file {
         Some(path) => {
             let file = std::fs::OpenOptions::new()
@@ -94,7 +97,15 @@ async fn serve(g: &Global, args: ServeArgs) -> ExitCode {
     };
     let host = Arc::new(Server { config: config(g) });
     let router = Arc::new(methods::router());
-    match session::serve(host, router, choice, tokio::io::stdin(), tokio::io::stdout()).await {
+    match session::serve(
+        host,
+        router,
+        choice,
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+    )
+    .await
+    {
         Ok(end) => ExitCode::from(end.exit_code as u8),
         Err(e) => {
             tracing::error!(error = %e, "session failed");
@@ -156,6 +167,13 @@ async fn call(g: &Global, method: &str, params: &str) -> ExitCode {
 
 fn doctor(root: &Path) -> ExitCode {
     let report = gaffer::cli::doctor::run(root);
-    println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
-    if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    );
+    if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

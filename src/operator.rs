@@ -32,7 +32,10 @@ pub fn load_key() -> Option<String> {
 pub fn same_secret(a: &str, b: &str) -> bool {
     let da = Sha256::digest(a.as_bytes());
     let db = Sha256::digest(b.as_bytes());
-    da.iter().zip(db.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    da.iter()
+        .zip(db.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 /// Checks a presented operator key against the one on disk.

@@ -23,17 +23,29 @@ pub fn run(root: &Path) -> Report {
     checks.push(Check {
         name: "workspace",
         ok: root.is_dir(),
-        detail: format!("{} {}", root.display(), if root.is_dir() { "is a directory" } else { "is not a directory" }),
+        detail: format!(
+            "{} {}",
+            root.display(),
+            if root.is_dir() {
+                "is a directory"
+            } else {
+                "is not a directory"
+            }
+        ),
     });
     let dir = root.join(".gaffer");
     if dir.is_dir() {
         match crate::store::verify(&dir) {
             Ok(r) => checks.push(Check {
                 name: "store",
-                ok: r.ok(),
+                ok: r.ok,
                 detail: serde_json::to_string(&r).unwrap_or_default(),
             }),
-            Err(e) => checks.push(Check { name: "store", ok: false, detail: e.to_string() }),
+            Err(e) => checks.push(Check {
+                name: "store",
+                ok: false,
+                detail: e.to_string(),
+            }),
         }
     } else {
         checks.push(Check {
@@ -68,5 +80,9 @@ pub fn run(root: &Path) -> Report {
         }),
     }
     let ok = checks.iter().all(|c| c.ok);
-    Report { ok, workspace: root.display().to_string(), checks }
+    Report {
+        ok,
+        workspace: root.display().to_string(),
+        checks,
+    }
 }

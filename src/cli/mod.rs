@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "gaffer", version, about = "Workspace-local agent operations server (JSON-RPC over stdio)")]
+#[command(
+    name = "gaffer",
+    version,
+    about = "Workspace-local agent operations server (JSON-RPC over stdio)"
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,

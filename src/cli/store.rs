@@ -34,15 +34,26 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
     match cmd {
         StoreCmd::Verify => match store::verify(&dir) {
             Ok(report) => {
-                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
-                if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+                if report.ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
             }
             Err(e) => {
                 eprintln!("gaffer: store verify: {e}");
                 ExitCode::FAILURE
             }
         },
-        StoreCmd::Log { kind, after_seq, limit } => {
+        StoreCmd::Log {
+            kind,
+            after_seq,
+            limit,
+        } => {
             let store = match Store::open(&dir) {
                 Ok(s) => s,
                 Err(e) => {
@@ -65,7 +76,10 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
                 }
                 printed += 1;
                 let line = serde_json::to_string(&rec).unwrap_or_default();
-                writeln!(out, "{line}").map_err(|e| StoreError::Io { path: "stdout".into(), source: e })
+                writeln!(out, "{line}").map_err(|e| StoreError::Io {
+                    path: "stdout".into(),
+                    source: e,
+                })
             });
             let _ = out.flush();
             match result {

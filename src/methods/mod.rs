@@ -177,7 +177,10 @@ impl Host for Server {
                         "the MCP surface never carries operator connections",
                     ));
                 }
-                let key = opts.get("operatorKey").and_then(Value::as_str).unwrap_or("");
+                let key = opts
+                    .get("operatorKey")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
                 crate::operator::authenticate(key).map(|()| Role::Operator)
             }
             Some(other) => Err(RpcError::invalid_params(
@@ -216,8 +219,14 @@ mod tests {
 
     #[test]
     fn file_uris_decode() {
-        assert_eq!(file_uri_to_path("file:///tmp/a%20b"), Some(PathBuf::from("/tmp/a b")));
-        assert_eq!(file_uri_to_path("file://localhost/x"), Some(PathBuf::from("/x")));
+        assert_eq!(
+            file_uri_to_path("file:///tmp/a%20b"),
+            Some(PathBuf::from("/tmp/a b"))
+        );
+        assert_eq!(
+            file_uri_to_path("file://localhost/x"),
+            Some(PathBuf::from("/x"))
+        );
         assert_eq!(file_uri_to_path("http://x/y"), None);
         assert_eq!(file_uri_to_path("file://server/share"), None);
     }

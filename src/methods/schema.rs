@@ -26,8 +26,14 @@ pub fn generate() -> BTreeMap<String, String> {
     let mut methods = Vec::new();
     for m in router.methods() {
         let s = stem(m.def.name);
-        files.insert(format!("methods/{s}.params.json"), pretty(&m.params_schema().to_value()));
-        files.insert(format!("methods/{s}.result.json"), pretty(&m.result_schema().to_value()));
+        files.insert(
+            format!("methods/{s}.params.json"),
+            pretty(&m.params_schema().to_value()),
+        );
+        files.insert(
+            format!("methods/{s}.result.json"),
+            pretty(&m.result_schema().to_value()),
+        );
         methods.push(json!({
             "name": m.def.name,
             "doc": m.def.doc,
@@ -41,7 +47,10 @@ pub fn generate() -> BTreeMap<String, String> {
     let mut notifications = Vec::new();
     for n in router.notifications() {
         let s = stem(n.name);
-        files.insert(format!("notifications/{s}.json"), pretty(&n.schema().to_value()));
+        files.insert(
+            format!("notifications/{s}.json"),
+            pretty(&n.schema().to_value()),
+        );
         notifications.push(json!({
             "name": n.name,
             "doc": n.doc,
@@ -89,7 +98,9 @@ pub fn stale(dir: &Path) -> Vec<String> {
     let files = generate();
     let mut out: Vec<String> = files
         .iter()
-        .filter(|(rel, body)| std::fs::read_to_string(dir.join(rel)).ok().as_deref() != Some(body.as_str()))
+        .filter(|(rel, body)| {
+            std::fs::read_to_string(dir.join(rel)).ok().as_deref() != Some(body.as_str())
+        })
         .map(|(rel, _)| rel.clone())
         .collect();
     for sub in ["methods", "notifications"] {

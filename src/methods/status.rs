@@ -63,7 +63,8 @@ async fn status(app: Arc<App>, ctx: CallCtx, p: StatusParams) -> Result<StatusRe
         let timeout = Duration::from_millis(p.timeout_ms.unwrap_or(10_000).min(30_000));
         let deadline = tokio::time::Instant::now() + timeout;
         let mut events = app.workspace.subscribe();
-        ctx.progress.begin(&format!("waiting for store sequence {after}"));
+        ctx.progress
+            .begin(&format!("waiting for store sequence {after}"));
         while app.workspace.seq() <= after && tokio::time::Instant::now() < deadline {
             // Wake on any change; the short sleep bound also catches records folded by reads.
             let _ = tokio::time::timeout_at(

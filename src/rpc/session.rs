@@ -139,8 +139,8 @@ where
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Value>();
     let writer = tokio::spawn(write_loop(output, framing, out_rx));
 
-    let mut reader = FramedRead::new(input, Codec::new(framing));
-    reader.read_buffer_mut().extend_from_slice(&head);
+    // The sniffed bytes go back in front of the stream.
+    let mut reader = FramedRead::new(std::io::Cursor::new(head).chain(input), Codec::new(framing));
 
     let (writes_done, _) = watch::channel(0u64);
     let mut conn = Conn {
@@ -205,11 +205,12 @@ where
     {
         tracing::warn!("in-flight requests did not finish within 30 s of end of input");
     }
-    let exit_code = if conn.profile == Some(Profile::Lsp) && (exit_requested || conn.initialized) {
-        if conn.shutdown { 0 } else { 1 }
-    } else {
-        0
-    };
+    let exit_code =
+        if conn.profile == Some(Profile::Lsp) && (exit_requested || conn.client.is_some()) {
+            if conn.shutdown { 0 } else { 1 }
+        } else {
+            0
+        };
     drop(conn);
     match writer.await {
         Ok(result) => result?,

@@ -123,7 +123,11 @@ pub fn decode(buf: &[u8]) -> Frame {
             "checksum mismatch (stored {crc:08x}, computed {actual:08x})"
         ));
     }
-    match serde_json::from_slice::<Record>(body) {
+    // Validating UTF-8 once over the body is cheaper than serde_json doing it per string.
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Frame::Bad("checksum-valid body is not UTF-8".into());
+    };
+    match serde_json::from_str::<Record>(text) {
         Ok(record) => Frame::Whole { record, len: total },
         Err(e) => Frame::Bad(format!("checksum-valid body is not a record: {e}")),
     }

@@ -2,7 +2,7 @@
 //! speak JSON-RPC to it over its stdio, as clients do.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
@@ -150,15 +150,19 @@ impl Server {
             match self.rx.recv_timeout(left) {
                 Ok(v) if pred(&v) => return Some(v),
                 Ok(v) => self.backlog.push(v),
-                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                    return None;
+                }
             }
         }
     }
 
     /// The reply to request `id` (full message).
     pub fn response(&mut self, id: i64) -> Value {
-        self.wait_for(Duration::from_secs(30), |v| v.get("id") == Some(&json!(id)) && v.get("method").is_none())
-            .unwrap_or_else(|| panic!("no response to request {id}"))
+        self.wait_for(Duration::from_secs(30), |v| {
+            v.get("id") == Some(&json!(id)) && v.get("method").is_none()
+        })
+        .unwrap_or_else(|| panic!("no response to request {id}"))
     }
 
     /// Sends a request and waits for its reply (full message).
@@ -178,13 +182,17 @@ impl Server {
 
     /// Next notification named `method`.
     pub fn notification(&mut self, method: &str, timeout: Duration) -> Option<Value> {
-        self.wait_for(timeout, |v| v.get("method").and_then(Value::as_str) == Some(method) && v.get("id").is_none())
+        self.wait_for(timeout, |v| {
+            v.get("method").and_then(Value::as_str) == Some(method) && v.get("id").is_none()
+        })
     }
 
     /// Next message that has `id: null` (errors about unreadable input).
     pub fn null_id_error(&mut self) -> Value {
-        self.wait_for(Duration::from_secs(10), |v| v.get("id") == Some(&Value::Null))
-            .expect("an error reply with id null")
+        self.wait_for(Duration::from_secs(10), |v| {
+            v.get("id") == Some(&Value::Null)
+        })
+        .expect("an error reply with id null")
     }
 
     /// Closes stdin and waits for the exit code.
@@ -229,7 +237,10 @@ fn read_line(r: &mut impl BufRead) -> Option<Value> {
         if line.trim().is_empty() {
             continue;
         }
-        return Some(serde_json::from_str(line.trim_end()).unwrap_or_else(|e| panic!("stdout is not protocol: {line:?}: {e}")));
+        return Some(
+            serde_json::from_str(line.trim_end())
+                .unwrap_or_else(|e| panic!("stdout is not protocol: {line:?}: {e}")),
+        );
     }
 }
 
@@ -244,7 +255,9 @@ fn read_lsp(r: &mut impl BufRead) -> Option<Value> {
         if l.is_empty() {
             break;
         }
-        let (name, value) = l.split_once(':').unwrap_or_else(|| panic!("bad header line {l:?}"));
+        let (name, value) = l
+            .split_once(':')
+            .unwrap_or_else(|| panic!("bad header line {l:?}"));
         if name.eq_ignore_ascii_case("content-length") {
             len = Some(value.trim().parse::<usize>().expect("length"));
         }
