@@ -134,7 +134,11 @@ fn base64url(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::with_capacity(bytes.len() * 4 / 3 + 3);
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = ((b[0] as u32) << 16) | ((b[1] as u32) << 8) | b[2] as u32;
         let k = chunk.len() + 1;
         for i in 0..k {
@@ -310,11 +314,17 @@ impl OperationRuntime {
             ));
         }
         if input.operation.is_empty() || input.operation.len() > 128 {
-            return Err(OpError::invalid("operation", "operation must be 1..=128 bytes"));
+            return Err(OpError::invalid(
+                "operation",
+                "operation must be 1..=128 bytes",
+            ));
         }
         let parse_obj = |field: &str, raw: &str, max: usize, max_props: usize| {
             if raw.len() > max {
-                return Err(OpError::invalid(field, format!("{field} is larger than {max} bytes")));
+                return Err(OpError::invalid(
+                    field,
+                    format!("{field} is larger than {max} bytes"),
+                ));
             }
             let ex = Exact::parse_object(raw)
                 .map_err(|e| OpError::invalid(field, format!("{field}: {e}")))?;
@@ -331,7 +341,10 @@ impl OperationRuntime {
         let target_ex = parse_obj("target", input.target.get(), MAX_TARGET_BYTES, 32)?;
         let args_ex = parse_obj("arguments", input.arguments.get(), MAX_ARGUMENTS_BYTES, 128)?;
         let submitted = Exact::Object(BTreeMap::from([
-            ("operation".to_string(), Exact::String(input.operation.clone())),
+            (
+                "operation".to_string(),
+                Exact::String(input.operation.clone()),
+            ),
             ("reason".to_string(), Exact::String(reason.clone())),
             ("target".to_string(), target_ex),
             ("arguments".to_string(), args_ex),
@@ -567,11 +580,12 @@ impl OperationRuntime {
         key: &str,
         submitted: &str,
     ) -> Result<Option<OperationView>, OpError> {
-        self.ws.read(|s| match s.operations.by_idempotency(client, key) {
-            Some(op) if op.submitted == submitted => Ok(Some(OperationView::of(op))),
-            Some(_) => Err(conflict()),
-            None => Ok(None),
-        })
+        self.ws
+            .read(|s| match s.operations.by_idempotency(client, key) {
+                Some(op) if op.submitted == submitted => Ok(Some(OperationView::of(op))),
+                Some(_) => Err(conflict()),
+                None => Ok(None),
+            })
     }
 
     fn submit_lock(&self, client: &str, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -684,12 +698,13 @@ impl OperationRuntime {
                     ));
                 }
                 // Only the operation's own approval is canceled; a shared window grant stays.
-                let change = ops.approval_of(op).filter(|a| a.operation_id == op.id).map(|a| {
-                    ApprovalChange {
+                let change = ops
+                    .approval_of(op)
+                    .filter(|a| a.operation_id == op.id)
+                    .map(|a| ApprovalChange {
                         approval_id: a.id.clone(),
                         effect: ApprovalEffect::Cancel,
-                    }
-                });
+                    });
                 let t = transition(op, OpState::Canceled, now)
                     .error(codes::CANCELED, "the requester canceled the operation")
                     .approval(change);
@@ -732,7 +747,10 @@ impl OperationRuntime {
     ) -> Result<ApprovalView, OpError> {
         let idem = idempotency_key.trim().to_string();
         if idem.is_empty() || idem.len() > MAX_KEY_BYTES {
-            return Err(OpError::invalid("idempotency_key", "idempotency_key must be 1..=128 bytes"));
+            return Err(OpError::invalid(
+                "idempotency_key",
+                "idempotency_key must be 1..=128 bytes",
+            ));
         }
         let command = serde_json::json!({
             "decision": decision,
@@ -784,7 +802,10 @@ impl OperationRuntime {
                     let mut recs = vec![];
                     if op.state == OpState::Pending {
                         let t = transition(op, OpState::Expired, now)
-                            .error(codes::APPROVAL_EXPIRED, "nobody decided before the request expired")
+                            .error(
+                                codes::APPROVAL_EXPIRED,
+                                "nobody decided before the request expired",
+                            )
                             .approval(Some(ApprovalChange {
                                 approval_id: a.id.clone(),
                                 effect: ApprovalEffect::Expire,
@@ -793,7 +814,9 @@ impl OperationRuntime {
                     }
                     return Ok((recs, (ApprovalView::of(a, Some(op)), None, true)));
                 }
-                let duration = narrowing.duration_seconds.unwrap_or(a.requested_duration_seconds);
+                let duration = narrowing
+                    .duration_seconds
+                    .unwrap_or(a.requested_duration_seconds);
                 if duration == 0 || duration > a.requested_duration_seconds {
                     return Err(OpError {
                         kind: ErrorKind::Conflict,
@@ -941,7 +964,10 @@ impl OperationRuntime {
                         let mut after = a.clone();
                         after.status = ApprovalStatus::Canceled;
                         after.revision += 1;
-                        Ok((vec![rec(KIND_TRANSITIONED, &t)?], ApprovalView::of(&after, Some(op))))
+                        Ok((
+                            vec![rec(KIND_TRANSITIONED, &t)?],
+                            ApprovalView::of(&after, Some(op)),
+                        ))
                     }
                     other => Err(OpError::new(
                         ErrorKind::Conflict,
@@ -992,7 +1018,15 @@ impl OperationRuntime {
         let claim = self
             .ws
             .commit(move |s: &crate::workspace::State| {
-                claim_records(&s.operations, &registry, &id_s, now, key.as_ref(), policy.as_ref(), &executor)
+                claim_records(
+                    &s.operations,
+                    &registry,
+                    &id_s,
+                    now,
+                    key.as_ref(),
+                    policy.as_ref(),
+                    &executor,
+                )
             })
             .await
             .map_err(commit_err)?;
@@ -1011,7 +1045,10 @@ impl OperationRuntime {
         failpoint("after_execute");
         let settle = match exec {
             Ok(o) if o.proven => Settle::Succeeded(o),
-            Ok(o) => self.reconcile_or_fail(&*adapter, &ctx, &resolved, Some(o), None).await,
+            Ok(o) => {
+                self.reconcile_or_fail(&*adapter, &ctx, &resolved, Some(o), None)
+                    .await
+            }
             Err(e) => match e.kind {
                 FailureKind::NotStarted => Settle::Failed {
                     code: e.code,
@@ -1059,7 +1096,12 @@ impl OperationRuntime {
         }
     }
 
-    async fn finish(&self, op: &Operation, approval_id: Option<String>, settle: Settle) -> Result<(), OpError> {
+    async fn finish(
+        &self,
+        op: &Operation,
+        approval_id: Option<String>,
+        settle: Settle,
+    ) -> Result<(), OpError> {
         let id = op.id.clone();
         let operation = op.operation.clone();
         let now = crate::util::now_ms();
@@ -1089,10 +1131,15 @@ impl OperationRuntime {
                         let result = o.result.unwrap_or_else(
                             || serde_json::json!({"operation": operation, "reconciled": true}),
                         );
-                        let size = serde_json::to_string(&result).map(|t| t.len()).unwrap_or(usize::MAX);
+                        let size = serde_json::to_string(&result)
+                            .map(|t| t.len())
+                            .unwrap_or(usize::MAX);
                         if !result.is_object() || size > MAX_RESULT_BYTES {
                             transition(op, OpState::Failed, now)
-                                .error(codes::STORE_UNAVAILABLE, "the operation ran but its result could not be stored")
+                                .error(
+                                    codes::STORE_UNAVAILABLE,
+                                    "the operation ran but its result could not be stored",
+                                )
                                 .approval(change(ApprovalEffect::Commit))
                         } else {
                             let mut t = transition(op, OpState::Succeeded, now)
@@ -1102,7 +1149,11 @@ impl OperationRuntime {
                             t
                         }
                     }
-                    Settle::Failed { code, message, effect } => transition(op, OpState::Failed, now)
+                    Settle::Failed {
+                        code,
+                        message,
+                        effect,
+                    } => transition(op, OpState::Failed, now)
                         .error(&code, message)
                         .approval(change(effect)),
                 };
@@ -1116,7 +1167,10 @@ impl OperationRuntime {
 
     /// Startup recovery and the background loop: drives approved operations, reconciles
     /// executions whose process is gone, expires overdue requests, prunes old terminal ones.
-    pub fn start(self: &Arc<Self>, live_executors: impl Fn() -> Vec<String> + Send + Sync + 'static) {
+    pub fn start(
+        self: &Arc<Self>,
+        live_executors: impl Fn() -> Vec<String> + Send + Sync + 'static,
+    ) {
         if self.autorun.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return;
         }
@@ -1163,20 +1217,23 @@ impl OperationRuntime {
     /// One recovery pass. `live_executors` are the executor ids of processes still running.
     pub async fn recover(&self, live_executors: &[String]) {
         self.expire_due().await;
-        let (approved, executing): (Vec<String>, Vec<(String, Option<String>)>) = self.ws.read(|s| {
-            let mut a = vec![];
-            let mut e = vec![];
-            for op in s.operations.operations.values() {
-                match op.state {
-                    OpState::Approved => a.push(op.id.clone()),
-                    OpState::Executing => e.push((op.id.clone(), executor_of(op))),
-                    _ => {}
+        let (approved, executing): (Vec<String>, Vec<(String, Option<String>)>) =
+            self.ws.read(|s| {
+                let mut a = vec![];
+                let mut e = vec![];
+                for op in s.operations.operations.values() {
+                    match op.state {
+                        OpState::Approved => a.push(op.id.clone()),
+                        OpState::Executing => e.push((op.id.clone(), executor_of(op))),
+                        _ => {}
+                    }
                 }
-            }
-            (a, e)
-        });
+                (a, e)
+            });
         for (id, exec) in executing {
-            let alive = exec.as_ref().is_some_and(|x| *x == self.executor || live_executors.contains(x));
+            let alive = exec
+                .as_ref()
+                .is_some_and(|x| *x == self.executor || live_executors.contains(x));
             if alive {
                 continue;
             }
@@ -1256,7 +1313,9 @@ impl OperationRuntime {
                 for op in ops.operations.values() {
                     let a = ops.approval_of(op);
                     let due = match (op.state, a) {
-                        (OpState::Pending, Some(a)) => a.status == ApprovalStatus::Pending && now >= a.pending_expires_at_ms,
+                        (OpState::Pending, Some(a)) => {
+                            a.status == ApprovalStatus::Pending && now >= a.pending_expires_at_ms
+                        }
                         (OpState::Approved, Some(a)) => a
                             .decision
                             .as_ref()
@@ -1267,12 +1326,17 @@ impl OperationRuntime {
                     if !due {
                         continue;
                     }
-                    let own = a.filter(|a| a.operation_id == op.id).map(|a| ApprovalChange {
-                        approval_id: a.id.clone(),
-                        effect: ApprovalEffect::Expire,
-                    });
+                    let own = a
+                        .filter(|a| a.operation_id == op.id)
+                        .map(|a| ApprovalChange {
+                            approval_id: a.id.clone(),
+                            effect: ApprovalEffect::Expire,
+                        });
                     let t = transition(op, OpState::Expired, now)
-                        .error(codes::APPROVAL_EXPIRED, "the approval expired before the operation ran")
+                        .error(
+                            codes::APPROVAL_EXPIRED,
+                            "the approval expired before the operation ran",
+                        )
                         .approval(own);
                     recs.push(rec(KIND_TRANSITIONED, &t)?);
                 }
@@ -1289,7 +1353,11 @@ impl OperationRuntime {
         let r = self
             .ws
             .commit(move |s: &crate::workspace::State| {
-                let due = s.operations.terminal.first().is_some_and(|(t, _)| *t < before);
+                let due = s
+                    .operations
+                    .terminal
+                    .first()
+                    .is_some_and(|(t, _)| *t < before);
                 if !due {
                     return Ok((vec![], ()));
                 }
@@ -1321,7 +1389,11 @@ fn conflict() -> OpError {
 
 /// Chosen approval bounds: (duration seconds, uses, pending seconds), or why they break the
 /// rule's own limits.
-fn approval_intent(gp: &GrantPolicy, approval_ttl: u64, request_ttl: u64) -> Result<(u64, u32, u64), String> {
+fn approval_intent(
+    gp: &GrantPolicy,
+    approval_ttl: u64,
+    request_ttl: u64,
+) -> Result<(u64, u32, u64), String> {
     if gp.default_minutes > gp.max_minutes {
         return Err("the request rule's default duration exceeds its maximum".into());
     }
@@ -1332,7 +1404,9 @@ fn approval_intent(gp: &GrantPolicy, approval_ttl: u64, request_ttl: u64) -> Res
             }
         }
         GrantMode::Window => {
-            if gp.max_uses.is_some_and(|m| gp.default_max_uses > m) || gp.default_max_uses > MAX_GRANT_USES {
+            if gp.max_uses.is_some_and(|m| gp.default_max_uses > m)
+                || gp.default_max_uses > MAX_GRANT_USES
+            {
                 return Err("the request rule's default uses exceed its limit".into());
             }
         }
@@ -1345,7 +1419,12 @@ fn approval_intent(gp: &GrantPolicy, approval_ttl: u64, request_ttl: u64) -> Res
 fn active_grants(s: &OperationState, client: &str, now: u64) -> Vec<ActiveGrant> {
     s.approvals
         .values()
-        .filter(|a| a.client_id == client && a.mode == GrantMode::Window && a.status == ApprovalStatus::Active && !a.has_retained())
+        .filter(|a| {
+            a.client_id == client
+                && a.mode == GrantMode::Window
+                && a.status == ApprovalStatus::Active
+                && !a.has_retained()
+        })
         .filter_map(|a| {
             let d = a.decision.as_ref()?;
             Some(ActiveGrant {
@@ -1367,7 +1446,9 @@ fn next_deadline(s: &OperationState) -> Option<u64> {
         .filter_map(|op| {
             let a = s.approval_of(op)?;
             match op.state {
-                OpState::Pending if a.status == ApprovalStatus::Pending => Some(a.pending_expires_at_ms),
+                OpState::Pending if a.status == ApprovalStatus::Pending => {
+                    Some(a.pending_expires_at_ms)
+                }
                 OpState::Approved => a.decision.as_ref()?.expires_at_ms,
                 _ => None,
             }
@@ -1448,15 +1529,26 @@ fn claim_records(
         .map(|(t, d)| Plan::verify(t, d, &op.id, &op.client_id, now, true))
     {
         Some(Ok(p)) => p,
-        _ => return fail(codes::INVALID_STORED, "the stored plan is missing, altered or expired"),
+        _ => {
+            return fail(
+                codes::INVALID_STORED,
+                "the stored plan is missing, altered or expired",
+            );
+        }
     };
     if plan.operation != op.operation || registry.lookup(&plan.operation).is_none() {
-        return fail(codes::INVALID_STORED, "the stored plan names an operation without an adapter");
+        return fail(
+            codes::INVALID_STORED,
+            "the stored plan names an operation without an adapter",
+        );
     }
     let mut reserve = None;
     match ops.approval_of(op) {
         None if op.approval_id.is_some() => {
-            return fail(codes::APPROVAL_INVALID, "the operation's approval is missing");
+            return fail(
+                codes::APPROVAL_INVALID,
+                "the operation's approval is missing",
+            );
         }
         None => {
             // Direct path: a static allow rule must still allow it now.
@@ -1473,19 +1565,31 @@ fn claim_records(
                 d.effect == DecisionEffect::Allow && d.grant_id.is_none()
             });
             if !allowed || plan.authorization.policy_effect != DecisionEffect::Allow {
-                return fail(codes::APPROVAL_INVALID, "no approval and no allow rule covers this operation");
+                return fail(
+                    codes::APPROVAL_INVALID,
+                    "no approval and no allow rule covers this operation",
+                );
             }
         }
         Some(a) => {
-            let Some(d) = a.decision.as_ref().filter(|d| d.decision == DecisionKind::Approve) else {
+            let Some(d) = a
+                .decision
+                .as_ref()
+                .filter(|d| d.decision == DecisionKind::Approve)
+            else {
                 return fail(codes::APPROVAL_INVALID, "the approval was never granted");
             };
             let signed = key.is_some_and(|k| k.verify(&a.decision_message(d), &d.hmac));
             let bound = a.client_id == op.client_id
                 && a.operation == op.operation
-                && (a.plan_digest == plan_digest(op) || (a.mode == GrantMode::Window && a.classification == plan.authorization.classification));
+                && (a.plan_digest == plan_digest(op)
+                    || (a.mode == GrantMode::Window
+                        && a.classification == plan.authorization.classification));
             if !signed || !bound {
-                return fail(codes::APPROVAL_INVALID, "the approval is not validly signed for this plan");
+                return fail(
+                    codes::APPROVAL_INVALID,
+                    "the approval is not validly signed for this plan",
+                );
             }
             let usable = a.status == ApprovalStatus::Active
                 && d.expires_at_ms.is_some_and(|e| now < e)
@@ -1493,15 +1597,21 @@ fn claim_records(
                 && !a.has_retained()
                 && !a.uses.contains_key(&op.id);
             if !usable {
-                return fail(codes::APPROVAL_UNAVAILABLE, "the approval can no longer be used");
+                return fail(
+                    codes::APPROVAL_UNAVAILABLE,
+                    "the approval can no longer be used",
+                );
             }
             reserve = Some(a.id.clone());
         }
     }
-    let mut t = transition(op, OpState::Executing, now).approval(reserve.clone().map(|approval_id| ApprovalChange {
-        approval_id,
-        effect: ApprovalEffect::Reserve,
-    }));
+    let mut t =
+        transition(op, OpState::Executing, now).approval(reserve.clone().map(|approval_id| {
+            ApprovalChange {
+                approval_id,
+                effect: ApprovalEffect::Reserve,
+            }
+        }));
     t.executor = Some(executor.to_string());
     Ok((
         vec![rec(KIND_TRANSITIONED, &t)?],

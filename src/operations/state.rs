@@ -264,7 +264,11 @@ pub enum ApplyError {
 
 impl OperationState {
     /// The workspace fold entry point for kinds `operation.*` and `approval.*`.
-    pub fn apply(&mut self, rec: &crate::workspace::Record, out: &mut Vec<crate::workspace::Notice>) {
+    pub fn apply(
+        &mut self,
+        rec: &crate::workspace::Record,
+        out: &mut Vec<crate::workspace::Notice>,
+    ) {
         let mut notices = Vec::new();
         if let Err(e) = self.apply_record(&rec.kind, &rec.payload, &mut notices) {
             tracing::warn!(seq = rec.seq, kind = %rec.kind, error = %e, "operation record skipped");

@@ -105,7 +105,11 @@ impl ApprovalView {
             plan_digest: a.plan_digest.clone(),
             created_at: rfc3339(a.created_at_ms),
             pending_expires_at: rfc3339(a.pending_expires_at_ms),
-            expires_at: a.decision.as_ref().and_then(|d| d.expires_at_ms).map(rfc3339),
+            expires_at: a
+                .decision
+                .as_ref()
+                .and_then(|d| d.expires_at_ms)
+                .map(rfc3339),
             requested_duration_seconds: a.requested_duration_seconds,
             requested_max_uses: a.requested_max_uses,
             uses_spent: a.uses_spent(),
@@ -151,6 +155,9 @@ mod tests {
     fn rfc3339_formats_known_instants() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(super::rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(super::rfc3339(1_795_941_153_123), "2026-11-29T08:32:33.123Z");
+        assert_eq!(
+            super::rfc3339(1_795_941_153_123),
+            "2026-11-29T08:32:33.123Z"
+        );
     }
 }

@@ -60,7 +60,11 @@ struct Proc {
 #[derive(Debug)]
 enum CallError {
     /// The provider answered with a JSON-RPC error.
-    Provider { code: String, message: String, kind: Option<FailureKind> },
+    Provider {
+        code: String,
+        message: String,
+        kind: Option<FailureKind>,
+    },
     /// The pipe broke or timed out: nothing is known.
     Transport(String),
 }
@@ -77,8 +81,14 @@ impl Conn {
         let mut child = cmd
             .spawn()
             .map_err(|e| CallError::Transport(format!("cannot start provider: {e}")))?;
-        let stdin = child.stdin.take().ok_or_else(|| CallError::Transport("no stdin".into()))?;
-        let stdout = child.stdout.take().ok_or_else(|| CallError::Transport("no stdout".into()))?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| CallError::Transport("no stdin".into()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| CallError::Transport("no stdout".into()))?;
         Ok(Proc {
             child,
             stdin,
@@ -87,7 +97,12 @@ impl Conn {
         })
     }
 
-    async fn call(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
+    async fn call(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, CallError> {
         let mut guard = self.io.lock().await;
         if guard.is_none() {
             *guard = Some(self.spawn().await?);
@@ -97,8 +112,10 @@ impl Conn {
         };
         let id = p.next_id;
         p.next_id += 1;
-        let mut line = serde_json::to_string(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .map_err(|e| CallError::Transport(e.to_string()))?;
+        let mut line = serde_json::to_string(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .map_err(|e| CallError::Transport(e.to_string()))?;
         line.push('\n');
         let exchange = async {
             p.stdin.write_all(line.as_bytes()).await?;
@@ -106,9 +123,14 @@ impl Conn {
             loop {
                 let mut buf = String::new();
                 if p.stdout.read_line(&mut buf).await? == 0 {
-                    return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "provider closed its output"));
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "provider closed its output",
+                    ));
                 }
-                let Ok(v) = serde_json::from_str::<Value>(&buf) else { continue };
+                let Ok(v) = serde_json::from_str::<Value>(&buf) else {
+                    continue;
+                };
                 if v.get("id").and_then(Value::as_u64) == Some(id) {
                     return Ok(v);
                 }
@@ -140,8 +162,16 @@ impl Conn {
                 Some("possibly_partial") => Some(FailureKind::PossiblyPartial),
                 _ => None,
             };
-            let message = err.get("message").and_then(Value::as_str).unwrap_or("").to_string();
-            return Err(CallError::Provider { code, message, kind });
+            let message = err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            return Err(CallError::Provider {
+                code,
+                message,
+                kind,
+            });
         }
         Ok(reply.get("result").cloned().unwrap_or(Value::Null))
     }
@@ -155,8 +185,16 @@ pub struct ExternalAdapter {
 fn adapter_err(e: CallError) -> AdapterError {
     match e {
         CallError::Provider { code, message, .. } => {
-            let code = if code == "provider_error" { codes::INPUT_INVALID.to_string() } else { code };
-            AdapterError { code, message, field: None }
+            let code = if code == "provider_error" {
+                codes::INPUT_INVALID.to_string()
+            } else {
+                code
+            };
+            AdapterError {
+                code,
+                message,
+                field: None,
+            }
         }
         CallError::Transport(m) => {
             tracing::error!(error = %m, "external provider failed");
@@ -167,13 +205,19 @@ fn adapter_err(e: CallError) -> AdapterError {
 
 fn exec_err(e: CallError) -> ExecError {
     match e {
-        CallError::Provider { code, message, kind } => {
-            ExecError::new(kind.unwrap_or(FailureKind::Definitive), &code, message)
-        }
+        CallError::Provider {
+            code,
+            message,
+            kind,
+        } => ExecError::new(kind.unwrap_or(FailureKind::Definitive), &code, message),
         // A broken pipe mid-call says nothing about what happened upstream.
         CallError::Transport(m) => {
             tracing::error!(error = %m, "external provider failed during execution");
-            ExecError::new(FailureKind::PossiblyPartial, codes::UPSTREAM_UNKNOWN, "the provider stopped answering")
+            ExecError::new(
+                FailureKind::PossiblyPartial,
+                codes::UPSTREAM_UNKNOWN,
+                "the provider stopped answering",
+            )
         }
     }
 }
@@ -181,7 +225,10 @@ fn exec_err(e: CallError) -> ExecError {
 fn parse<T: serde::de::DeserializeOwned>(v: Value, what: &str) -> Result<T, AdapterError> {
     serde_json::from_value(v).map_err(|e| {
         tracing::error!(error = %e, what, "external provider gave a malformed answer");
-        AdapterError::coded(codes::PROVIDER_UNAVAILABLE, format!("the provider gave a malformed {what}"))
+        AdapterError::coded(
+            codes::PROVIDER_UNAVAILABLE,
+            format!("the provider gave a malformed {what}"),
+        )
     })
 }
 
@@ -196,22 +243,37 @@ impl Adapter for ExternalAdapter {
         &self.desc
     }
 
-    fn decode<'a>(&'a self, target: &'a Value, arguments: &'a Value) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
+    fn decode<'a>(
+        &'a self,
+        target: &'a Value,
+        arguments: &'a Value,
+    ) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
         Box::pin(async move {
             let v = self
                 .conn
-                .call("decode", json!({"operation": self.op(), "target": target, "arguments": arguments}), CALL_TIMEOUT)
+                .call(
+                    "decode",
+                    json!({"operation": self.op(), "target": target, "arguments": arguments}),
+                    CALL_TIMEOUT,
+                )
                 .await
                 .map_err(adapter_err)?;
             let d: Decoded = parse(v, "decode result")?;
             if !d.target.is_object() || !d.arguments.is_object() {
-                return Err(AdapterError::coded(codes::PROVIDER_UNAVAILABLE, "the provider decoded to non-objects"));
+                return Err(AdapterError::coded(
+                    codes::PROVIDER_UNAVAILABLE,
+                    "the provider decoded to non-objects",
+                ));
             }
             Ok(d)
         })
     }
 
-    fn resolve<'a>(&'a self, ctx: &'a AdapterCtx, input: Decoded) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
+    fn resolve<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        input: Decoded,
+    ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
         Box::pin(async move {
             let v = self
                 .conn
@@ -232,29 +294,47 @@ impl Adapter for ExternalAdapter {
         })
     }
 
-    fn authorize<'a>(&'a self, plan: &'a Resolved) -> BoxFuture<'a, Result<Classification, AdapterError>> {
+    fn authorize<'a>(
+        &'a self,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Classification, AdapterError>> {
         Box::pin(async move {
             let v = self
                 .conn
-                .call("authorize", json!({"operation": self.op(), "plan": plan}), CALL_TIMEOUT)
+                .call(
+                    "authorize",
+                    json!({"operation": self.op(), "plan": plan}),
+                    CALL_TIMEOUT,
+                )
                 .await
                 .map_err(adapter_err)?;
             parse(v, "classification")
         })
     }
 
-    fn present<'a>(&'a self, plan: &'a Resolved) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
+    fn present<'a>(
+        &'a self,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
         Box::pin(async move {
             let v = self
                 .conn
-                .call("present", json!({"operation": self.op(), "plan": plan}), CALL_TIMEOUT)
+                .call(
+                    "present",
+                    json!({"operation": self.op(), "plan": plan}),
+                    CALL_TIMEOUT,
+                )
                 .await
                 .map_err(adapter_err)?;
             parse::<Presentation>(v, "presentation")?.bounded()
         })
     }
 
-    fn execute<'a>(&'a self, ctx: &'a AdapterCtx, plan: &'a Resolved) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
         Box::pin(async move {
             let v = self
                 .conn
@@ -266,12 +346,20 @@ impl Adapter for ExternalAdapter {
                 .await
                 .map_err(exec_err)?;
             serde_json::from_value(v).map_err(|_| {
-                ExecError::new(FailureKind::PossiblyPartial, codes::UPSTREAM_UNKNOWN, "the provider gave a malformed outcome")
+                ExecError::new(
+                    FailureKind::PossiblyPartial,
+                    codes::UPSTREAM_UNKNOWN,
+                    "the provider gave a malformed outcome",
+                )
             })
         })
     }
 
-    fn reconcile<'a>(&'a self, ctx: &'a AdapterCtx, plan: &'a Resolved) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+    fn reconcile<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
         Box::pin(async move {
             let v = self
                 .conn
@@ -283,7 +371,11 @@ impl Adapter for ExternalAdapter {
                 .await
                 .map_err(exec_err)?;
             serde_json::from_value(v).map_err(|_| {
-                ExecError::new(FailureKind::PossiblyPartial, codes::UPSTREAM_UNKNOWN, "the provider gave a malformed outcome")
+                ExecError::new(
+                    FailureKind::PossiblyPartial,
+                    codes::UPSTREAM_UNKNOWN,
+                    "the provider gave a malformed outcome",
+                )
             })
         })
     }
@@ -291,7 +383,10 @@ impl Adapter for ExternalAdapter {
 
 /// Reads `.gaffer/providers.yaml` (absent = no external providers), starts each provider and
 /// asks for its catalog. Blocking: called once at start.
-pub fn load(gaffer_dir: &Path, root: &Path) -> Result<(Vec<Catalog>, Vec<Arc<dyn Adapter>>), String> {
+pub fn load(
+    gaffer_dir: &Path,
+    root: &Path,
+) -> Result<(Vec<Catalog>, Vec<Arc<dyn Adapter>>), String> {
     let file = gaffer_dir.join(PROVIDERS_FILE);
     let text = match std::fs::read_to_string(&file) {
         Ok(t) => t,
@@ -302,14 +397,21 @@ pub fn load(gaffer_dir: &Path, root: &Path) -> Result<(Vec<Catalog>, Vec<Arc<dyn
     let decl: ProvidersFile = serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         let inner = e.into_inner();
-        let line = inner.location().map(|l| l.line().to_string()).unwrap_or_else(|| "?".into());
+        let line = inner
+            .location()
+            .map(|l| l.line().to_string())
+            .unwrap_or_else(|| "?".into());
         format!("{}:{line}: {key}: {inner}", file.display())
     })?;
     let mut catalogs = vec![];
     let mut adapters: Vec<Arc<dyn Adapter>> = vec![];
     for p in decl.providers {
         if p.command.is_empty() {
-            return Err(format!("{}: provider {} has an empty command", file.display(), p.name));
+            return Err(format!(
+                "{}: provider {} has an empty command",
+                file.display(),
+                p.name
+            ));
         }
         let mut argv = p.command.clone();
         if argv[0].contains('/') && !Path::new(&argv[0]).is_absolute() {
@@ -320,16 +422,20 @@ pub fn load(gaffer_dir: &Path, root: &Path) -> Result<(Vec<Catalog>, Vec<Arc<dyn
             cwd: root.to_path_buf(),
             io: tokio::sync::Mutex::new(None),
         });
-        let described = describe_blocking(&conn).map_err(|e| format!("provider {}: {e:?}", p.name))?;
+        let described =
+            describe_blocking(&conn).map_err(|e| format!("provider {}: {e:?}", p.name))?;
         let ops = described.get("operations").cloned().unwrap_or(Value::Null);
         if let Some(want) = &p.catalog_sha256 {
             let got = crate::util::sha256_hex(super::super::canonical::jcs(&ops).as_bytes());
             if &got != want {
-                return Err(format!("provider {}: catalog drifted (sha256 {got}, expected {want})", p.name));
+                return Err(format!(
+                    "provider {}: catalog drifted (sha256 {got}, expected {want})",
+                    p.name
+                ));
             }
         }
-        let descs: Vec<Descriptor> =
-            serde_json::from_value(ops).map_err(|e| format!("provider {}: bad catalog: {e}", p.name))?;
+        let descs: Vec<Descriptor> = serde_json::from_value(ops)
+            .map_err(|e| format!("provider {}: bad catalog: {e}", p.name))?;
         for d in &descs {
             if d.implemented {
                 adapters.push(Arc::new(ExternalAdapter {

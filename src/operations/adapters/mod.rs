@@ -2,6 +2,6 @@
 
 pub mod command;
 pub mod common;
+pub mod external;
 pub mod paths;
 pub mod workspace;
-pub mod external;
