@@ -196,11 +196,14 @@ impl Default for RuntimeConfig {
 /// Whose approval an execution claim relies on, decided inside the claim commit.
 enum Claim {
     Run {
-        plan: Plan,
+        plan: Box<Plan>,
         approval_id: Option<String>,
     },
     Skip,
 }
+
+/// (client, idempotency key)
+type SubmitKey = (String, String);
 
 pub struct OperationRuntime {
     ws: Arc<Workspace>,
@@ -209,7 +212,7 @@ pub struct OperationRuntime {
     /// This process, recorded as executor of what it claims.
     executor: String,
     running: Mutex<HashSet<String>>,
-    submit_locks: Mutex<HashMap<(String, String), Weak<tokio::sync::Mutex<()>>>>,
+    submit_locks: Mutex<HashMap<SubmitKey, Weak<tokio::sync::Mutex<()>>>>,
     policy_cache: Mutex<Option<(Option<std::time::SystemTime>, u64, Policy)>>,
     /// Only a serving process executes; one-shot CLI processes leave approved work to it.
     autorun: std::sync::atomic::AtomicBool,
@@ -1616,7 +1619,7 @@ fn claim_records(
     Ok((
         vec![rec(KIND_TRANSITIONED, &t)?],
         Claim::Run {
-            plan,
+            plan: Box::new(plan),
             approval_id: reserve,
         },
     ))

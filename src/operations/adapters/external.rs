@@ -383,10 +383,10 @@ impl Adapter for ExternalAdapter {
 
 /// Reads `.gaffer/providers.yaml` (absent = no external providers), starts each provider and
 /// asks for its catalog. Blocking: called once at start.
-pub fn load(
-    gaffer_dir: &Path,
-    root: &Path,
-) -> Result<(Vec<Catalog>, Vec<Arc<dyn Adapter>>), String> {
+/// Catalogs and adapters of the declared external providers.
+pub type Loaded = (Vec<Catalog>, Vec<Arc<dyn Adapter>>);
+
+pub fn load(gaffer_dir: &Path, root: &Path) -> Result<Loaded, String> {
     let file = gaffer_dir.join(PROVIDERS_FILE);
     let text = match std::fs::read_to_string(&file) {
         Ok(t) => t,

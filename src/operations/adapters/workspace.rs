@@ -482,7 +482,7 @@ mod tests {
             plan.preconditions,
             serde_json::json!({"prior_sha256": null})
         );
-        assert_eq!(a.reconcile(&c, &plan).await.unwrap().proven, false);
+        assert!(!a.reconcile(&c, &plan).await.unwrap().proven);
         let out = a.execute(&c, &plan).await.unwrap();
         assert!(out.proven);
         assert_eq!(
