@@ -1,6 +1,8 @@
 //! The method table: binds each domain to the router, and the host the session talks to.
 
+pub mod approvals;
 pub mod bundles;
+pub mod operations;
 pub mod patterns;
 pub mod schema;
 pub mod status;
@@ -33,6 +35,8 @@ pub struct App {
     pub instance: crate::peers::Instance,
     /// The workers whose OS processes this gaffer process owns.
     pub workers: Arc<crate::workers::WorkerRuntime>,
+    /// Operations: submit, approvals, execute-once dispatch (started by `Host::attach`).
+    pub operations: Arc<crate::operations::engine::OperationRuntime>,
 }
 
 impl App {
@@ -42,11 +46,18 @@ impl App {
         let instance = crate::peers::Instance::register(&workspace.gaffer_dir());
         let workers = crate::workers::WorkerRuntime::new(Arc::clone(&workspace));
         workers.start();
+        let operations = crate::operations::open_runtime(
+            Arc::clone(&workspace),
+            &instance.me,
+            Default::default(),
+        )
+        .map_err(WorkspaceError::Unavailable)?;
         Ok(Arc::new(App {
             workspace,
             config,
             instance,
             workers,
+            operations,
         }))
     }
 }
@@ -68,6 +79,8 @@ pub fn router() -> Router<App> {
     patterns::register(&mut r);
     bundles::register(&mut r);
     workers::register(&mut r);
+    operations::register(&mut r);
+    approvals::register(&mut r);
     r
 }
 
@@ -159,13 +172,16 @@ impl Host for Server {
 
     fn attach(&self, init: Option<&Value>) -> Result<Arc<App>, RpcError> {
         let root = self.choose_root(init)?;
-        App::open(&root, self.config.clone()).map_err(|e| match e {
+        let app = App::open(&root, self.config.clone()).map_err(|e| match e {
             WorkspaceError::NotADirectory { .. } => RpcError::invalid_params(
                 "rootUri",
                 format!("workspace {} is not a directory", root.display()),
             ),
             other => store_error("opening the workspace", &other),
-        })
+        })?;
+        // A serving process recovers interrupted operations and executes approved ones.
+        crate::operations::start_runtime(&app.operations);
+        Ok(app)
     }
 
     fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError> {
