@@ -433,12 +433,81 @@ fn writer_loop(
     }
 }
 
+/// Runs queued commits against the state, staging their records (each sees those before it).
+/// Returns the staged records, their notices and the completions to call once durable.
+fn stage_jobs(
+    state: &mut State,
+    next_seq: u64,
+    jobs: Vec<Job>,
+) -> Result<(Vec<Record>, Vec<Notice>, Vec<Completion>), WorkspaceError> {
+    let mut stage = Stage {
+        next_seq,
+        state,
+        staged: Vec::new(),
+        notices: Vec::new(),
+    };
+    let mut completions: Vec<Completion> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| job(Ok(&mut stage)))) {
+            Ok(Some(done)) => completions.push(done),
+            Ok(None) => {}
+            Err(_) => {
+                tracing::error!("a commit closure panicked; its batch is abandoned");
+                fail(completions, &WorkspaceError::CommitPanicked);
+                return Err(WorkspaceError::CommitPanicked);
+            }
+        }
+    }
+    Ok((stage.staged, stage.notices, completions))
+}
+
+fn fail(completions: Vec<Completion>, e: &WorkspaceError) {
+    let msg = e.to_string();
+    for c in completions {
+        c(Err(WorkspaceError::Unavailable(msg.clone())));
+    }
+}
+
 /// One group commit. Returns Err when state may be ahead of disk and must be reloaded.
 fn run_batch(
     inner: &mut Inner,
     events: &broadcast::Sender<Notice>,
     jobs: Vec<Job>,
 ) -> Result<(), WorkspaceError> {
+    // Before the first write there is no store to lock, and a batch that writes nothing must
+    // not create one: stage against the folded state and take the lock only if records result.
+    if !inner.store.dir().join("journal").exists() {
+        let next_seq = inner.state.last_seq + 1;
+        let (staged, notices, completions) = stage_jobs(&mut inner.state, next_seq, jobs)?;
+        if !staged.is_empty() {
+            let mut txn = match inner.store.begin() {
+                Ok(t) => t,
+                Err(e) => {
+                    let e = WorkspaceError::from(e);
+                    fail(completions, &e);
+                    return Err(e);
+                }
+            };
+            // If another process wrote first, our records were validated against stale state.
+            let others = txn.take_new()?;
+            if !others.is_empty() || txn.next_seq() != next_seq {
+                let e = WorkspaceError::Unavailable("another process wrote first; retry".into());
+                fail(completions, &e);
+                return Err(e);
+            }
+            if let Err(e) = txn.append(&staged) {
+                let e = WorkspaceError::from(e);
+                fail(completions, &e);
+                return Err(e);
+            }
+        }
+        inner.since_snapshot += staged.len() as u64;
+        for c in completions {
+            c(Ok(()));
+        }
+        broadcast_all(events, notices);
+        return Ok(());
+    }
     let mut txn = match inner.store.begin() {
         Ok(t) => t,
         Err(e) => {
@@ -456,44 +525,13 @@ fn run_batch(
     for rec in &others {
         inner.state.apply(rec, &mut notices);
     }
-    let mut stage = Stage {
-        next_seq: txn.next_seq(),
-        state: &mut inner.state,
-        staged: Vec::new(),
-        notices: Vec::new(),
-    };
-    let mut completions: Vec<Completion> = Vec::with_capacity(jobs.len());
-    let mut panicked = false;
-    for job in jobs {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| job(Ok(&mut stage)))) {
-            Ok(Some(done)) => completions.push(done),
-            Ok(None) => {}
-            Err(_) => {
-                tracing::error!("a commit closure panicked; its batch is abandoned");
-                panicked = true;
-                break;
-            }
-        }
-    }
-    let Stage {
-        staged,
-        notices: staged_notices,
-        ..
-    } = stage;
-    if panicked {
-        for c in completions {
-            c(Err(WorkspaceError::CommitPanicked));
-        }
-        return Err(WorkspaceError::CommitPanicked);
-    }
+    let (staged, staged_notices, completions) = stage_jobs(&mut inner.state, txn.next_seq(), jobs)?;
     if !staged.is_empty()
         && let Err(e) = txn.append(&staged)
     {
-        let msg = e.to_string();
-        for c in completions {
-            c(Err(WorkspaceError::Unavailable(msg.clone())));
-        }
-        return Err(e.into());
+        let e = WorkspaceError::from(e);
+        fail(completions, &e);
+        return Err(e);
     }
     drop(txn);
     inner.since_snapshot += staged.len() as u64;

@@ -90,6 +90,8 @@ struct Shared<H: Host> {
     /// Count of finished writes; writes are numbered in arrival order.
     writes_done: watch::Sender<u64>,
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// Cancelled when the session ends, so helpers holding `out` let the writer finish.
+    closing: CancellationToken,
 }
 
 struct Conn<H: Host> {
@@ -156,6 +158,7 @@ where
             pending: Mutex::new(HashMap::new()),
             writes_done,
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+            closing: CancellationToken::new(),
         }),
         choice,
         framing,
@@ -221,6 +224,7 @@ where
         } else {
             0
         };
+    conn.shared.closing.cancel();
     drop(conn);
     match writer.await {
         Ok(result) => result?,
@@ -428,9 +432,14 @@ impl<H: Host> Conn<H> {
         let out = self.shared.out.clone();
         let client = self.client.clone();
         let profile = self.profile;
+        let closing = self.shared.closing.clone();
         tokio::spawn(async move {
             loop {
-                match rx.recv().await {
+                let next = tokio::select! {
+                    n = rx.recv() => n,
+                    _ = closing.cancelled() => break,
+                };
+                match next {
                     Ok(notice) => {
                         let push = H::push(notice);
                         if profile == Some(Profile::Mcp) {
