@@ -475,8 +475,20 @@ fn run_batch(
     jobs: Vec<Job>,
 ) -> Result<(), WorkspaceError> {
     // Before the first write there is no store to lock, and a batch that writes nothing must
-    // not create one: stage against the folded state and take the lock only if records result.
-    if !inner.store.dir().join("journal").exists() {
+    // not create one: under a lock on the workspace root (which every creator of the store
+    // holds), stage against the folded state and create the store only if records result.
+    let journal = inner.store.dir().join("journal");
+    let root_lock = if journal.exists() {
+        None
+    } else {
+        inner
+            .store
+            .dir()
+            .parent()
+            .and_then(|root| std::fs::File::open(root).ok())
+            .and_then(|f| f.lock().ok().map(|()| f))
+    };
+    if root_lock.is_some() && !journal.exists() {
         let next_seq = inner.state.last_seq + 1;
         let (staged, notices, completions) = stage_jobs(&mut inner.state, next_seq, jobs)?;
         if !staged.is_empty() {
@@ -488,7 +500,7 @@ fn run_batch(
                     return Err(e);
                 }
             };
-            // If another process wrote first, our records were validated against stale state.
+            // Nobody can have written first (creators hold the root lock); check anyway.
             let others = txn.take_new()?;
             if !others.is_empty() || txn.next_seq() != next_seq {
                 let e = WorkspaceError::Unavailable("another process wrote first; retry".into());
@@ -501,6 +513,7 @@ fn run_batch(
                 return Err(e);
             }
         }
+        drop(root_lock);
         inner.since_snapshot += staged.len() as u64;
         for c in completions {
             c(Ok(()));
@@ -508,6 +521,7 @@ fn run_batch(
         broadcast_all(events, notices);
         return Ok(());
     }
+    drop(root_lock);
     let mut txn = match inner.store.begin() {
         Ok(t) => t,
         Err(e) => {
@@ -630,5 +644,33 @@ mod tests {
         drop((a, b));
         let c = Workspace::open(dir.path()).expect("reopen");
         assert_eq!(c.seq(), 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn racing_first_writes_from_two_instances_all_land_and_empty_commits_create_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Workspace::open(dir.path()).expect("open a");
+        let b = Workspace::open(dir.path()).expect("open b");
+        a.commit(|_s: &State| Ok::<_, ()>((Vec::new(), ())))
+            .await
+            .expect("empty commit");
+        assert!(
+            !dir.path().join(".gaffer").exists(),
+            "a commit that writes nothing creates nothing"
+        );
+        let mut handles = Vec::new();
+        for i in 0..40u64 {
+            let ws = Arc::clone(if i % 2 == 0 { &a } else { &b });
+            handles.push(tokio::spawn(async move {
+                ws.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", i)], ())))
+                    .await
+            }));
+        }
+        for h in handles {
+            assert!(h.await.expect("join").is_ok(), "every racing commit lands");
+        }
+        std::thread::sleep(READ_FRESHNESS * 2);
+        assert_eq!(a.seq(), 40);
+        assert_eq!(b.seq(), 40);
     }
 }
