@@ -2,6 +2,7 @@
 
 pub mod bundles;
 pub mod doctor;
+pub mod patterns;
 pub mod store;
 pub mod workers;
 
@@ -54,6 +55,9 @@ pub enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Plan work with the worker-pattern selector (dry runs only).
+    #[command(subcommand)]
+    Patterns(patterns::PatternsCmd),
     /// Sync, check and list config bundles.
     #[command(subcommand)]
     Bundle(bundles::BundleCmd),

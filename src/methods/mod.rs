@@ -1,6 +1,9 @@
 //! The method table: binds each domain to the router, and the host the session talks to.
 
+pub mod approvals;
 pub mod bundles;
+pub mod operations;
+pub mod patterns;
 pub mod schema;
 pub mod status;
 pub mod workers;
@@ -32,6 +35,8 @@ pub struct App {
     pub instance: crate::peers::Instance,
     /// The workers whose OS processes this gaffer process owns.
     pub workers: Arc<crate::workers::WorkerRuntime>,
+    /// Operations: submit, approvals, execute-once dispatch (started by `Host::attach`).
+    pub operations: Arc<crate::operations::engine::OperationRuntime>,
 }
 
 impl App {
@@ -41,11 +46,18 @@ impl App {
         let instance = crate::peers::Instance::register(&workspace.gaffer_dir());
         let workers = crate::workers::WorkerRuntime::new(Arc::clone(&workspace));
         workers.start();
+        let operations = crate::operations::open_runtime(
+            Arc::clone(&workspace),
+            &instance.me,
+            Default::default(),
+        )
+        .map_err(WorkspaceError::Unavailable)?;
         Ok(Arc::new(App {
             workspace,
             config,
             instance,
             workers,
+            operations,
         }))
     }
 }
@@ -64,9 +76,20 @@ pub fn store_error(context: &str, e: &WorkspaceError) -> RpcError {
 pub fn router() -> Router<App> {
     let mut r = Router::new();
     status::register(&mut r);
+    patterns::register(&mut r);
     bundles::register(&mut r);
     workers::register(&mut r);
+    operations::register(&mut r);
+    approvals::register(&mut r);
     r
+}
+
+/// Decodes `params` as the params of every method (nothing runs); returns the refusals.
+pub fn decode_all_params(params: &Value) -> Vec<RpcError> {
+    router()
+        .methods()
+        .filter_map(|m| m.check_params(params.clone()).err())
+        .collect()
 }
 
 /// Runs one method in process, as the CLI does: the same handlers, no transport.
@@ -149,13 +172,16 @@ impl Host for Server {
 
     fn attach(&self, init: Option<&Value>) -> Result<Arc<App>, RpcError> {
         let root = self.choose_root(init)?;
-        App::open(&root, self.config.clone()).map_err(|e| match e {
+        let app = App::open(&root, self.config.clone()).map_err(|e| match e {
             WorkspaceError::NotADirectory { .. } => RpcError::invalid_params(
                 "rootUri",
                 format!("workspace {} is not a directory", root.display()),
             ),
             other => store_error("opening the workspace", &other),
-        })
+        })?;
+        // A serving process recovers interrupted operations and executes approved ones.
+        crate::operations::start_runtime(&app.operations);
+        Ok(app)
     }
 
     fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError> {
