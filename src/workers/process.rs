@@ -118,7 +118,14 @@ impl ExecutionBackend for ProcessBackend {
             return Err("the worker is already running".to_string());
         }
         let argv = &req.profile.command;
-        let mut cmd = Command::new(&argv[0]);
+        // A program given with a slash is workspace-relative; resolve it explicitly, since how
+        // a relative program combines with `current_dir` is left to the platform.
+        let program = if argv[0].contains('/') {
+            req.workspace_root.join(&argv[0])
+        } else {
+            std::path::PathBuf::from(&argv[0])
+        };
+        let mut cmd = Command::new(program);
         cmd.args(&argv[1..]);
         if req.profile.input_mode == InputMode::Argument
             && let Some(input) = req.initial_input

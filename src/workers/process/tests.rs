@@ -284,3 +284,16 @@ fn rendering_follows_the_input_mode() {
         "one line per input"
     );
 }
+
+#[tokio::test]
+async fn a_workspace_relative_program_runs_from_the_workspace_root() {
+    let ws = workspace();
+    let b = ProcessBackend::new();
+    let mut p = profile("args.sh", InputMode::Argument, None);
+    p.command = vec!["scripts/args.sh".into(), "fixed".into()];
+    let (spawned, mut rx) = spawn(&b, ws.path(), "w1", &p, &[], Some(&text("given")));
+    spawned.unwrap();
+    let (out, _, status, _) = run_to_end(&mut rx).await;
+    assert_eq!(out, "arg: fixed\narg: given\n");
+    assert_eq!(status, WorkerStatus::Stopped);
+}
