@@ -43,14 +43,27 @@ fn big_bundle(id: &str, bytes: usize) -> Value {
     })
 }
 
+/// CPU time of the calling thread: throughput that does not depend on how busy the machine is.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Runs `f` for about `secs` seconds; returns (iterations, CPU time used).
 fn measure<F: FnMut()>(secs: f64, mut f: F) -> (u64, Duration) {
     let start = Instant::now();
+    let cpu = thread_cpu();
     let mut n = 0;
     while start.elapsed().as_secs_f64() < secs || n == 0 {
         f();
         n += 1;
     }
-    (n, start.elapsed())
+    (n, thread_cpu() - cpu)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
