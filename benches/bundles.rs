@@ -88,7 +88,7 @@ fn bench_digest(secs: f64) {
     let normalized = digest::normalize(&bundle);
     let mb = c.bytes.len() as f64 / 1e6;
     println!(
-        "bundle: {} profiles, {:.2} MB canonical",
+        "bundle: {} profiles, {:.2} MB canonical (MB/s per CPU-second of the bench thread)",
         bundle.profiles.len(),
         mb
     );
