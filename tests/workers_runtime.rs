@@ -722,3 +722,65 @@ fn a_live_process_notices_when_another_owner_dies() {
     });
     assert!(changed.is_some(), "B's client is told");
 }
+
+#[test]
+fn cli_creates_follows_lists_shows_and_logs_a_worker() {
+    let ws = workspace();
+    let file = ws.path().join("bundle.json");
+    std::fs::write(&file, serde_json::to_vec(&bundle()).unwrap()).unwrap();
+    let (code, out, err) = common::run_cli(
+        ws.path(),
+        &[
+            "worker",
+            "create",
+            "--bundle-file",
+            file.to_str().unwrap(),
+            "--profile",
+            "args",
+            "--input",
+            "from the cli",
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let id = lines[0]["worker"]["id"].as_str().unwrap().to_string();
+    assert!(
+        lines.iter().any(|l| l["text"] == "arg: from the cli\n"),
+        "{out}"
+    );
+    assert_eq!(lines.last().unwrap()["ended"]["status"], "stopped");
+
+    let (code, out, _) = common::run_cli(ws.path(), &["worker", "list", "--status", "stopped"]);
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["workers"][0]["id"], json!(id));
+    let (code, out, _) = common::run_cli(ws.path(), &["worker", "show", &id]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["worker"]["exit"]["code"],
+        0
+    );
+    let (code, out, _) = common::run_cli(ws.path(), &["worker", "logs", &id]);
+    assert_eq!(code, 0);
+    assert!(out.contains("arg: from the cli"), "{out}");
+    let (code, out, _) = common::run_cli(ws.path(), &["worker", "input", &id, "late"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("worker_not_input_capable"), "{out}");
+    // A spawn failure exits non-zero with the diagnostic.
+    let (code, out, _) = common::run_cli(
+        ws.path(),
+        &[
+            "worker",
+            "create",
+            "--bundle-file",
+            file.to_str().unwrap(),
+            "--profile",
+            "broken",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(out.contains("worker_spawn_failed"), "{out}");
+}

@@ -582,6 +582,31 @@ impl WorkerRuntime {
         }
     }
 
+    /// Ends every worker this process owns and waits (up to `limit` in all) for their final
+    /// statuses to be journalled: the graceful counterpart of the startup sweep, for a gaffer
+    /// process that is about to exit.
+    pub async fn shutdown(self: &Arc<Self>, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let live: Vec<String> = self.lock().live.keys().cloned().collect();
+        let owned: Vec<(String, String)> = self.workspace.read(|s| {
+            live.iter()
+                .filter_map(|id| s.workers.get(id).map(|w| (id.clone(), w.backend.clone())))
+                .collect()
+        });
+        for (id, backend) in &owned {
+            if let Some(l) = self.lock().live.get_mut(id) {
+                l.stop_sent = true;
+            }
+            if let Some(b) = self.backend_named(backend) {
+                b.stop(id, "its gaffer process is shutting down");
+            }
+        }
+        for (id, _) in &owned {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let _ = self.wait_final(id, left).await;
+        }
+    }
+
     /// Number of workers whose process this gaffer process holds.
     pub fn live_count(&self) -> usize {
         self.lock().live.len()
@@ -771,3 +796,6 @@ async fn run_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,130 @@
+use super::*;
+use crate::bundles::{Bundle, SyncOutcome};
+use crate::workers::request::parse_create;
+use crate::workers::types::Stream;
+use serde_json::json;
+
+fn bundle() -> Bundle {
+    bundles::parse_value(json!({
+        "metadata": {"id": "rt", "revision": "r1", "created_at": "now", "provenance": {"source": "unit"}},
+        "profiles": [
+            {"selector": {"kind": "named", "value": "sleep"}, "command": ["sh", "-c", "echo up; exec sleep 30"]},
+        ]
+    }))
+    .unwrap()
+}
+
+/// A workspace with the test bundle synced (blob + record, as `bundles/sync` does).
+async fn workspace() -> (tempfile::TempDir, Arc<Workspace>, bundles::BundleRef) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = Workspace::open(dir.path()).unwrap();
+    let prepared = bundles::prepare(&bundle()).unwrap();
+    ws.put_blob(&prepared.canonical.bytes).unwrap();
+    let reference = prepared.reference();
+    ws.commit(move |s: &State| match s.bundles.plan_sync(&prepared) {
+        Ok(SyncOutcome::New { kind, payload, .. }) => Ok((
+            vec![NewRecord {
+                kind: kind.to_string(),
+                payload,
+            }],
+            (),
+        )),
+        Ok(SyncOutcome::AlreadySynced(_)) => Ok((vec![], ())),
+        Err(e) => Err(e),
+    })
+    .await
+    .map_err(|_| "sync failed")
+    .unwrap();
+    (dir, ws, reference)
+}
+
+fn request(reference: &bundles::BundleRef) -> CreateRequest {
+    parse_create(
+        &json!({"profile": {"kind": "named", "value": "sleep"}, "config_bundle": reference}),
+        None,
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn without_any_backend_create_fails_closed_and_writes_nothing() {
+    let (_dir, ws, reference) = workspace().await;
+    let rt = WorkerRuntime::with_backends(Arc::clone(&ws), vec![]);
+    let seq = ws.seq();
+    match rt.create(request(&reference)).await {
+        Err(WorkerError::BackendUnavailable { message, .. }) => {
+            assert!(message.contains("no execution backend"), "{message}")
+        }
+        other => panic!("expected backend_unavailable, got {other:?}"),
+    }
+    assert_eq!(ws.seq(), seq);
+    assert_eq!(ws.read(|s| s.workers.workers.len()), 0);
+}
+
+#[tokio::test]
+async fn shutdown_stops_owned_workers_and_records_why() {
+    let (_dir, ws, reference) = workspace().await;
+    let rt = WorkerRuntime::new(Arc::clone(&ws));
+    let w = rt.create(request(&reference)).await.unwrap();
+    assert_eq!(w.status, WorkerStatus::Running);
+    assert_eq!(
+        w.owner.as_ref().unwrap().process_id,
+        rt.owner_identity().process_id
+    );
+    assert_eq!(rt.live_count(), 1);
+    rt.shutdown(Duration::from_secs(10)).await;
+    let after = ws.read(|s| s.workers.get(&w.id).cloned()).unwrap();
+    assert_eq!(after.status, WorkerStatus::Stopped);
+    assert!(after.reason.unwrap().contains("shutting down"));
+    assert_eq!(rt.live_count(), 0);
+}
+
+#[tokio::test]
+async fn output_is_journalled_in_order_and_coalesced() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = Workspace::open(dir.path()).unwrap();
+    let b = bundles::parse_value(json!({
+        "metadata": {"id": "chatty", "revision": "r1", "created_at": "now", "provenance": {"source": "unit"}},
+        "profiles": [{"selector": {"kind": "named", "value": "count"},
+                      "command": ["sh", "-c", "i=0; while [ $i -lt 3000 ]; do echo line $i; i=$((i+1)); done"]}]
+    }))
+    .unwrap();
+    let prepared = bundles::prepare(&b).unwrap();
+    ws.put_blob(&prepared.canonical.bytes).unwrap();
+    let reference = prepared.reference();
+    ws.commit(move |s: &State| match s.bundles.plan_sync(&prepared) {
+        Ok(SyncOutcome::New { kind, payload, .. }) => Ok((
+            vec![NewRecord {
+                kind: kind.to_string(),
+                payload,
+            }],
+            (),
+        )),
+        _ => Err(()),
+    })
+    .await
+    .map_err(|_| "sync failed")
+    .unwrap();
+    let rt = WorkerRuntime::new(Arc::clone(&ws));
+    let req = parse_create(
+        &json!({"profile": {"kind": "named", "value": "count"}, "config_bundle": reference}),
+        None,
+    )
+    .unwrap();
+    let w = rt.create(req).await.unwrap();
+    let done = rt.wait_final(&w.id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(done.status, WorkerStatus::Stopped, "{done:?}");
+    let (entries, _) = ws.read(|s| s.workers.transcript(&w.id, 0, 100_000));
+    let text: String = entries
+        .iter()
+        .filter(|e| e.stream == Stream::Stdout)
+        .map(|e| e.text.as_str())
+        .collect();
+    let expected: String = (0..3000).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(text, expected);
+    let outputs = entries
+        .iter()
+        .filter(|e| e.stream == Stream::Stdout)
+        .count();
+    assert!(outputs < 3000, "output was batched into {outputs} records");
+}
