@@ -388,7 +388,17 @@ fn output_reaches_the_transcript_and_a_second_process_and_input_crosses_processe
     // Input sent through B is journalled and delivered by A, which owns the process.
     let r = b.call("workers/input", json!({"worker_id": id, "input": "from b"}));
     assert_eq!(r["worker"]["owner"]["pid"], w["owner"]["pid"]);
+    let input_seq = r["seq"].as_u64().unwrap();
     let entries = wait_transcript(&mut b, &id, "echo: from b");
+    let journalled = entries
+        .iter()
+        .find(|e| e["stream"] == "input" && e["text"] == "from b")
+        .unwrap();
+    assert_eq!(
+        journalled["seq"].as_u64().unwrap(),
+        input_seq,
+        "the reply names the input's seq"
+    );
     let texts: Vec<&str> = entries
         .iter()
         .map(|e| e["text"].as_str().unwrap())
@@ -449,6 +459,29 @@ fn argument_profiles_take_input_only_at_creation() {
     assert_eq!(done["exit"]["code"], 0);
     let r = s.request("workers/input", json!({"worker_id": id, "input": "more"}));
     assert_eq!(error_code(&r).1, "worker_not_input_capable");
+
+    // The transcript pages by seq: input, output, then the system note of the exit.
+    let mut after = 0;
+    let mut streams = Vec::new();
+    loop {
+        let page = s.call(
+            "workers/transcript",
+            json!({"worker_id": id, "after_seq": after, "limit": 1}),
+        );
+        let entries = page["entries"].as_array().unwrap();
+        assert!(entries.len() <= 1);
+        if let Some(e) = entries.first() {
+            assert!(e["seq"].as_u64().unwrap() > after);
+            streams.push(e["stream"].as_str().unwrap().to_string());
+        }
+        after = page["next_after_seq"].as_u64().unwrap();
+        if page["has_more"] != true {
+            break;
+        }
+    }
+    assert_eq!(streams, vec!["input", "stdout", "system"]);
+    let r = s.request("workers/transcript", json!({"worker_id": id, "limit": 0}));
+    assert_eq!(field(&r), "limit");
 }
 
 #[test]
