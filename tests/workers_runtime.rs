@@ -817,3 +817,66 @@ fn cli_creates_follows_lists_shows_and_logs_a_worker() {
     assert_eq!(code, 1);
     assert!(out.contains("worker_spawn_failed"), "{out}");
 }
+
+/// Pids of live processes whose environment holds `marker`.
+fn processes_with_env(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) && !proc_is_zombie(pid as u64) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn no_worker_process_outlives_a_killed_gaffer() {
+    let ws = workspace();
+    let marker_value = format!("m{}", std::process::id());
+    let marker = format!("GAFFER_E2E_MARKER={marker_value}");
+    let mut s = Server::start_env(
+        ws.path(),
+        Wire::Ndjson,
+        &["--jsonl"],
+        &[("GAFFER_E2E_MARKER", &marker_value)],
+    );
+    // Sleepers ignore stdin, so only the kernel can end them once gaffer is gone.
+    let mut b = bundle();
+    b["metadata"]["id"] = json!("marked");
+    b["declarations"] =
+        json!([{"kind": "secret_ref", "name": "marker", "reference": "env:GAFFER_E2E_MARKER"}]);
+    let reference = s.call("bundles/sync", json!({"bundle": b}))["reference"].clone();
+    let first = create(&mut s, &reference, "sleeper", None);
+    assert!(first.get("result").is_some(), "{first}");
+    for _ in 0..6 {
+        s.send_request(
+            "workers/create",
+            json!({"profile": {"kind": "named", "value": "sleeper"}, "config_bundle": reference}),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !processes_with_env(&marker).is_empty(),
+        "the marker reaches the workers"
+    );
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = processes_with_env(&marker);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker processes outlived gaffer: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

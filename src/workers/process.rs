@@ -166,6 +166,7 @@ impl ExecutionBackend for ProcessBackend {
         cmd.stderr(Stdio::piped());
         cmd.process_group(0);
         cmd.kill_on_drop(true);
+        die_with_parent(&mut cmd);
 
         let mut child = cmd
             .spawn()
@@ -320,6 +321,31 @@ impl ExecutionBackend for ProcessBackend {
         )
     }
 }
+
+/// Makes the kernel kill the worker if this gaffer process dies, even by SIGKILL: a worker
+/// whose creation was never recorded must not run on unseen, and one that was recorded is
+/// reported stopped by the next process anyway.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
+    // (prctl, getppid); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the prctl took effect.
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut Command) {}
 
 /// Waits for the process to end by itself, by timeout or by a stop request.
 async fn supervise(
