@@ -1,8 +1,10 @@
 //! The command line: `gaffer serve` (the default) and the one-shot commands.
 
+pub mod bundles;
 pub mod doctor;
 pub mod patterns;
 pub mod store;
+pub mod workers;
 
 use std::path::PathBuf;
 
@@ -56,6 +58,12 @@ pub enum Command {
     /// Plan work with the worker-pattern selector (dry runs only).
     #[command(subcommand)]
     Patterns(patterns::PatternsCmd),
+    /// Sync, check and list config bundles.
+    #[command(subcommand)]
+    Bundle(bundles::BundleCmd),
+    /// Create, feed, inspect and stop workers.
+    #[command(subcommand)]
+    Worker(workers::WorkerCmd),
     /// Read-only health checks of the workspace and this machine.
     Doctor,
     /// Call one method in process and print its result as JSON.

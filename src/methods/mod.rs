@@ -1,8 +1,12 @@
 //! The method table: binds each domain to the router, and the host the session talks to.
 
+pub mod approvals;
+pub mod bundles;
+pub mod operations;
 pub mod patterns;
 pub mod schema;
 pub mod status;
+pub mod workers;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +33,10 @@ pub struct App {
     pub config: AppConfig,
     /// Identity of this gaffer process, for presence and ownership.
     pub instance: crate::peers::Instance,
+    /// The workers whose OS processes this gaffer process owns.
+    pub workers: Arc<crate::workers::WorkerRuntime>,
+    /// Operations: submit, approvals, execute-once dispatch (started by `Host::attach`).
+    pub operations: Arc<crate::operations::engine::OperationRuntime>,
 }
 
 impl App {
@@ -36,10 +44,20 @@ impl App {
     pub fn open(root: &Path, config: AppConfig) -> Result<Arc<App>, WorkspaceError> {
         let workspace = Workspace::open(root)?;
         let instance = crate::peers::Instance::register(&workspace.gaffer_dir());
+        let workers = crate::workers::WorkerRuntime::new(Arc::clone(&workspace));
+        workers.start();
+        let operations = crate::operations::open_runtime(
+            Arc::clone(&workspace),
+            &instance.me,
+            Default::default(),
+        )
+        .map_err(WorkspaceError::Unavailable)?;
         Ok(Arc::new(App {
             workspace,
             config,
             instance,
+            workers,
+            operations,
         }))
     }
 }
@@ -59,7 +77,19 @@ pub fn router() -> Router<App> {
     let mut r = Router::new();
     status::register(&mut r);
     patterns::register(&mut r);
+    bundles::register(&mut r);
+    workers::register(&mut r);
+    operations::register(&mut r);
+    approvals::register(&mut r);
     r
+}
+
+/// Decodes `params` as the params of every method (nothing runs); returns the refusals.
+pub fn decode_all_params(params: &Value) -> Vec<RpcError> {
+    router()
+        .methods()
+        .filter_map(|m| m.check_params(params.clone()).err())
+        .collect()
 }
 
 /// Runs one method in process, as the CLI does: the same handlers, no transport.
@@ -142,13 +172,16 @@ impl Host for Server {
 
     fn attach(&self, init: Option<&Value>) -> Result<Arc<App>, RpcError> {
         let root = self.choose_root(init)?;
-        App::open(&root, self.config.clone()).map_err(|e| match e {
+        let app = App::open(&root, self.config.clone()).map_err(|e| match e {
             WorkspaceError::NotADirectory { .. } => RpcError::invalid_params(
                 "rootUri",
                 format!("workspace {} is not a directory", root.display()),
             ),
             other => store_error("opening the workspace", &other),
-        })
+        })?;
+        // A serving process recovers interrupted operations and executes approved ones.
+        crate::operations::start_runtime(&app.operations);
+        Ok(app)
     }
 
     fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError> {
