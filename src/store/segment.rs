@@ -3,6 +3,7 @@
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::{OnceLock, mpsc};
 
 use super::codec::{self, FRAME_PREFIX, Frame, HEADER_LEN, HeaderCheck};
 use super::durable;
@@ -120,7 +121,108 @@ pub enum SegmentEnd {
 /// In the last segment a damaged or incomplete tail is reported as [`SegmentEnd::Torn`], but
 /// only when no whole record follows it; otherwise (or in any earlier segment) the damage is a
 /// [`StoreError::Corrupt`] naming the segment and offset.
+///
+/// Large reads are pipelined: a helper thread reads, checks and parses records while the
+/// calling thread runs `on`, so parsing overlaps with whatever `on` does (folding state).
 pub fn scan<E: From<StoreError>>(
+    path: &Path,
+    start: u64,
+    is_last: bool,
+    on: impl FnMut(Record, u64, u64) -> Result<(), E>,
+) -> Result<SegmentEnd, E> {
+    let remaining = fs::metadata(path).map_or(0, |m| m.len().saturating_sub(start));
+    if remaining < PIPELINE_MIN_BYTES || !pipelining_helps() {
+        return scan_serial(path, start, is_last, on);
+    }
+    scan_pipelined(path, start, is_last, on)
+}
+
+/// Below this many unread bytes a scan stays on the calling thread.
+const PIPELINE_MIN_BYTES: u64 = 1024 * 1024;
+/// Records handed from the parsing thread to the caller at a time.
+const PIPELINE_BATCH: usize = 1024;
+
+fn pipelining_helps() -> bool {
+    static MANY_CORES: OnceLock<bool> = OnceLock::new();
+    *MANY_CORES.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
+type Batch = Vec<(Record, u64, u64)>;
+
+fn scan_pipelined<E: From<StoreError>>(
+    path: &Path,
+    start: u64,
+    is_last: bool,
+    mut on: impl FnMut(Record, u64, u64) -> Result<(), E>,
+) -> Result<SegmentEnd, E> {
+    let (tx, rx) = mpsc::sync_channel::<Batch>(4);
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name("gaffer-store-scan".into())
+            .spawn_scoped(scope, move || {
+                let mut batch = Vec::with_capacity(PIPELINE_BATCH);
+                let result = scan_serial::<Stopped>(path, start, is_last, |record, offset, end| {
+                    batch.push((record, offset, end));
+                    if batch.len() == PIPELINE_BATCH {
+                        let full =
+                            std::mem::replace(&mut batch, Vec::with_capacity(PIPELINE_BATCH));
+                        tx.send(full).map_err(|_| Stopped::ByCaller)?;
+                    }
+                    Ok(())
+                });
+                if !batch.is_empty() {
+                    let _ = tx.send(batch);
+                }
+                result
+            });
+        let parser = match spawned {
+            Ok(parser) => parser,
+            // No thread to be had: read on this one.
+            Err(_) => return scan_serial(path, start, is_last, &mut on),
+        };
+        let mut failed = None;
+        'batches: for batch in rx.iter() {
+            for (record, offset, end) in batch {
+                if let Err(e) = on(record, offset, end) {
+                    failed = Some(e);
+                    break 'batches;
+                }
+            }
+        }
+        // Dropping the receiver unblocks a parser waiting to send.
+        drop(rx);
+        let parsed = match parser.join() {
+            Ok(parsed) => parsed,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        match parsed {
+            Ok(end) => Ok(end),
+            Err(Stopped::Store(e)) => Err(E::from(e)),
+            // The parser stops early only once `on` failed, which returned above.
+            Err(Stopped::ByCaller) => Err(E::from(StoreError::Io {
+                path: path.to_path_buf(),
+                source: io::Error::other("segment scan stopped early"),
+            })),
+        }
+    })
+}
+
+/// Why the parsing thread of a pipelined scan stopped.
+enum Stopped {
+    Store(StoreError),
+    ByCaller,
+}
+
+impl From<StoreError> for Stopped {
+    fn from(e: StoreError) -> Self {
+        Stopped::Store(e)
+    }
+}
+
+fn scan_serial<E: From<StoreError>>(
     path: &Path,
     start: u64,
     is_last: bool,

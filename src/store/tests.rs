@@ -786,3 +786,48 @@ fn transactions_reuse_the_lock_and_release_it_on_drop() {
     ));
     other.try_lock().unwrap();
 }
+
+/// Large reads run the parser on a helper thread; a failing callback must still stop the read
+/// at the right record and leave the cursor right after the last accepted one.
+#[test]
+fn callback_error_during_a_large_replay_stops_at_that_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut store = Store::open(tmp.path()).unwrap();
+    let n = 30_000u64;
+    let mut txn = store.begin().unwrap();
+    txn.append(&(1..=n).map(rec).collect::<Vec<_>>()).unwrap();
+    drop(txn);
+    assert!(
+        fs::metadata(tmp.path().join("journal/000001.log"))
+            .unwrap()
+            .len()
+            > 2 << 20
+    );
+    #[derive(Debug, PartialEq)]
+    enum Fold {
+        Stop,
+        Store(String),
+    }
+    impl From<StoreError> for Fold {
+        fn from(e: StoreError) -> Self {
+            Fold::Store(e.to_string())
+        }
+    }
+    let mut reopened = Store::open(tmp.path()).unwrap();
+    let mut seen = 0u64;
+    let err = reopened.replay(0, |r| {
+        if r.seq == 12_345 {
+            return Err(Fold::Stop);
+        }
+        seen += 1;
+        assert_eq!(r.seq, seen);
+        Ok(())
+    });
+    assert_eq!(err, Err(Fold::Stop));
+    assert_eq!(seen, 12_344);
+    assert_eq!(reopened.last_seq(), 12_344);
+    let rest = reopened.poll().unwrap();
+    assert_eq!(rest.len() as u64, n - 12_344);
+    assert_eq!(rest.first().map(|r| r.seq), Some(12_345));
+    assert_eq!(reopened.last_seq(), n);
+}
