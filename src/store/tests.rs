@@ -831,3 +831,28 @@ fn callback_error_during_a_large_replay_stops_at_that_record() {
     assert_eq!(rest.first().map(|r| r.seq), Some(12_345));
     assert_eq!(reopened.last_seq(), n);
 }
+
+#[test]
+fn store_types_cross_threads() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send::<Store>();
+    send_sync::<StoreError>();
+    send_sync::<Record>();
+    send_sync::<Snapshot>();
+}
+
+#[test]
+fn nested_layout_is_created_level_by_level() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("a/b/.gaffer");
+    let store = Store::open(&dir).unwrap();
+    let hex = store.put_blob(b"x").unwrap();
+    assert!(
+        dir.join("blobs/sha256")
+            .join(&hex[..2])
+            .join(&hex)
+            .is_file()
+    );
+    assert!(!durable::ensure_dir(&dir).unwrap());
+}
