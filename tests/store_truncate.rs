@@ -228,3 +228,72 @@ fn damage_in_an_earlier_segment_is_corruption_even_at_its_end() {
     );
     assert!(!verify(dir).unwrap().ok);
 }
+
+#[test]
+fn every_truncation_of_the_segment_after_a_snapshot_keeps_snapshot_and_prefix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let mut store = Store::open(&src).unwrap();
+    let mut txn = store.begin().unwrap();
+    txn.append(&[rec(1), rec(2), rec(3)]).unwrap();
+    txn.write_snapshot(&gaffer::store::Snapshot {
+        seq: 3,
+        state: json!({"folded": 3}),
+    })
+    .unwrap();
+    drop(txn);
+    let second = src.join("journal/000002.log");
+    let mut ends = vec![fs::metadata(&second).unwrap().len()];
+    for seq in 4..=7 {
+        let mut txn = store.begin().unwrap();
+        txn.append(&[rec(seq)]).unwrap();
+        drop(txn);
+        ends.push(fs::metadata(&second).unwrap().len());
+    }
+    let full = fs::read(&second).unwrap();
+    let first = fs::read(src.join("journal/000001.log")).unwrap();
+    let snapshot = fs::read(src.join("snapshot.json")).unwrap();
+
+    let dst = tmp.path().join("cut");
+    for cut in 0..=full.len() {
+        if dst.exists() {
+            fs::remove_dir_all(&dst).unwrap();
+        }
+        fs::create_dir_all(dst.join("journal")).unwrap();
+        fs::write(dst.join("snapshot.json"), &snapshot).unwrap();
+        fs::write(dst.join("journal/000001.log"), &first).unwrap();
+        fs::write(dst.join("journal/000002.log"), &full[..cut]).unwrap();
+        let whole = ends[1..].iter().filter(|e| **e <= cut as u64).count() as u64;
+
+        let mut store = Store::open(&dst).unwrap();
+        let snap = store.snapshot().unwrap().expect("snapshot survives");
+        assert_eq!((snap.seq, snap.state), (3, json!({"folded": 3})));
+        let mut later = vec![];
+        let last = store
+            .replay(3, |r| {
+                later.push(r.seq);
+                Ok::<(), StoreError>(())
+            })
+            .unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+        assert_eq!(later, (4..4 + whole).collect::<Vec<_>>(), "cut {cut}");
+        assert_eq!(last, 3 + whole);
+        let mut audit = vec![];
+        store
+            .read_all(0, |r| {
+                audit.push(r.seq);
+                Ok::<(), StoreError>(())
+            })
+            .unwrap();
+        assert_eq!(audit, (1..=3 + whole).collect::<Vec<_>>(), "cut {cut}");
+
+        let mut txn = store.begin().unwrap();
+        assert_eq!(txn.next_seq(), 4 + whole);
+        txn.append(&[rec(4 + whole)]).unwrap();
+        drop(txn);
+        assert_eq!(
+            replay_seqs(&dst).unwrap(),
+            (1..=4 + whole).collect::<Vec<_>>(),
+            "cut {cut}"
+        );
+    }
+}
