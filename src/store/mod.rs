@@ -261,6 +261,24 @@ impl Store {
     /// torn tail left by a crashed writer. Blocks while another writer holds the lock.
     pub fn begin(&mut self) -> Result<WriteTxn<'_>, StoreError> {
         let lock_path = self.dir.join("lock");
+        match self.begin_locking(true)? {
+            Some(txn) => Ok(txn),
+            // A blocking lock either succeeds or fails; it never reports "busy".
+            None => Err(StoreError::Io {
+                path: lock_path,
+                source: std::io::Error::other("blocking lock returned without the lock"),
+            }),
+        }
+    }
+
+    /// Like [`begin`](Self::begin) but returns `Ok(None)` at once when another writer holds
+    /// the lock, for callers that must not block (a health check, a UI thread).
+    pub fn try_begin(&mut self) -> Result<Option<WriteTxn<'_>>, StoreError> {
+        self.begin_locking(false)
+    }
+
+    fn begin_locking(&mut self, block: bool) -> Result<Option<WriteTxn<'_>>, StoreError> {
+        let lock_path = self.dir.join("lock");
         if self.lock_file.is_none() {
             self.ensure_layout()?;
             let file = OpenOptions::new()
@@ -278,17 +296,30 @@ impl Store {
                 source: std::io::Error::other("lock file handle unavailable"),
             });
         };
-        lock.lock().map_err(StoreError::io(&lock_path))?;
+        if block {
+            lock.lock().map_err(StoreError::io(&lock_path))?;
+        } else {
+            match lock.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(StoreError::Io {
+                        path: lock_path,
+                        source,
+                    });
+                }
+            }
+        }
         if let Err(e) = self.catch_up_locked() {
             if let Some(lock) = self.lock_file.as_ref() {
                 let _ = lock.unlock();
             }
             return Err(e);
         }
-        Ok(WriteTxn {
+        Ok(Some(WriteTxn {
             store: self,
             poisoned: false,
-        })
+        }))
     }
 
     /// Under the lock: reads what others appended, cuts a torn tail, makes sure a segment

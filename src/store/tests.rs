@@ -771,7 +771,14 @@ fn transactions_reuse_the_lock_and_release_it_on_drop() {
     // While a holds the lock, another handle cannot take it.
     let other = File::open(tmp.path().join("lock")).unwrap();
     assert!(other.try_lock().is_err());
+    let mut b = Store::open(tmp.path()).unwrap();
+    assert!(b.try_begin().unwrap().is_none(), "try_begin does not wait");
     drop(txn);
+    {
+        let mut txn = b.try_begin().unwrap().expect("lock is free now");
+        assert_eq!(seqs(&txn.take_new().unwrap()), vec![1]);
+        assert!(other.try_lock().is_err());
+    }
     other.try_lock().unwrap();
     other.unlock().unwrap();
     // A failed catch-up releases the lock too.
