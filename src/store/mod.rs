@@ -17,10 +17,20 @@
 //! Header: the magic bytes `GAFFERJ\n`, the format version as u32 little-endian, and four
 //! reserved zero bytes. A reader refuses a segment whose version it does not know.
 //!
-//! **Record** = body length (u32 LE) + crc32 of the body (u32 LE, `crc32fast`) + body.
+//! **Record frame** = length word (u32 LE) + crc32 (u32 LE, `crc32fast`) + body.
 //! The body is the compact JSON of [`Record`] (`{"seq":..,"time_ms":..,"kind":..,"payload":..}`,
-//! `seq` always first), at most 64 MiB. Sequence numbers start at 1 and are contiguous across
-//! all segments; readers check this.
+//! `seq` always first), at most 64 MiB. The length word holds the body length in its low 30
+//! bits (values over 64 MiB are invalid) and two batch flags: bit 31 marks the first record of
+//! an `append` batch, bit 30 its last (a batch of one has both). The crc covers the length
+//! word's four bytes followed by the body, so a damaged flag is caught like a damaged body.
+//! Sequence numbers start at 1 and are contiguous across all segments; readers check this.
+//!
+//! **Batches are atomic.** Readers deliver a batch's records only once its last record has
+//! been read, so a poller never sees half an append and a crash never leaves half of one.
+//! Because a writer starts a batch only after the previous one is durable, only the last batch
+//! of the last segment can be torn: damage followed by nothing, or only by later records of the
+//! same batch (pages of an unacknowledged write can persist out of order), is a torn tail cut
+//! back to the batch's start; damage followed by a record starting a new batch is corruption.
 //!
 //! **Snapshot** = `{"format":1,"seq":N,"journal_from":K,"state_sha256":..,"state":..}`:
 //! state folded through seq N, whose later records start in segment K. It is replaced
@@ -584,7 +594,8 @@ impl WriteTxn<'_> {
 
     /// Appends `records`, whose seqs must run contiguously from [`next_seq`](Self::next_seq)
     /// (otherwise nothing is written), in one write followed by one `fdatasync`; returns only
-    /// once they are durable. A failed write is truncated away before the error is returned.
+    /// once they are durable. The batch is atomic: readers see all of it or none, also after
+    /// a crash. A failed write is truncated away before the error is returned.
     pub fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
         let path = segment::segment_path(&self.store.journal, self.store.cursor.segment);
         if self.poisoned {
@@ -605,9 +616,7 @@ impl WriteTxn<'_> {
             }
         }
         let mut buf = Vec::with_capacity(records.len() * 256);
-        for record in records {
-            codec::encode_into(record, &mut buf)?;
-        }
+        codec::encode_batch_into(records, &mut buf)?;
         let offset = self.store.cursor.offset;
         let Some((_, file)) = self.store.writer.as_mut() else {
             return Err(StoreError::Poisoned { segment: path });
