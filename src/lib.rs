@@ -8,9 +8,12 @@
 //! - [`methods`] binds the domains to the router: one typed handler per method.
 
 pub mod bundles;
+pub mod cli;
 pub mod methods;
 pub mod operations;
+pub mod operator;
 pub mod patterns;
+pub mod peers;
 pub mod rpc;
 pub mod store;
 pub mod util;

@@ -1,1 +1,252 @@
-//! The method table: binds each domain to the router.
+//! The method table: binds each domain to the router, and the host the session talks to.
+
+pub mod approvals;
+pub mod bundles;
+pub mod operations;
+pub mod patterns;
+pub mod schema;
+pub mod status;
+pub mod workers;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use crate::rpc::session::{Host, Push};
+use crate::rpc::{AppCode, CallCtx, ClientInfo, Profile, Role, Router, RpcError};
+use crate::workspace::{Audience, Notice, Workspace, WorkspaceError};
+
+/// Settings from the command line.
+#[derive(Clone, Debug, Default)]
+pub struct AppConfig {
+    /// `--workspace`: wins over the LSP root and the current directory.
+    pub workspace: Option<PathBuf>,
+    /// `--patterns-policy`: a selection policy file instead of `.gaffer/patterns.yaml`.
+    pub patterns_policy: Option<PathBuf>,
+}
+
+/// Everything a handler can reach: the workspace and the domain runtimes of this process.
+pub struct App {
+    pub workspace: Arc<Workspace>,
+    pub config: AppConfig,
+    /// Identity of this gaffer process, for presence and ownership.
+    pub instance: crate::peers::Instance,
+    /// The workers whose OS processes this gaffer process owns.
+    pub workers: Arc<crate::workers::WorkerRuntime>,
+    /// Operations: submit, approvals, execute-once dispatch (started by `Host::attach`).
+    pub operations: Arc<crate::operations::engine::OperationRuntime>,
+}
+
+impl App {
+    /// Opens the workspace at `root` and starts this process's domain runtimes.
+    pub fn open(root: &Path, config: AppConfig) -> Result<Arc<App>, WorkspaceError> {
+        let workspace = Workspace::open(root)?;
+        let instance = crate::peers::Instance::register(&workspace.gaffer_dir());
+        let workers = crate::workers::WorkerRuntime::new(Arc::clone(&workspace));
+        workers.start();
+        let operations = crate::operations::open_runtime(
+            Arc::clone(&workspace),
+            &instance.me,
+            Default::default(),
+        )
+        .map_err(WorkspaceError::Unavailable)?;
+        Ok(Arc::new(App {
+            workspace,
+            config,
+            instance,
+            workers,
+            operations,
+        }))
+    }
+}
+
+/// Maps a workspace failure to a reply; the detail goes to the log only.
+pub fn store_error(context: &str, e: &WorkspaceError) -> RpcError {
+    tracing::error!(error = %e, context, "store failure");
+    RpcError::app(
+        AppCode::Store,
+        "store_unavailable",
+        format!("the workspace store failed while {context}; see the server log"),
+    )
+}
+
+/// Builds the full method table.
+pub fn router() -> Router<App> {
+    let mut r = Router::new();
+    status::register(&mut r);
+    patterns::register(&mut r);
+    bundles::register(&mut r);
+    workers::register(&mut r);
+    operations::register(&mut r);
+    approvals::register(&mut r);
+    r
+}
+
+/// Decodes `params` as the params of every method (nothing runs); returns the refusals.
+pub fn decode_all_params(params: &Value) -> Vec<RpcError> {
+    router()
+        .methods()
+        .filter_map(|m| m.check_params(params.clone()).err())
+        .collect()
+}
+
+/// Runs one method in process, as the CLI does: the same handlers, no transport.
+pub async fn call_local(
+    app: Arc<App>,
+    role: Role,
+    method: &str,
+    params: Value,
+) -> Result<Value, RpcError> {
+    let ctx = CallCtx::local(ClientInfo {
+        id: "cli".into(),
+        role,
+        profile: Profile::Raw,
+    });
+    router().call(app, ctx, method, params).await
+}
+
+/// The host the session talks to: opens the workspace when the client says which one.
+pub struct Server {
+    pub config: AppConfig,
+}
+
+impl Server {
+    /// `--workspace`, else the LSP root (`rootUri`, first `workspaceFolders` entry, `rootPath`),
+    /// else the current directory.
+    pub fn choose_root(&self, init: Option<&Value>) -> Result<PathBuf, RpcError> {
+        if let Some(ws) = &self.config.workspace {
+            return Ok(ws.clone());
+        }
+        if let Some(init) = init {
+            let from_folders = init
+                .get("workspaceFolders")
+                .and_then(Value::as_array)
+                .and_then(|a| a.first())
+                .and_then(|f| f.get("uri"))
+                .and_then(Value::as_str);
+            let uri = init.get("rootUri").and_then(Value::as_str).or(from_folders);
+            if let Some(uri) = uri {
+                return file_uri_to_path(uri).ok_or_else(|| {
+                    RpcError::invalid_params("rootUri", format!("{uri:?} is not a file:// URI"))
+                });
+            }
+            if let Some(p) = init.get("rootPath").and_then(Value::as_str) {
+                return Ok(PathBuf::from(p));
+            }
+        }
+        std::env::current_dir().map_err(|e| {
+            tracing::error!(error = %e, "no current directory");
+            RpcError::internal("finding the current directory")
+        })
+    }
+}
+
+/// `file:///a%20b` → `/a b`. Only local file URIs are accepted.
+pub fn file_uri_to_path(uri: &str) -> Option<PathBuf> {
+    let rest = uri.strip_prefix("file://")?;
+    let rest = rest.strip_prefix("localhost").unwrap_or(rest);
+    if !rest.starts_with('/') {
+        return None;
+    }
+    let bytes = rest.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(PathBuf::from(String::from_utf8(out).ok()?))
+}
+
+impl Host for Server {
+    type State = App;
+    type Notice = Notice;
+
+    fn attach(&self, init: Option<&Value>) -> Result<Arc<App>, RpcError> {
+        let root = self.choose_root(init)?;
+        let app = App::open(&root, self.config.clone()).map_err(|e| match e {
+            WorkspaceError::NotADirectory { .. } => RpcError::invalid_params(
+                "rootUri",
+                format!("workspace {} is not a directory", root.display()),
+            ),
+            other => store_error("opening the workspace", &other),
+        })?;
+        // A serving process recovers interrupted operations and executes approved ones.
+        crate::operations::start_runtime(&app.operations);
+        Ok(app)
+    }
+
+    fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError> {
+        let opts = init.get("initializationOptions").unwrap_or(init);
+        match opts.get("role").and_then(Value::as_str) {
+            None | Some("agent") => Ok(Role::Agent),
+            Some("operator") => {
+                if profile == Profile::Mcp {
+                    return Err(RpcError::app(
+                        AppCode::Forbidden,
+                        "operator_not_on_mcp",
+                        "the MCP surface never carries operator connections",
+                    ));
+                }
+                let key = opts
+                    .get("operatorKey")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                crate::operator::authenticate(key).map(|()| Role::Operator)
+            }
+            Some(other) => Err(RpcError::invalid_params(
+                "initializationOptions.role",
+                format!("unknown role {other:?}; expected \"agent\" or \"operator\""),
+            )),
+        }
+    }
+
+    fn subscribe(&self, state: &App) -> broadcast::Receiver<Notice> {
+        state.workspace.subscribe()
+    }
+
+    fn push(n: Notice) -> Push {
+        Push {
+            method: n.method,
+            params: n.params,
+            operators_only: n.audience == Audience::Operators,
+        }
+    }
+
+    fn server_info(&self) -> (&'static str, &'static str) {
+        ("gaffer", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn instructions(&self) -> &'static str {
+        "gaffer plans worker lanes for a task, pins config bundles, runs workers, and gates \
+         side-effecting operations behind policy and human approval. Operations you submit may \
+         wait for an operator; poll or wait on them rather than resubmitting."
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_uris_decode() {
+        assert_eq!(
+            file_uri_to_path("file:///tmp/a%20b"),
+            Some(PathBuf::from("/tmp/a b"))
+        );
+        assert_eq!(
+            file_uri_to_path("file://localhost/x"),
+            Some(PathBuf::from("/x"))
+        );
+        assert_eq!(file_uri_to_path("http://x/y"), None);
+        assert_eq!(file_uri_to_path("file://server/share"), None);
+    }
+}

@@ -1,1 +1,69 @@
-//! operations (being built).
+//! Operations: side effects an agent asks for, gated by workspace policy and human approval,
+//! executed at most once through a provider adapter and reconciled when the outcome is unknown.
+//!
+//! - [`canonical`]: strict JSON parsing, RFC 8785 text, token-exact comparison.
+//! - [`lifecycle`]: the eight states, allowed transitions, stable error codes.
+//! - [`policy`]: `.gaffer/policy.yaml` rules and the decision order.
+//! - [`plan`]: the immutable, digest-identified plan an approval is bound to.
+//! - [`operator`]: the operator key (outside the workspace) and decision signatures.
+//! - [`adapter`]: the provider contract and the catalog-checked registry.
+//! - [`adapters`]: built-in providers (workspace files, commands) and external ones.
+//! - [`state`]: the journal fold of operations and approvals.
+
+pub mod adapter;
+pub mod adapters;
+pub mod canonical;
+pub mod engine;
+pub mod lifecycle;
+pub mod operator;
+pub mod plan;
+pub mod policy;
+pub mod state;
+pub mod views;
+
+pub use operator::authenticate_operator;
+pub use state::OperationState;
+
+use std::sync::Arc;
+
+/// Builds this process's operation runtime on `ws`: built-in providers plus every external
+/// provider declared in `.gaffer/providers.yaml`, checked against their catalogs.
+pub fn open_runtime(
+    ws: Arc<crate::workspace::Workspace>,
+    me: &crate::peers::Peer,
+    config: engine::RuntimeConfig,
+) -> Result<Arc<engine::OperationRuntime>, String> {
+    let mut catalogs = vec![adapters::workspace::catalog(), adapters::command::catalog()];
+    let mut all = adapters::workspace::adapters();
+    all.extend(adapters::command::adapters());
+    let (ext_catalogs, ext_adapters) = adapters::external::load(&ws.gaffer_dir(), ws.root())?;
+    catalogs.extend(ext_catalogs);
+    all.extend(ext_adapters);
+    let registry = adapter::Registry::new(&catalogs, all).map_err(|e| e.to_string())?;
+    Ok(engine::OperationRuntime::new(
+        ws,
+        registry,
+        config,
+        engine::executor_id(me.pid, me.started_ms),
+    ))
+}
+
+/// Starts recovery and the background loop (needs a tokio runtime).
+pub fn start_runtime(rt: &Arc<engine::OperationRuntime>) {
+    let peers_dir = rt.workspace().gaffer_dir().join("peers");
+    rt.start(move || live_executors(&peers_dir));
+}
+
+/// Executor ids of gaffer processes on the workspace that are still running.
+pub fn live_executors(peers_dir: &std::path::Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(peers_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|b| serde_json::from_slice::<crate::peers::Peer>(&b).ok())
+        .filter(|p| crate::peers::alive(p.pid))
+        .map(|p| engine::executor_id(p.pid, p.started_ms))
+        .collect()
+}

@@ -1,0 +1,113 @@
+//! `gaffer store verify|log|compact`.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use crate::store::{self, Record, Store, StoreError};
+use crate::workspace::Workspace;
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCmd {
+    /// Check every segment, record checksum, sequence, snapshot and blob (read-only).
+    Verify,
+    /// Print the audit journal as JSON lines.
+    Log {
+        /// Only records whose kind equals this or starts with `KIND.`.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only records after this sequence number.
+        #[arg(long, default_value_t = 0)]
+        after_seq: u64,
+        /// Stop after this many records.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Write a snapshot now and start a new journal segment.
+    Compact,
+}
+
+pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
+    let dir = root.join(".gaffer");
+    match cmd {
+        StoreCmd::Verify => match store::verify(&dir) {
+            Ok(report) => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+                if report.ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("gaffer: store verify: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        StoreCmd::Log {
+            kind,
+            after_seq,
+            limit,
+        } => {
+            let store = match Store::open(&dir) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("gaffer: store log: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let mut printed = 0usize;
+            let limit = limit.unwrap_or(usize::MAX);
+            let result = store.read_all(after_seq, |rec: Record| -> Result<(), StoreError> {
+                if printed >= limit {
+                    return Ok(());
+                }
+                if let Some(k) = &kind
+                    && !(rec.kind == *k || rec.kind.starts_with(&format!("{k}.")))
+                {
+                    return Ok(());
+                }
+                printed += 1;
+                let line = serde_json::to_string(&rec).unwrap_or_default();
+                writeln!(out, "{line}").map_err(|e| StoreError::Io {
+                    path: "stdout".into(),
+                    source: e,
+                })
+            });
+            let _ = out.flush();
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("gaffer: store log: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        StoreCmd::Compact => {
+            let ws = match Workspace::open(root) {
+                Ok(ws) => ws,
+                Err(e) => {
+                    eprintln!("gaffer: store compact: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match ws.compact().await {
+                Ok(seq) => {
+                    println!("{}", serde_json::json!({"snapshot_seq": seq}));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("gaffer: store compact: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! `operations/*`: submit, get, list, wait, cancel and catalog, for agents and operators.
+
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::App;
+use crate::operations::adapter::Descriptor;
+use crate::operations::engine::{ErrorKind, ListFilter, OpError, SubmitInput};
+use crate::operations::lifecycle::OpState;
+use crate::operations::views::OperationView;
+use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Role, Router, RpcError};
+
+/// Maps a domain refusal to a reply with a stable `data.code`.
+pub fn rpc_error(e: OpError) -> RpcError {
+    let mut r = match e.kind {
+        ErrorKind::Invalid => RpcError::invalid_params(e.field.as_deref().unwrap_or(""), e.message),
+        ErrorKind::NotFound => RpcError::app(AppCode::NotFound, &e.code, e.message),
+        ErrorKind::Conflict => RpcError::app(AppCode::Conflict, &e.code, e.message),
+        ErrorKind::Forbidden => RpcError::app(AppCode::Forbidden, &e.code, e.message),
+        ErrorKind::Unavailable => RpcError::app(AppCode::Unavailable, &e.code, e.message),
+        ErrorKind::Store => RpcError::app(AppCode::Store, &e.code, e.message),
+    };
+    r = r.with_data("code", e.code.as_str());
+    if let Some(f) = e.field {
+        r = r.with_data("field", f);
+    }
+    r
+}
+
+/// Agents see their own operations; operators see everyone's.
+fn scope(ctx: &CallCtx) -> Option<&str> {
+    match ctx.client.role {
+        Role::Operator => None,
+        Role::Agent => Some(ctx.client.id.as_str()),
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitParams {
+    /// Catalog operation name, e.g. `file.write`.
+    pub operation: String,
+    /// JSON object naming what the operation acts on (see `operations/catalog`).
+    #[schemars(with = "serde_json::Map<String, Value>")]
+    pub target: Box<serde_json::value::RawValue>,
+    /// JSON object with the operation's arguments.
+    #[schemars(with = "serde_json::Map<String, Value>")]
+    pub arguments: Box<serde_json::value::RawValue>,
+    /// Why the agent wants this (shown to the operator).
+    pub reason: String,
+    /// Replaying the same key with the same request returns the same operation.
+    pub idempotency_key: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SubmitResult {
+    #[serde(flatten)]
+    pub operation: OperationView,
+    /// False when this was a replay of an earlier submission.
+    pub created: bool,
+    /// Seconds to wait before polling again (absent once terminal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdParams {
+    pub id: String,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Only these states.
+    #[serde(default)]
+    pub states: Vec<OpState>,
+    /// Only this operation name.
+    #[serde(default)]
+    pub operation: Option<String>,
+    /// At most this many (default 100, max 1000), newest first.
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListResult {
+    pub operations: Vec<OperationView>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitParams {
+    pub id: String,
+    /// Return as soon as the revision is greater than this (default 0).
+    #[serde(default)]
+    pub after_revision: u64,
+    /// Longest wait in seconds, 0..=30 (default 30).
+    #[serde(default)]
+    pub wait_seconds: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogParams {}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CatalogResult {
+    pub operations: Vec<Descriptor>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ChangedNotice {
+    pub id: String,
+    pub client_id: String,
+    pub operation: String,
+    pub state: OpState,
+    pub revision: u64,
+}
+
+pub fn register(r: &mut Router<App>) {
+    r.add(
+        MethodDef {
+            name: "operations/submit",
+            doc: "Submit a side-effecting operation. Policy decides: run now, wait for an operator, or deny. Idempotent per (client, idempotency_key).",
+            access: Access::Write,
+            audience: Audience::Anyone,
+            mcp_tool: Some("submit_operation"),
+        },
+        |app: Arc<App>, ctx: CallCtx, p: SubmitParams| async move {
+            let (op, created) = app
+                .operations
+                .submit(
+                    &ctx.client.id,
+                    SubmitInput {
+                        operation: p.operation,
+                        target: p.target,
+                        arguments: p.arguments,
+                        reason: p.reason,
+                        idempotency_key: p.idempotency_key,
+                    },
+                )
+                .await
+                .map_err(rpc_error)?;
+            let retry = (!op.state.is_terminal()).then_some(2);
+            Ok(SubmitResult {
+                operation: op,
+                created,
+                retry_after_seconds: retry,
+            })
+        },
+    );
+    r.add(
+        MethodDef {
+            name: "operations/get",
+            doc: "One operation by id (agents see only their own).",
+            access: Access::Read,
+            audience: Audience::Anyone,
+            mcp_tool: Some("get_operation"),
+        },
+        |app: Arc<App>, ctx: CallCtx, p: IdParams| async move {
+            app.operations.get(scope(&ctx), &p.id).map_err(rpc_error)
+        },
+    );
+    r.add(
+        MethodDef {
+            name: "operations/list",
+            doc: "Operations, newest first, filtered by state and operation name.",
+            access: Access::Read,
+            audience: Audience::Anyone,
+            mcp_tool: Some("list_operations"),
+        },
+        |app: Arc<App>, ctx: CallCtx, p: ListParams| async move {
+            Ok::<_, RpcError>(ListResult {
+                operations: app.operations.list(
+                    scope(&ctx),
+                    &ListFilter {
+                        states: p.states,
+                        operation: p.operation,
+                        limit: p.limit,
+                    },
+                ),
+            })
+        },
+    );
+    r.add(
+        MethodDef {
+            name: "operations/wait",
+            doc: "Long-poll: returns when the operation's revision passes after_revision or it is terminal, else after wait_seconds (<= 30).",
+            access: Access::Read,
+            audience: Audience::Anyone,
+            mcp_tool: Some("wait_operation"),
+        },
+        |app: Arc<App>, ctx: CallCtx, p: WaitParams| async move {
+            let wait = p.wait_seconds.unwrap_or(30);
+            let ops = Arc::clone(&app.operations);
+            tokio::select! {
+                r = ops.wait(scope(&ctx), &p.id, p.after_revision, wait) => r.map_err(rpc_error),
+                _ = ctx.cancel.cancelled() => Err(RpcError::cancelled()),
+            }
+        },
+    );
+    r.add(
+        MethodDef {
+            name: "operations/cancel",
+            doc: "Cancel a pending or approved operation (its approval is canceled or revoked). Executing operations cannot be canceled.",
+            access: Access::Write,
+            audience: Audience::Anyone,
+            mcp_tool: Some("cancel_operation"),
+        },
+        |app: Arc<App>, ctx: CallCtx, p: IdParams| async move {
+            app.operations.cancel(scope(&ctx), &p.id).await.map_err(rpc_error)
+        },
+    );
+    r.add(
+        MethodDef {
+            name: "operations/catalog",
+            doc: "Every operation the providers offer, with JSON Schemas of target and arguments.",
+            access: Access::Read,
+            audience: Audience::Anyone,
+            mcp_tool: None,
+        },
+        |app: Arc<App>, _ctx: CallCtx, _p: CatalogParams| async move {
+            Ok::<_, RpcError>(CatalogResult {
+                operations: app.operations.registry().descriptors().cloned().collect(),
+            })
+        },
+    );
+    r.notification::<ChangedNotice>(
+        "operations/changed",
+        "An operation changed state (sent to every client of every gaffer process on the workspace).",
+    );
+}

@@ -1,0 +1,40 @@
+//! Helpers shared by the built-in adapters.
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::super::adapter::AdapterError;
+
+/// Decodes `v` into a closed (deny_unknown_fields) type, naming the offending field.
+pub fn decode_closed<T: DeserializeOwned>(root: &str, v: &Value) -> Result<T, AdapterError> {
+    if !v.is_object() {
+        return Err(AdapterError::input(
+            Some(root),
+            format!("{root} must be a JSON object"),
+        ));
+    }
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            root.to_string()
+        } else {
+            format!("{root}.{path}")
+        };
+        let msg = e.into_inner().to_string();
+        AdapterError::input(Some(&field), msg)
+    })
+}
+
+/// JSON Schema of a closed input type, for the catalog.
+pub fn schema_of<T: JsonSchema>() -> Value {
+    serde_json::to_value(schemars::schema_for!(T)).unwrap_or(Value::Null)
+}
+
+pub fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+pub fn ready<'a, T: Send + 'a>(v: T) -> super::super::adapter::BoxFuture<'a, T> {
+    Box::pin(async move { v })
+}

@@ -1,0 +1,474 @@
+//! External providers: any executable declared in `.gaffer/providers.yaml` that speaks
+//! JSON-RPC 2.0 (one JSON object per line) on stdin/stdout. gaffer asks it to `describe` its
+//! catalog at start, then forwards `decode`, `resolve`, `authorize`, `present`, `execute` and
+//! `reconcile` for each of its operations. Adding a provider needs no recompilation.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::super::adapter::{
+    Adapter, AdapterCtx, AdapterError, BoxFuture, Catalog, Decoded, Descriptor, ExecError,
+    FailureKind, Outcome, Presentation, Resolved,
+};
+use super::super::lifecycle::codes;
+use super::super::policy::Classification;
+
+pub const PROVIDERS_FILE: &str = "providers.yaml";
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const EXECUTE_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProvidersFile {
+    #[serde(default)]
+    providers: Vec<ProviderDecl>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderDecl {
+    name: String,
+    /// argv; a relative program path is taken from the workspace root.
+    command: Vec<String>,
+    /// When set, the sha256 of the RFC 8785 text of the described catalog must match
+    /// (catalog drift is refused at start).
+    #[serde(default)]
+    catalog_sha256: Option<String>,
+}
+
+/// One provider process, started on demand and restarted after it dies. Calls to one
+/// provider are serialised.
+struct Conn {
+    argv: Vec<String>,
+    cwd: PathBuf,
+    io: tokio::sync::Mutex<Option<Proc>>,
+}
+
+struct Proc {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: BufReader<tokio::process::ChildStdout>,
+    next_id: u64,
+}
+
+#[derive(Debug)]
+enum CallError {
+    /// The provider answered with a JSON-RPC error.
+    Provider {
+        code: String,
+        message: String,
+        kind: Option<FailureKind>,
+    },
+    /// The pipe broke or timed out: nothing is known.
+    Transport(String),
+}
+
+impl Conn {
+    async fn spawn(&self) -> Result<Proc, CallError> {
+        let mut cmd = tokio::process::Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .current_dir(&self.cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| CallError::Transport(format!("cannot start provider: {e}")))?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| CallError::Transport("no stdin".into()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| CallError::Transport("no stdout".into()))?;
+        Ok(Proc {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+            next_id: 1,
+        })
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, CallError> {
+        let mut guard = self.io.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.spawn().await?);
+        }
+        let Some(p) = guard.as_mut() else {
+            return Err(CallError::Transport("provider not running".into()));
+        };
+        let id = p.next_id;
+        p.next_id += 1;
+        let mut line = serde_json::to_string(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .map_err(|e| CallError::Transport(e.to_string()))?;
+        line.push('\n');
+        let exchange = async {
+            p.stdin.write_all(line.as_bytes()).await?;
+            p.stdin.flush().await?;
+            loop {
+                let mut buf = String::new();
+                if p.stdout.read_line(&mut buf).await? == 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "provider closed its output",
+                    ));
+                }
+                let Ok(v) = serde_json::from_str::<Value>(&buf) else {
+                    continue;
+                };
+                if v.get("id").and_then(Value::as_u64) == Some(id) {
+                    return Ok(v);
+                }
+            }
+        };
+        let reply = match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                let _ = p.child.start_kill();
+                *guard = None;
+                return Err(CallError::Transport(e.to_string()));
+            }
+            Err(_) => {
+                let _ = p.child.start_kill();
+                *guard = None;
+                return Err(CallError::Transport("provider timed out".into()));
+            }
+        };
+        if let Some(err) = reply.get("error") {
+            let data = err.get("data");
+            let code = data
+                .and_then(|d| d.get("code"))
+                .and_then(Value::as_str)
+                .unwrap_or("provider_error")
+                .to_string();
+            let kind = match data.and_then(|d| d.get("kind")).and_then(Value::as_str) {
+                Some("not_started") => Some(FailureKind::NotStarted),
+                Some("definitive") => Some(FailureKind::Definitive),
+                Some("possibly_partial") => Some(FailureKind::PossiblyPartial),
+                _ => None,
+            };
+            let message = err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            return Err(CallError::Provider {
+                code,
+                message,
+                kind,
+            });
+        }
+        Ok(reply.get("result").cloned().unwrap_or(Value::Null))
+    }
+}
+
+pub struct ExternalAdapter {
+    desc: Descriptor,
+    conn: Arc<Conn>,
+}
+
+fn adapter_err(e: CallError) -> AdapterError {
+    match e {
+        CallError::Provider { code, message, .. } => {
+            let code = if code == "provider_error" {
+                codes::INPUT_INVALID.to_string()
+            } else {
+                code
+            };
+            AdapterError {
+                code,
+                message,
+                field: None,
+            }
+        }
+        CallError::Transport(m) => {
+            tracing::error!(error = %m, "external provider failed");
+            AdapterError::coded(codes::PROVIDER_UNAVAILABLE, "the provider is unavailable")
+        }
+    }
+}
+
+fn exec_err(e: CallError) -> ExecError {
+    match e {
+        CallError::Provider {
+            code,
+            message,
+            kind,
+        } => ExecError::new(kind.unwrap_or(FailureKind::Definitive), &code, message),
+        // A broken pipe mid-call says nothing about what happened upstream.
+        CallError::Transport(m) => {
+            tracing::error!(error = %m, "external provider failed during execution");
+            ExecError::new(
+                FailureKind::PossiblyPartial,
+                codes::UPSTREAM_UNKNOWN,
+                "the provider stopped answering",
+            )
+        }
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: Value, what: &str) -> Result<T, AdapterError> {
+    serde_json::from_value(v).map_err(|e| {
+        tracing::error!(error = %e, what, "external provider gave a malformed answer");
+        AdapterError::coded(
+            codes::PROVIDER_UNAVAILABLE,
+            format!("the provider gave a malformed {what}"),
+        )
+    })
+}
+
+impl ExternalAdapter {
+    fn op(&self) -> &str {
+        &self.desc.name
+    }
+}
+
+impl Adapter for ExternalAdapter {
+    fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+
+    fn decode<'a>(
+        &'a self,
+        target: &'a Value,
+        arguments: &'a Value,
+    ) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
+        Box::pin(async move {
+            let v = self
+                .conn
+                .call(
+                    "decode",
+                    json!({"operation": self.op(), "target": target, "arguments": arguments}),
+                    CALL_TIMEOUT,
+                )
+                .await
+                .map_err(adapter_err)?;
+            let d: Decoded = parse(v, "decode result")?;
+            if !d.target.is_object() || !d.arguments.is_object() {
+                return Err(AdapterError::coded(
+                    codes::PROVIDER_UNAVAILABLE,
+                    "the provider decoded to non-objects",
+                ));
+            }
+            Ok(d)
+        })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        input: Decoded,
+    ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
+        Box::pin(async move {
+            let v = self
+                .conn
+                .call(
+                    "resolve",
+                    json!({"operation": self.op(), "operation_id": ctx.operation_id, "client_id": ctx.client_id,
+                           "target": input.target, "arguments": input.arguments}),
+                    CALL_TIMEOUT,
+                )
+                .await
+                .map_err(adapter_err)?;
+            let pre = v.get("preconditions").cloned().unwrap_or(Value::Null);
+            Ok(Resolved {
+                target: input.target,
+                arguments: input.arguments,
+                preconditions: pre,
+            })
+        })
+    }
+
+    fn authorize<'a>(
+        &'a self,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Classification, AdapterError>> {
+        Box::pin(async move {
+            let v = self
+                .conn
+                .call(
+                    "authorize",
+                    json!({"operation": self.op(), "plan": plan}),
+                    CALL_TIMEOUT,
+                )
+                .await
+                .map_err(adapter_err)?;
+            parse(v, "classification")
+        })
+    }
+
+    fn present<'a>(
+        &'a self,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
+        Box::pin(async move {
+            let v = self
+                .conn
+                .call(
+                    "present",
+                    json!({"operation": self.op(), "plan": plan}),
+                    CALL_TIMEOUT,
+                )
+                .await
+                .map_err(adapter_err)?;
+            parse::<Presentation>(v, "presentation")?.bounded()
+        })
+    }
+
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async move {
+            let v = self
+                .conn
+                .call(
+                    "execute",
+                    json!({"operation": self.op(), "operation_id": ctx.operation_id, "plan": plan}),
+                    EXECUTE_TIMEOUT,
+                )
+                .await
+                .map_err(exec_err)?;
+            serde_json::from_value(v).map_err(|_| {
+                ExecError::new(
+                    FailureKind::PossiblyPartial,
+                    codes::UPSTREAM_UNKNOWN,
+                    "the provider gave a malformed outcome",
+                )
+            })
+        })
+    }
+
+    fn reconcile<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async move {
+            let v = self
+                .conn
+                .call(
+                    "reconcile",
+                    json!({"operation": self.op(), "operation_id": ctx.operation_id, "plan": plan}),
+                    CALL_TIMEOUT,
+                )
+                .await
+                .map_err(exec_err)?;
+            serde_json::from_value(v).map_err(|_| {
+                ExecError::new(
+                    FailureKind::PossiblyPartial,
+                    codes::UPSTREAM_UNKNOWN,
+                    "the provider gave a malformed outcome",
+                )
+            })
+        })
+    }
+}
+
+/// Reads `.gaffer/providers.yaml` (absent = no external providers), starts each provider and
+/// asks for its catalog. Blocking: called once at start.
+/// Catalogs and adapters of the declared external providers.
+pub type Loaded = (Vec<Catalog>, Vec<Arc<dyn Adapter>>);
+
+pub fn load(gaffer_dir: &Path, root: &Path) -> Result<Loaded, String> {
+    let file = gaffer_dir.join(PROVIDERS_FILE);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], vec![])),
+        Err(e) => return Err(format!("{}: {e}", file.display())),
+    };
+    let de = serde_yaml::Deserializer::from_str(&text);
+    let decl: ProvidersFile = serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner();
+        let line = inner
+            .location()
+            .map(|l| l.line().to_string())
+            .unwrap_or_else(|| "?".into());
+        format!("{}:{line}: {key}: {inner}", file.display())
+    })?;
+    let mut catalogs = vec![];
+    let mut adapters: Vec<Arc<dyn Adapter>> = vec![];
+    for p in decl.providers {
+        if p.command.is_empty() {
+            return Err(format!(
+                "{}: provider {} has an empty command",
+                file.display(),
+                p.name
+            ));
+        }
+        let mut argv = p.command.clone();
+        if argv[0].contains('/') && !Path::new(&argv[0]).is_absolute() {
+            argv[0] = root.join(&argv[0]).to_string_lossy().into_owned();
+        }
+        let conn = Arc::new(Conn {
+            argv,
+            cwd: root.to_path_buf(),
+            io: tokio::sync::Mutex::new(None),
+        });
+        let described =
+            describe_blocking(&conn).map_err(|e| format!("provider {}: {e:?}", p.name))?;
+        let ops = described.get("operations").cloned().unwrap_or(Value::Null);
+        if let Some(want) = &p.catalog_sha256 {
+            let got = crate::util::sha256_hex(super::super::canonical::jcs(&ops).as_bytes());
+            if &got != want {
+                return Err(format!(
+                    "provider {}: catalog drifted (sha256 {got}, expected {want})",
+                    p.name
+                ));
+            }
+        }
+        let descs: Vec<Descriptor> = serde_json::from_value(ops)
+            .map_err(|e| format!("provider {}: bad catalog: {e}", p.name))?;
+        for d in &descs {
+            if d.implemented {
+                adapters.push(Arc::new(ExternalAdapter {
+                    desc: d.clone(),
+                    conn: Arc::clone(&conn),
+                }));
+            }
+        }
+        catalogs.push(Catalog {
+            provider: p.name.clone(),
+            descriptors: descs,
+        });
+    }
+    Ok((catalogs, adapters))
+}
+
+fn describe_blocking(conn: &Arc<Conn>) -> Result<Value, CallError> {
+    // A private runtime on its own thread works whether or not the caller is inside one; the
+    // provider process is dropped afterwards and restarted lazily on the server's runtime.
+    let conn = Arc::clone(conn);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| CallError::Transport(e.to_string()))?;
+            rt.block_on(async move {
+                let r = conn.call("describe", json!({}), CALL_TIMEOUT).await;
+                *conn.io.lock().await = None;
+                r
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err(CallError::Transport("describe panicked".into())))
+    })
+}

@@ -1,0 +1,7 @@
+//! Built-in providers and the bridge to external provider executables.
+
+pub mod command;
+pub mod common;
+pub mod external;
+pub mod paths;
+pub mod workspace;

@@ -1,0 +1,551 @@
+//! JSON text handling that serde_json's `Value` cannot do on its own:
+//! a strict parser that keeps every number token exactly as written, RFC 8785 (JCS)
+//! canonical output for plan digests, and an "exact" form (canonical key order and string
+//! escaping, original number tokens) used to compare idempotent replays.
+//!
+//! The bundles domain has its own canonicalizer; the two should be merged later.
+
+use std::collections::BTreeMap;
+
+/// Nesting deeper than this is refused so hostile input cannot exhaust the stack.
+const MAX_DEPTH: usize = 128;
+
+/// A parsed JSON value that remembers number tokens verbatim.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Exact {
+    Null,
+    Bool(bool),
+    /// The number exactly as it appeared in the input (`1` and `1.0` differ).
+    Number(String),
+    String(String),
+    Array(Vec<Exact>),
+    /// Keys are kept in a `BTreeMap`; output order is decided by the serializer.
+    Object(BTreeMap<String, Exact>),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum JsonError {
+    #[error("invalid JSON at byte {offset}: {what}")]
+    Syntax { offset: usize, what: &'static str },
+    #[error("duplicate object key {key:?}")]
+    DuplicateKey { key: String },
+    #[error("JSON nesting deeper than {MAX_DEPTH}")]
+    TooDeep,
+    #[error("number {token} cannot be represented as an IEEE 754 double")]
+    NumberOutOfRange { token: String },
+    #[error("expected a JSON object")]
+    NotAnObject,
+}
+
+impl Exact {
+    /// Parses exactly one JSON value; trailing non-whitespace is an error.
+    pub fn parse(text: &str) -> Result<Exact, JsonError> {
+        let mut p = Parser {
+            bytes: text.as_bytes(),
+            text,
+            pos: 0,
+        };
+        p.skip_ws();
+        let value = p.value(0)?;
+        p.skip_ws();
+        if p.pos != p.bytes.len() {
+            return Err(p.err("trailing data after the value"));
+        }
+        Ok(value)
+    }
+
+    /// Parses text that must hold a JSON object.
+    pub fn parse_object(text: &str) -> Result<Exact, JsonError> {
+        let v = Exact::parse(text)?;
+        if matches!(v, Exact::Object(_)) {
+            Ok(v)
+        } else {
+            Err(JsonError::NotAnObject)
+        }
+    }
+
+    /// Converts a `serde_json::Value` (whose numbers are already normalised).
+    pub fn from_value(v: &serde_json::Value) -> Exact {
+        match v {
+            serde_json::Value::Null => Exact::Null,
+            serde_json::Value::Bool(b) => Exact::Bool(*b),
+            serde_json::Value::Number(n) => Exact::Number(n.to_string()),
+            serde_json::Value::String(s) => Exact::String(s.clone()),
+            serde_json::Value::Array(a) => Exact::Array(a.iter().map(Exact::from_value).collect()),
+            serde_json::Value::Object(o) => Exact::Object(
+                o.iter()
+                    .map(|(k, v)| (k.clone(), Exact::from_value(v)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Compact text with keys sorted by UTF-16 code units and number tokens untouched.
+    /// Two inputs have the same exact form iff they are equal ignoring whitespace and key
+    /// order, with numbers compared token by token.
+    pub fn exact_text(&self) -> String {
+        let mut out = String::new();
+        write_value(self, &mut out, NumberStyle::Verbatim).expect("verbatim never fails");
+        out
+    }
+
+    /// RFC 8785 canonical text.
+    pub fn jcs_text(&self) -> Result<String, JsonError> {
+        let mut out = String::new();
+        write_value(self, &mut out, NumberStyle::Jcs)?;
+        Ok(out)
+    }
+}
+
+/// RFC 8785 canonical text of a `serde_json::Value`.
+pub fn jcs(v: &serde_json::Value) -> String {
+    // serde_json numbers are finite f64/i64/u64, which always have an ES6 form.
+    Exact::from_value(v)
+        .jcs_text()
+        .unwrap_or_else(|_| String::from("null"))
+}
+
+/// Exact form of a raw JSON text that must be an object.
+pub fn exact_object_text(raw: &str) -> Result<String, JsonError> {
+    Ok(Exact::parse_object(raw)?.exact_text())
+}
+
+#[derive(Clone, Copy)]
+enum NumberStyle {
+    Verbatim,
+    Jcs,
+}
+
+fn write_value(v: &Exact, out: &mut String, style: NumberStyle) -> Result<(), JsonError> {
+    match v {
+        Exact::Null => out.push_str("null"),
+        Exact::Bool(true) => out.push_str("true"),
+        Exact::Bool(false) => out.push_str("false"),
+        Exact::Number(tok) => match style {
+            NumberStyle::Verbatim => out.push_str(tok),
+            NumberStyle::Jcs => out.push_str(&es6_number(tok)?),
+        },
+        Exact::String(s) => write_string(s, out),
+        Exact::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(item, out, style)?;
+            }
+            out.push(']');
+        }
+        Exact::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            // JCS orders by UTF-16 code units, which differs from UTF-8 byte order
+            // only for characters above U+FFFF versus U+E000..U+FFFF.
+            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(k, out);
+                out.push(':');
+                write_value(&map[k], out, style)?;
+            }
+            out.push('}');
+        }
+    }
+    Ok(())
+}
+
+fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Formats a JSON number token the way ECMAScript's `Number.prototype.toString` does,
+/// which is what RFC 8785 prescribes.
+fn es6_number(tok: &str) -> Result<String, JsonError> {
+    let f: f64 = tok.parse().map_err(|_| JsonError::NumberOutOfRange {
+        token: tok.to_string(),
+    })?;
+    if !f.is_finite() {
+        return Err(JsonError::NumberOutOfRange {
+            token: tok.to_string(),
+        });
+    }
+    if f == 0.0 {
+        return Ok("0".to_string());
+    }
+    let neg = f < 0.0;
+    // Rust's `{:e}` prints the shortest round-tripping digits, like ES6 does.
+    let sci = format!("{:e}", f.abs());
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let k = digits.len() as i32;
+    let n = exp + 1; // position of the decimal point relative to the digits
+    let mut s = String::new();
+    if neg {
+        s.push('-');
+    }
+    if k <= n && n <= 21 {
+        s.push_str(&digits);
+        for _ in 0..(n - k) {
+            s.push('0');
+        }
+    } else if 0 < n && n <= 21 {
+        s.push_str(&digits[..n as usize]);
+        s.push('.');
+        s.push_str(&digits[n as usize..]);
+    } else if -6 < n && n <= 0 {
+        s.push_str("0.");
+        for _ in 0..(-n) {
+            s.push('0');
+        }
+        s.push_str(&digits);
+    } else {
+        s.push_str(&digits[..1]);
+        if k > 1 {
+            s.push('.');
+            s.push_str(&digits[1..]);
+        }
+        s.push('e');
+        let e = n - 1;
+        if e >= 0 {
+            s.push('+');
+        }
+        s.push_str(&e.to_string());
+    }
+    Ok(s)
+}
+
+struct Parser<'a> {
+    bytes: &'a [u8],
+    text: &'a str,
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn err(&self, what: &'static str) -> JsonError {
+        JsonError::Syntax {
+            offset: self.pos,
+            what,
+        }
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.pos) {
+            self.pos += 1;
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Exact, JsonError> {
+        if depth > MAX_DEPTH {
+            return Err(JsonError::TooDeep);
+        }
+        match self.bytes.get(self.pos) {
+            None => Err(self.err("unexpected end of input")),
+            Some(b'{') => self.object(depth),
+            Some(b'[') => self.array(depth),
+            Some(b'"') => Ok(Exact::String(self.string()?)),
+            Some(b't') => self.literal("true", Exact::Bool(true)),
+            Some(b'f') => self.literal("false", Exact::Bool(false)),
+            Some(b'n') => self.literal("null", Exact::Null),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(_) => Err(self.err("unexpected character")),
+        }
+    }
+
+    fn literal(&mut self, word: &'static str, v: Exact) -> Result<Exact, JsonError> {
+        if self.bytes[self.pos..].starts_with(word.as_bytes()) {
+            self.pos += word.len();
+            Ok(v)
+        } else {
+            Err(self.err("invalid literal"))
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.bytes.get(self.pos) {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn number(&mut self) -> Result<Exact, JsonError> {
+        let start = self.pos;
+        if self.bytes.get(self.pos) == Some(&b'-') {
+            self.pos += 1;
+        }
+        match self.bytes.get(self.pos) {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.err("invalid number")),
+        }
+        if self.bytes.get(self.pos) == Some(&b'.') {
+            self.pos += 1;
+            if self.digits() == 0 {
+                return Err(self.err("invalid number fraction"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.bytes.get(self.pos) {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.bytes.get(self.pos) {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.err("invalid number exponent"));
+            }
+        }
+        Ok(Exact::Number(self.text[start..self.pos].to_string()))
+    }
+
+    fn hex4(&mut self) -> Result<u32, JsonError> {
+        let Some(chunk) = self.text.get(self.pos..self.pos + 4) else {
+            return Err(self.err("truncated \\u escape"));
+        };
+        let v = u32::from_str_radix(chunk, 16).map_err(|_| self.err("invalid \\u escape"))?;
+        self.pos += 4;
+        Ok(v)
+    }
+
+    fn string(&mut self) -> Result<String, JsonError> {
+        self.pos += 1; // opening quote
+        let mut out = String::new();
+        loop {
+            let start = self.pos;
+            while let Some(&b) = self.bytes.get(self.pos) {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            out.push_str(&self.text[start..self.pos]);
+            match self.bytes.get(self.pos) {
+                None => return Err(self.err("unterminated string")),
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    let esc = self.bytes.get(self.pos).copied();
+                    self.pos += 1;
+                    match esc {
+                        Some(b'"') => out.push('"'),
+                        Some(b'\\') => out.push('\\'),
+                        Some(b'/') => out.push('/'),
+                        Some(b'b') => out.push('\u{8}'),
+                        Some(b'f') => out.push('\u{c}'),
+                        Some(b'n') => out.push('\n'),
+                        Some(b'r') => out.push('\r'),
+                        Some(b't') => out.push('\t'),
+                        Some(b'u') => {
+                            let hi = self.hex4()?;
+                            let cp = if (0xD800..0xDC00).contains(&hi) {
+                                if !self.bytes[self.pos..].starts_with(b"\\u") {
+                                    return Err(self.err("lone surrogate"));
+                                }
+                                self.pos += 2;
+                                let lo = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&lo) {
+                                    return Err(self.err("invalid surrogate pair"));
+                                }
+                                0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+                            } else if (0xDC00..0xE000).contains(&hi) {
+                                return Err(self.err("lone surrogate"));
+                            } else {
+                                hi
+                            };
+                            out.push(
+                                char::from_u32(cp).ok_or_else(|| self.err("invalid code point"))?,
+                            );
+                        }
+                        _ => return Err(self.err("invalid escape")),
+                    }
+                }
+                Some(_) => return Err(self.err("control character in string")),
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Exact, JsonError> {
+        self.pos += 1;
+        let mut items = Vec::new();
+        self.skip_ws();
+        if self.bytes.get(self.pos) == Some(&b']') {
+            self.pos += 1;
+            return Ok(Exact::Array(items));
+        }
+        loop {
+            self.skip_ws();
+            items.push(self.value(depth + 1)?);
+            self.skip_ws();
+            match self.bytes.get(self.pos) {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Exact::Array(items));
+                }
+                _ => return Err(self.err("expected , or ] in array")),
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<Exact, JsonError> {
+        self.pos += 1;
+        let mut map = BTreeMap::new();
+        self.skip_ws();
+        if self.bytes.get(self.pos) == Some(&b'}') {
+            self.pos += 1;
+            return Ok(Exact::Object(map));
+        }
+        loop {
+            self.skip_ws();
+            if self.bytes.get(self.pos) != Some(&b'"') {
+                return Err(self.err("expected a string key"));
+            }
+            let key = self.string()?;
+            self.skip_ws();
+            if self.bytes.get(self.pos) != Some(&b':') {
+                return Err(self.err("expected : after key"));
+            }
+            self.pos += 1;
+            self.skip_ws();
+            let v = self.value(depth + 1)?;
+            if map.contains_key(&key) {
+                return Err(JsonError::DuplicateKey { key });
+            }
+            map.insert(key, v);
+            self.skip_ws();
+            match self.bytes.get(self.pos) {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(Exact::Object(map));
+                }
+                _ => return Err(self.err("expected , or } in object")),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jcs_of(text: &str) -> String {
+        Exact::parse(text).unwrap().jcs_text().unwrap()
+    }
+
+    #[test]
+    fn exact_form_ignores_whitespace_and_key_order_but_not_number_tokens() {
+        let a = Exact::parse(r#"{ "b": 1, "a": [1.0, "x"] }"#).unwrap();
+        let b = Exact::parse(r#"{"a":[1.0,"x"],"b":1}"#).unwrap();
+        let c = Exact::parse(r#"{"a":[1,"x"],"b":1}"#).unwrap();
+        assert_eq!(a.exact_text(), b.exact_text());
+        assert_ne!(a.exact_text(), c.exact_text());
+        assert_eq!(a.exact_text(), r#"{"a":[1.0,"x"],"b":1}"#);
+    }
+
+    #[test]
+    fn large_integers_keep_every_digit() {
+        let a = Exact::parse("12345678901234567890123").unwrap();
+        let b = Exact::parse("12345678901234567890124").unwrap();
+        assert_ne!(a.exact_text(), b.exact_text());
+    }
+
+    #[test]
+    fn strict_parser_rejects_trailing_data_duplicates_and_non_objects() {
+        assert!(matches!(
+            Exact::parse(r#"{"a":1} x"#),
+            Err(JsonError::Syntax { .. })
+        ));
+        assert_eq!(
+            Exact::parse(r#"{"a":1,"a":2}"#),
+            Err(JsonError::DuplicateKey { key: "a".into() })
+        );
+        assert_eq!(Exact::parse_object("[1]"), Err(JsonError::NotAnObject));
+        assert!(Exact::parse("01").is_err());
+        assert!(Exact::parse("1.").is_err());
+        assert!(Exact::parse(r#""\ud800""#).is_err());
+        let deep = "[".repeat(200) + &"]".repeat(200);
+        assert_eq!(Exact::parse(&deep), Err(JsonError::TooDeep));
+    }
+
+    #[test]
+    fn jcs_numbers_follow_ecmascript() {
+        // Vectors from RFC 8785 appendix B and ES6 Number.prototype.toString.
+        assert_eq!(jcs_of("0"), "0");
+        assert_eq!(jcs_of("-0"), "0");
+        assert_eq!(jcs_of("1.0"), "1");
+        assert_eq!(jcs_of("1e2"), "100");
+        assert_eq!(jcs_of("1E21"), "1e+21");
+        assert_eq!(jcs_of("1e20"), "100000000000000000000");
+        assert_eq!(jcs_of("0.000001"), "0.000001");
+        assert_eq!(jcs_of("1e-7"), "1e-7");
+        assert_eq!(jcs_of("333333333.33333329"), "333333333.3333333");
+        assert_eq!(jcs_of("-5e-324"), "-5e-324");
+        assert_eq!(jcs_of("1.7976931348623157e308"), "1.7976931348623157e+308");
+        assert_eq!(jcs_of("9007199254740992"), "9007199254740992");
+        assert_eq!(jcs_of("295147905179352830000"), "295147905179352830000");
+        assert_eq!(jcs_of("4.5"), "4.5");
+        assert_eq!(jcs_of("0.002"), "0.002");
+        assert_eq!(jcs_of("123e-20"), "1.23e-18");
+        assert!(Exact::parse("1e400").unwrap().jcs_text().is_err());
+    }
+
+    #[test]
+    fn jcs_sorts_keys_by_utf16_and_escapes_minimally() {
+        assert_eq!(
+            jcs_of(r#"{"b":"\u000f\n\"/","a":{"d":true,"c":null}}"#),
+            r#"{"a":{"c":null,"d":true},"b":"\u000f\n\"/"}"#
+        );
+        // U+1F600 (surrogates D83D..) sorts before U+FB33 in UTF-16 order.
+        let t = jcs_of("{\"\u{fb33}\":1,\"\u{1f600}\":2}");
+        assert_eq!(t, "{\"\u{1f600}\":2,\"\u{fb33}\":1}");
+    }
+
+    #[test]
+    fn value_and_text_paths_agree() {
+        let v = serde_json::json!({"z": [1, 2.5, "s"], "a": {"k": false}});
+        assert_eq!(jcs(&v), r#"{"a":{"k":false},"z":[1,2.5,"s"]}"#);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn exact_text_reparses_to_itself(s in "[a-z0-9 ]{0,12}", n in -1_000_000i64..1_000_000, f in -1e6f64..1e6) {
+            let v = serde_json::json!({"s": s, "n": n, "f": f, "arr": [n, {"x": s}]});
+            let text = serde_json::to_string(&v).unwrap();
+            let once = Exact::parse(&text).unwrap();
+            let again = Exact::parse(&once.exact_text()).unwrap();
+            proptest::prop_assert_eq!(once.exact_text(), again.exact_text());
+            let j = once.jcs_text().unwrap();
+            // JCS may rewrite number tokens (0.0 -> 0) but never their value.
+            let back: serde_json::Value = serde_json::from_str(&j).unwrap();
+            // (serde_json's own float parser is not exact in the last bit, so read the token.)
+            let Exact::Object(m) = Exact::parse(&j).unwrap() else { panic!("object") };
+            let Some(Exact::Number(ftok)) = m.get("f") else { panic!("number") };
+            proptest::prop_assert_eq!(ftok.parse::<f64>().unwrap(), f);
+            proptest::prop_assert_eq!(&back["arr"], &v["arr"]);
+            proptest::prop_assert_eq!(&back["s"], &v["s"]);
+        }
+    }
+}

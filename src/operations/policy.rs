@@ -1,0 +1,708 @@
+//! Workspace policy (`.gaffer/policy.yaml`): rules that allow, send for approval, or deny an
+//! operation, decided with precedence deny > active grant > allow > request > no_match.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const POLICY_FILE: &str = "policy.yaml";
+
+/// What the adapter says about a plan, for policy matching. Every value is a set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
+pub struct Classification {
+    pub target_kind: String,
+    #[serde(default)]
+    pub fields: BTreeMap<String, BTreeSet<String>>,
+    #[serde(default)]
+    pub attrs: BTreeMap<String, BTreeSet<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyRequest<'a> {
+    pub client: &'a str,
+    pub operation: &'a str,
+    pub class: &'a Classification,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    Allow,
+    Request,
+    Deny,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantMode {
+    /// One approval authorises exactly one execution.
+    Execution,
+    /// One approval authorises up to `max_uses` matching operations until it expires.
+    Window,
+}
+
+/// Approval bounds a request rule attaches to the approvals it creates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrantPolicy {
+    pub mode: GrantMode,
+    /// How long an approval stays usable once approved.
+    pub default_minutes: u32,
+    pub max_minutes: u32,
+    /// How long a request waits for a human before it expires.
+    pub request_ttl_minutes: u32,
+    #[serde(default = "one")]
+    pub default_max_uses: u32,
+    /// `null` means unlimited (window mode only).
+    #[serde(default = "some_one")]
+    pub max_uses: Option<u32>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn some_one() -> Option<u32> {
+    Some(1)
+}
+
+impl GrantPolicy {
+    /// Bounds used when the workspace has no policy file: every operation waits for a human.
+    pub fn default_for_missing_policy() -> GrantPolicy {
+        GrantPolicy {
+            mode: GrantMode::Execution,
+            default_minutes: 10,
+            max_minutes: 60,
+            request_ttl_minutes: 30,
+            default_max_uses: 1,
+            max_uses: Some(1),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetMatcher {
+    pub kind: String,
+    #[serde(default)]
+    pub fields: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawRule")]
+pub struct Rule {
+    pub id: String,
+    pub effect: Effect,
+    pub clients: Vec<String>,
+    pub operations: Vec<String>,
+    pub targets: Vec<TargetMatcher>,
+    pub attrs: BTreeMap<String, Vec<String>>,
+    pub grant_policy: Option<GrantPolicy>,
+    pub description: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    id: String,
+    effect: Effect,
+    #[serde(default)]
+    clients: Option<Vec<String>>,
+    #[serde(default)]
+    operations: Option<Vec<String>>,
+    #[serde(default)]
+    targets: Vec<TargetMatcher>,
+    #[serde(default)]
+    attrs: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    grant_policy: Option<GrantPolicy>,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+impl TryFrom<RawRule> for Rule {
+    type Error = String;
+    fn try_from(r: RawRule) -> Result<Rule, String> {
+        if r.id.trim().is_empty() {
+            return Err("rule id must not be empty".into());
+        }
+        match (r.effect, &r.grant_policy) {
+            (Effect::Request, None) => {
+                return Err(format!(
+                    "rule {:?}: a request rule needs grant_policy",
+                    r.id
+                ));
+            }
+            (Effect::Allow | Effect::Deny, Some(_)) => {
+                return Err(format!(
+                    "rule {:?}: grant_policy is only allowed on request rules",
+                    r.id
+                ));
+            }
+            _ => {}
+        }
+        if let Some(gp) = &r.grant_policy {
+            for (name, v) in [
+                ("default_minutes", gp.default_minutes),
+                ("max_minutes", gp.max_minutes),
+                ("request_ttl_minutes", gp.request_ttl_minutes),
+                ("default_max_uses", gp.default_max_uses),
+            ] {
+                if v == 0 {
+                    return Err(format!(
+                        "rule {:?}: grant_policy.{name} must be positive",
+                        r.id
+                    ));
+                }
+            }
+            if gp.max_uses == Some(0) {
+                return Err(format!(
+                    "rule {:?}: grant_policy.max_uses must be positive or null",
+                    r.id
+                ));
+            }
+        }
+        let clients = r.clients.unwrap_or_else(|| vec!["*".into()]);
+        let operations = r.operations.unwrap_or_else(|| vec!["*".into()]);
+        for (what, list) in [("clients", &clients), ("operations", &operations)] {
+            if list.is_empty() || list.iter().any(|p| p.is_empty()) {
+                return Err(format!(
+                    "rule {:?}: {what} must list at least one non-empty pattern",
+                    r.id
+                ));
+            }
+        }
+        for t in &r.targets {
+            if t.kind.is_empty() {
+                return Err(format!("rule {:?}: targets[].kind must not be empty", r.id));
+            }
+            if t.fields.values().any(|v| v.is_empty()) {
+                return Err(format!(
+                    "rule {:?}: target field matchers need at least one pattern",
+                    r.id
+                ));
+            }
+        }
+        if r.attrs.values().any(|v| v.is_empty()) {
+            return Err(format!(
+                "rule {:?}: attrs matchers need at least one pattern",
+                r.id
+            ));
+        }
+        Ok(Rule {
+            id: r.id,
+            effect: r.effect,
+            clients,
+            operations,
+            targets: r.targets,
+            attrs: r.attrs,
+            grant_policy: r.grant_policy,
+            description: r.description,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    #[serde(default)]
+    rules: Vec<Rule>,
+}
+
+/// A parse or validation failure, located in the file.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{}:{}: {}: {}", file.display(), line.map(|l| l.to_string()).unwrap_or_else(|| "?".into()), key, message)]
+pub struct PolicyError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    /// Path of the offending key, e.g. `rules[2].effect`.
+    pub key: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Policy {
+    /// `None` when the workspace has no policy file.
+    pub rules: Option<Vec<Rule>>,
+}
+
+/// An approved, still usable approval that acts as an extra allow rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveGrant {
+    pub id: String,
+    pub client: String,
+    pub operation: String,
+    pub class: Classification,
+    pub expires_at_ms: u64,
+    /// `None` = unlimited.
+    pub uses_left: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionEffect {
+    Allow,
+    Request,
+    Deny,
+    NoMatch,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Decision {
+    pub effect: DecisionEffect,
+    /// `policy_denied`, `grant_allowed`, `policy_allowed`, `approval_required`,
+    /// `no_matching_rule` or `no_policy_file`.
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rule_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_policy: Option<GrantPolicy>,
+}
+
+impl Policy {
+    /// Loads `<gaffer_dir>/policy.yaml`; a missing file is not an error.
+    pub fn load(gaffer_dir: &Path) -> Result<Policy, PolicyError> {
+        let file = gaffer_dir.join(POLICY_FILE);
+        match std::fs::read_to_string(&file) {
+            Ok(text) => Policy::parse(&text, &file),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Policy { rules: None }),
+            Err(e) => Err(PolicyError {
+                file,
+                line: None,
+                key: String::new(),
+                message: format!("cannot read: {e}"),
+            }),
+        }
+    }
+
+    pub fn parse(text: &str, file: &Path) -> Result<Policy, PolicyError> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let parsed: PolicyFile = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            PolicyError {
+                file: file.to_path_buf(),
+                line: inner.location().map(|l| l.line()),
+                key: if key == "." { String::new() } else { key },
+                message: strip_location(&inner.to_string()),
+            }
+        })?;
+        let mut seen = BTreeSet::new();
+        for (i, rule) in parsed.rules.iter().enumerate() {
+            if !seen.insert(rule.id.clone()) {
+                return Err(PolicyError {
+                    file: file.to_path_buf(),
+                    line: line_of_nth_id(text, &rule.id, 2),
+                    key: format!("rules[{i}].id"),
+                    message: format!("duplicate rule id {:?}", rule.id),
+                });
+            }
+        }
+        Ok(Policy {
+            rules: Some(parsed.rules),
+        })
+    }
+
+    pub fn decide(&self, req: &PolicyRequest<'_>, grants: &[ActiveGrant], now_ms: u64) -> Decision {
+        let Some(rules) = &self.rules else {
+            // Without a policy file a human decides everything; an active grant still counts.
+            if let Some(g) = grants.iter().find(|g| grant_covers(g, req, now_ms)) {
+                return grant_decision(g);
+            }
+            return Decision {
+                effect: DecisionEffect::Request,
+                reason: "no_policy_file".into(),
+                rule_ids: vec![],
+                grant_id: None,
+                grant_policy: Some(GrantPolicy::default_for_missing_policy()),
+            };
+        };
+        let matching = |effect: Effect| -> Vec<&Rule> {
+            rules
+                .iter()
+                .filter(|r| r.effect == effect && rule_matches(r, req))
+                .collect()
+        };
+        let denies = matching(Effect::Deny);
+        if !denies.is_empty() {
+            return Decision {
+                effect: DecisionEffect::Deny,
+                reason: "policy_denied".into(),
+                rule_ids: denies.iter().map(|r| r.id.clone()).collect(),
+                grant_id: None,
+                grant_policy: None,
+            };
+        }
+        if let Some(g) = grants.iter().find(|g| grant_covers(g, req, now_ms)) {
+            return grant_decision(g);
+        }
+        let allows = matching(Effect::Allow);
+        if !allows.is_empty() {
+            return Decision {
+                effect: DecisionEffect::Allow,
+                reason: "policy_allowed".into(),
+                rule_ids: allows.iter().map(|r| r.id.clone()).collect(),
+                grant_id: None,
+                grant_policy: None,
+            };
+        }
+        let requests = matching(Effect::Request);
+        if let Some(first) = requests.first() {
+            return Decision {
+                effect: DecisionEffect::Request,
+                reason: "approval_required".into(),
+                rule_ids: requests.iter().map(|r| r.id.clone()).collect(),
+                grant_id: None,
+                grant_policy: first.grant_policy.clone(),
+            };
+        }
+        Decision {
+            effect: DecisionEffect::NoMatch,
+            reason: "no_matching_rule".into(),
+            rule_ids: vec![],
+            grant_id: None,
+            grant_policy: None,
+        }
+    }
+}
+
+fn grant_decision(g: &ActiveGrant) -> Decision {
+    Decision {
+        effect: DecisionEffect::Allow,
+        reason: "grant_allowed".into(),
+        rule_ids: vec![],
+        grant_id: Some(g.id.clone()),
+        grant_policy: None,
+    }
+}
+
+/// serde_yaml appends " at line X column Y"; the location is reported separately.
+fn strip_location(msg: &str) -> String {
+    match msg.find(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+fn line_of_nth_id(text: &str, id: &str, nth: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let t = l.trim_start().trim_start_matches("- ").trim_start();
+            t.strip_prefix("id:")
+                .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\'') == id)
+                .unwrap_or(false)
+        })
+        .nth(nth - 1)
+        .map(|(i, _)| i + 1)
+}
+
+fn rule_matches(rule: &Rule, req: &PolicyRequest<'_>) -> bool {
+    let any_of = |patterns: &[String], value: &str| patterns.iter().any(|p| glob_match(p, value));
+    if !any_of(&rule.clients, req.client) || !any_of(&rule.operations, req.operation) {
+        return false;
+    }
+    // Allow and request rules need every value to match; a deny rule fires on any value.
+    let every = rule.effect != Effect::Deny;
+    let values_match = |patterns: &[String], values: Option<&BTreeSet<String>>| -> bool {
+        match values {
+            None => false,
+            Some(vs) if vs.is_empty() => false,
+            Some(vs) if every => vs.iter().all(|v| any_of(patterns, v)),
+            Some(vs) => vs.iter().any(|v| any_of(patterns, v)),
+        }
+    };
+    if !rule.targets.is_empty() {
+        let target_ok = rule.targets.iter().any(|t| {
+            glob_match(&t.kind, &req.class.target_kind)
+                && t.fields
+                    .iter()
+                    .all(|(name, pats)| values_match(pats, req.class.fields.get(name)))
+        });
+        if !target_ok {
+            return false;
+        }
+    }
+    rule.attrs
+        .iter()
+        .all(|(name, pats)| values_match(pats, req.class.attrs.get(name)))
+}
+
+fn grant_covers(g: &ActiveGrant, req: &PolicyRequest<'_>, now_ms: u64) -> bool {
+    g.client == req.client
+        && g.operation == req.operation
+        && now_ms < g.expires_at_ms
+        && g.uses_left.is_none_or(|n| n > 0)
+        && g.class.target_kind == req.class.target_kind
+        && subset(&req.class.fields, &g.class.fields)
+        && subset(&req.class.attrs, &g.class.attrs)
+}
+
+/// Every requested value must be one the grant was approved for.
+fn subset(
+    req: &BTreeMap<String, BTreeSet<String>>,
+    grant: &BTreeMap<String, BTreeSet<String>>,
+) -> bool {
+    req.iter().all(|(k, vs)| {
+        grant
+            .get(k)
+            .is_some_and(|gs| vs.iter().all(|v| gs.contains(v)))
+    }) && grant.keys().all(|k| req.contains_key(k))
+}
+
+/// Glob match: `**` spans anything, `**/` also matches no directory at all, `*` spans
+/// anything but `/`, `?` is one character other than `/`.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let mut memo = vec![None; (p.len() + 1) * (t.len() + 1)];
+    glob_at(&p, &t, 0, 0, &mut memo)
+}
+
+fn glob_at(p: &[char], t: &[char], pi: usize, ti: usize, memo: &mut [Option<bool>]) -> bool {
+    let slot = pi * (t.len() + 1) + ti;
+    if let Some(v) = memo[slot] {
+        return v;
+    }
+    let v = if pi == p.len() {
+        ti == t.len()
+    } else if p[pi] == '*' && p.get(pi + 1) == Some(&'*') {
+        if p.get(pi + 2) == Some(&'/') {
+            // Zero directories, or any prefix ending in '/'.
+            glob_at(p, t, pi + 3, ti, memo)
+                || (ti..t.len()).any(|j| t[j] == '/' && glob_at(p, t, pi + 3, j + 1, memo))
+        } else {
+            (ti..=t.len()).any(|j| glob_at(p, t, pi + 2, j, memo))
+        }
+    } else if p[pi] == '*' {
+        let mut j = ti;
+        loop {
+            if glob_at(p, t, pi + 1, j, memo) {
+                break true;
+            }
+            if j == t.len() || t[j] == '/' {
+                break false;
+            }
+            j += 1;
+        }
+    } else if p[pi] == '?' {
+        ti < t.len() && t[ti] != '/' && glob_at(p, t, pi + 1, ti + 1, memo)
+    } else {
+        ti < t.len() && t[ti] == p[pi] && glob_at(p, t, pi + 1, ti + 1, memo)
+    };
+    memo[slot] = Some(v);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(kind: &str, fields: &[(&str, &[&str])], attrs: &[(&str, &[&str])]) -> Classification {
+        let conv = |xs: &[(&str, &[&str])]| {
+            xs.iter()
+                .map(|(k, vs)| (k.to_string(), vs.iter().map(|v| v.to_string()).collect()))
+                .collect()
+        };
+        Classification {
+            target_kind: kind.into(),
+            fields: conv(fields),
+            attrs: conv(attrs),
+        }
+    }
+
+    fn parse(text: &str) -> Result<Policy, PolicyError> {
+        Policy::parse(text, Path::new("/ws/.gaffer/policy.yaml"))
+    }
+
+    const POLICY: &str = r#"
+rules:
+  - id: no-secrets
+    effect: deny
+    operations: ["file.*"]
+    targets:
+      - kind: file
+        fields:
+          path: ["secrets/**", "**/.env"]
+  - id: docs
+    effect: allow
+    clients: ["agent-*"]
+    operations: ["file.write"]
+    targets:
+      - kind: file
+        fields:
+          path: ["docs/**"]
+  - id: ask
+    effect: request
+    operations: ["file.*", "command.run"]
+    grant_policy:
+      mode: execution
+      default_minutes: 5
+      max_minutes: 60
+      request_ttl_minutes: 10
+"#;
+
+    #[test]
+    fn glob_semantics() {
+        assert!(glob_match("*", "file.write"));
+        assert!(glob_match("file.*", "file.write"));
+        assert!(!glob_match("file.*", "command.run"));
+        assert!(glob_match("docs/**", "docs/a/b.md"));
+        assert!(glob_match("docs/*", "docs/a.md"));
+        assert!(!glob_match("docs/*", "docs/a/b.md"));
+        assert!(glob_match("**/.env", ".env"));
+        assert!(glob_match("**/.env", "a/b/.env"));
+        assert!(!glob_match("**/.env", "a/b/x.env"));
+        assert!(glob_match("a?c", "abc"));
+        assert!(!glob_match("a?c", "a/c"));
+        assert!(glob_match("", ""));
+        assert!(!glob_match("", "x"));
+    }
+
+    #[test]
+    fn precedence_is_deny_then_grant_then_allow_then_request_then_no_match() {
+        let p = parse(POLICY).unwrap();
+        let d = |client: &str, op: &str, c: &Classification, grants: &[ActiveGrant]| {
+            p.decide(
+                &PolicyRequest {
+                    client,
+                    operation: op,
+                    class: c,
+                },
+                grants,
+                1_000,
+            )
+        };
+        let docs = class("file", &[("path", &["docs/a.md"])], &[]);
+        assert_eq!(
+            d("agent-1", "file.write", &docs, &[]).effect,
+            DecisionEffect::Allow
+        );
+        // Allow needs every value to match; one outside docs/ falls through to request.
+        let mixed = class("file", &[("path", &["docs/a.md", "src/x.rs"])], &[]);
+        let dec = d("agent-1", "file.write", &mixed, &[]);
+        assert_eq!(dec.effect, DecisionEffect::Request);
+        assert_eq!(dec.grant_policy.unwrap().default_minutes, 5);
+        // Deny fires on any value.
+        let secret = class("file", &[("path", &["docs/a.md", "secrets/k"])], &[]);
+        let dec = d("agent-1", "file.write", &secret, &[]);
+        assert_eq!(dec.effect, DecisionEffect::Deny);
+        assert_eq!(dec.rule_ids, vec!["no-secrets"]);
+        // Client glob.
+        assert_eq!(
+            d("human", "file.write", &docs, &[]).effect,
+            DecisionEffect::Request
+        );
+        // No rule at all.
+        let other = class("repo", &[], &[]);
+        assert_eq!(
+            d("agent-1", "repo.create", &other, &[]).effect,
+            DecisionEffect::NoMatch
+        );
+        // An active grant beats allow/request but not deny.
+        let src = class("file", &[("path", &["src/x.rs"])], &[]);
+        let grant = ActiveGrant {
+            id: "g1".into(),
+            client: "agent-1".into(),
+            operation: "file.write".into(),
+            class: src.clone(),
+            expires_at_ms: 2_000,
+            uses_left: Some(1),
+        };
+        let dec = d("agent-1", "file.write", &src, std::slice::from_ref(&grant));
+        assert_eq!(dec.effect, DecisionEffect::Allow);
+        assert_eq!(dec.grant_id.as_deref(), Some("g1"));
+        let used = ActiveGrant {
+            uses_left: Some(0),
+            ..grant.clone()
+        };
+        assert_eq!(
+            d("agent-1", "file.write", &src, &[used]).effect,
+            DecisionEffect::Request
+        );
+        let expired = ActiveGrant {
+            expires_at_ms: 1_000,
+            ..grant.clone()
+        };
+        assert_eq!(
+            d("agent-1", "file.write", &src, &[expired]).effect,
+            DecisionEffect::Request
+        );
+        let g_secret = ActiveGrant {
+            class: secret.clone(),
+            ..grant
+        };
+        assert_eq!(
+            d("agent-1", "file.write", &secret, &[g_secret]).effect,
+            DecisionEffect::Deny
+        );
+    }
+
+    #[test]
+    fn missing_file_means_every_operation_needs_approval() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Policy::load(dir.path()).unwrap();
+        assert!(p.rules.is_none());
+        let c = class("file", &[("path", &["x"])], &[]);
+        let dec = p.decide(
+            &PolicyRequest {
+                client: "a",
+                operation: "file.write",
+                class: &c,
+            },
+            &[],
+            0,
+        );
+        assert_eq!(dec.effect, DecisionEffect::Request);
+        assert_eq!(dec.reason, "no_policy_file");
+        // An empty rule list, by contrast, matches nothing.
+        let empty = parse("rules: []\n").unwrap();
+        let dec = empty.decide(
+            &PolicyRequest {
+                client: "a",
+                operation: "file.write",
+                class: &c,
+            },
+            &[],
+            0,
+        );
+        assert_eq!(dec.effect, DecisionEffect::NoMatch);
+    }
+
+    #[test]
+    fn parse_errors_name_file_line_and_key() {
+        let e = parse("rules:\n  - id: a\n    effect: maybe\n").unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert_eq!(e.key, "rules[0].effect");
+        assert!(
+            e.to_string()
+                .starts_with("/ws/.gaffer/policy.yaml:3: rules[0].effect:"),
+            "{e}"
+        );
+
+        let e = parse("rules:\n  - id: a\n    effect: allow\n    colour: red\n").unwrap_err();
+        assert_eq!(e.line, Some(4));
+        assert!(e.message.contains("colour"), "{e}");
+
+        let e = parse("rules:\n  - id: a\n    effect: request\n").unwrap_err();
+        assert!(e.message.contains("grant_policy"), "{e}");
+        assert!(e.key.starts_with("rules[0]"), "{e}");
+
+        let e = parse(
+            "rules:\n  - id: a\n    effect: allow\n    grant_policy: {mode: execution, default_minutes: 1, max_minutes: 1, request_ttl_minutes: 1}\n",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("only allowed on request"), "{e}");
+
+        let e = parse("rules:\n  - id: a\n    effect: allow\n  - id: a\n    effect: deny\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(4));
+        assert_eq!(e.key, "rules[1].id");
+
+        let e = parse("rules:\n  - id: a\n    effect: allow\n    clients: []\n").unwrap_err();
+        assert!(e.message.contains("clients"), "{e}");
+    }
+}

@@ -1,0 +1,947 @@
+//! Operations and approvals as folded from the journal. `apply` is deterministic: every
+//! process folding the same records reaches the same state and emits the same notices.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::adapter::Presentation;
+use super::canonical::jcs;
+use super::lifecycle::OpState;
+use super::policy::{Classification, GrantMode};
+
+pub const KIND_CREATED: &str = "operation.created";
+pub const KIND_TRANSITIONED: &str = "operation.transitioned";
+pub const KIND_PRUNED: &str = "operation.pruned";
+pub const KIND_DECIDED: &str = "approval.decided";
+pub const KIND_REVOKED: &str = "approval.revoked";
+
+pub const NOTICE_CHANGED: &str = "operations/changed";
+pub const NOTICE_REQUESTED: &str = "approvals/requested";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct OpFailure {
+    pub code: String,
+    pub message: String,
+}
+
+impl OpFailure {
+    pub fn new(code: &str, message: impl Into<String>) -> OpFailure {
+        OpFailure {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Operation {
+    pub id: String,
+    pub client_id: String,
+    pub idempotency_key: String,
+    pub operation: String,
+    pub provider: String,
+    /// Exact form (token-exact numbers) of the submission, compared on replay.
+    pub submitted: String,
+    pub reason: String,
+    pub target: Value,
+    pub arguments: Value,
+    pub state: OpState,
+    pub revision: u64,
+    pub approval_id: Option<String>,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    pub terminal_at_ms: Option<u64>,
+    pub presentation: Presentation,
+    pub plan_digest: Option<String>,
+    /// Canonical plan text; absent when the submission was refused before a plan existed.
+    pub plan: Option<String>,
+    pub result: Option<Value>,
+    pub upstream_status: Option<u16>,
+    pub error: Option<OpFailure>,
+    /// The process (`pid:started_ms`) that claimed the execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    Pending,
+    Active,
+    Denied,
+    Expired,
+    Consumed,
+    Revoked,
+    Canceled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UseState {
+    Reserved,
+    /// The outcome is unknown: the use stays spent and blocks the approval.
+    Retained,
+    Committed,
+    Released,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    Approve,
+    Deny,
+}
+
+/// An operator's decision, signed with the operator key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedDecision {
+    pub decision: DecisionKind,
+    /// Approval revision after the decision.
+    pub revision: u64,
+    pub decided_at_ms: u64,
+    pub expires_at_ms: Option<u64>,
+    pub max_uses: u32,
+    pub hmac: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub id: String,
+    pub operation_id: String,
+    pub client_id: String,
+    pub operation: String,
+    pub plan_digest: String,
+    pub classification: Classification,
+    pub mode: GrantMode,
+    pub status: ApprovalStatus,
+    pub revision: u64,
+    pub created_at_ms: u64,
+    pub pending_expires_at_ms: u64,
+    pub requested_duration_seconds: u64,
+    pub requested_max_uses: u32,
+    pub decision: Option<SignedDecision>,
+    /// Per-operation use records (reserve / commit / retain / release).
+    pub uses: BTreeMap<String, UseState>,
+    /// Operator decision idempotency: key -> digest of the command it carried.
+    pub decision_keys: BTreeMap<String, String>,
+}
+
+impl Approval {
+    /// The bytes the operator key signs for a decision.
+    pub fn decision_message(&self, d: &SignedDecision) -> Vec<u8> {
+        let v = serde_json::json!({
+            "approval_id": self.id,
+            "operation_id": self.operation_id,
+            "plan_digest": self.plan_digest,
+            "decision": d.decision,
+            "revision": d.revision,
+            "decided_at_ms": d.decided_at_ms,
+            "expires_at_ms": d.expires_at_ms,
+            "max_uses": d.max_uses,
+        });
+        jcs(&v).into_bytes()
+    }
+
+    pub fn uses_spent(&self) -> u32 {
+        self.uses
+            .values()
+            .filter(|u| {
+                matches!(
+                    u,
+                    UseState::Reserved | UseState::Retained | UseState::Committed
+                )
+            })
+            .count() as u32
+    }
+
+    pub fn has_retained(&self) -> bool {
+        self.uses.values().any(|u| *u == UseState::Retained)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalEffect {
+    Reserve,
+    Commit,
+    Retain,
+    Release,
+    Cancel,
+    Revoke,
+    Expire,
+    Deny,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalChange {
+    pub approval_id: String,
+    pub effect: ApprovalEffect,
+}
+
+// ---- record payloads ----
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Created {
+    pub operation: Operation,
+    pub approval: Option<Approval>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transitioned {
+    pub id: String,
+    pub from: OpState,
+    pub to: OpState,
+    /// Operation revision after the change.
+    pub revision: u64,
+    pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<OpFailure>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalChange>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decided {
+    pub approval_id: String,
+    pub decision: SignedDecision,
+    pub idempotency_key: String,
+    pub command_digest: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revoked {
+    pub approval_id: String,
+    pub revision: u64,
+    pub at_ms: u64,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    #[serde(default)]
+    pub command_digest: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pruned {
+    /// Terminal operations that ended before this instant are dropped.
+    pub before_ms: u64,
+}
+
+/// A notice for connected clients; `operators_only` maps to the workspace's operator audience.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpNotice {
+    pub method: &'static str,
+    pub params: Value,
+    pub operators_only: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OperationState {
+    pub operations: BTreeMap<String, Operation>,
+    pub approvals: BTreeMap<String, Approval>,
+    /// client -> idempotency key -> operation id.
+    pub by_key: BTreeMap<String, BTreeMap<String, String>>,
+    /// (terminal_at_ms, id) of terminal operations, oldest first, for retention.
+    pub terminal: BTreeSet<(u64, String)>,
+    /// Records that could not be applied (kept for diagnostics; never silently lost).
+    pub skipped: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("payload does not decode: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl OperationState {
+    /// The workspace fold entry point for kinds `operation.*` and `approval.*`.
+    pub fn apply(
+        &mut self,
+        rec: &crate::workspace::Record,
+        out: &mut Vec<crate::workspace::Notice>,
+    ) {
+        let mut notices = Vec::new();
+        if let Err(e) = self.apply_record(&rec.kind, &rec.payload, &mut notices) {
+            tracing::warn!(seq = rec.seq, kind = %rec.kind, error = %e, "operation record skipped");
+            return;
+        }
+        for n in notices {
+            out.push(if n.operators_only {
+                crate::workspace::Notice::operators(n.method, n.params)
+            } else {
+                crate::workspace::Notice::everyone(n.method, n.params)
+            });
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Operation> {
+        self.operations.get(id)
+    }
+
+    pub fn by_idempotency(&self, client: &str, key: &str) -> Option<&Operation> {
+        self.by_key
+            .get(client)
+            .and_then(|m| m.get(key))
+            .and_then(|id| self.operations.get(id))
+    }
+
+    pub fn approval_of(&self, op: &Operation) -> Option<&Approval> {
+        op.approval_id.as_ref().and_then(|a| self.approvals.get(a))
+    }
+
+    /// Folds one record of kind `operation.*` or `approval.*`. Records that fail validation
+    /// are logged and skipped; state is untouched by them.
+    pub fn apply_record(
+        &mut self,
+        kind: &str,
+        payload: &Value,
+        out: &mut Vec<OpNotice>,
+    ) -> Result<(), ApplyError> {
+        fn de<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, ApplyError> {
+            Ok(T::deserialize(v)?)
+        }
+        let r = match kind {
+            KIND_CREATED => de(payload).and_then(|c| self.apply_created(c, out)),
+            KIND_TRANSITIONED => de(payload).and_then(|t| self.apply_transitioned(t, out)),
+            KIND_DECIDED => de(payload).and_then(|d| self.apply_decided(d)),
+            KIND_REVOKED => de(payload).and_then(|r| self.apply_revoked(r)),
+            KIND_PRUNED => de(payload).map(|p| self.apply_pruned(p)),
+            other => Err(ApplyError::Invalid(format!("unknown kind {other}"))),
+        };
+        if r.is_err() {
+            self.skipped += 1;
+        }
+        r
+    }
+
+    fn apply_created(&mut self, c: Created, out: &mut Vec<OpNotice>) -> Result<(), ApplyError> {
+        let op = c.operation;
+        if self.operations.contains_key(&op.id) {
+            return Err(ApplyError::Invalid(format!("operation {} exists", op.id)));
+        }
+        if self
+            .by_idempotency(&op.client_id, &op.idempotency_key)
+            .is_some()
+        {
+            return Err(ApplyError::Invalid(format!(
+                "idempotency key already used by client {}",
+                op.client_id
+            )));
+        }
+        if !op.state.valid_initial() || op.revision != 1 {
+            return Err(ApplyError::Invalid(format!(
+                "operation {} cannot start as {} revision {}",
+                op.id, op.state, op.revision
+            )));
+        }
+        if op.state.is_terminal() != op.terminal_at_ms.is_some() {
+            return Err(ApplyError::Invalid(
+                "terminal_at must be set iff terminal".into(),
+            ));
+        }
+        if let Some(a) = &c.approval {
+            if op.approval_id.as_deref() != Some(a.id.as_str())
+                || a.operation_id != op.id
+                || self.approvals.contains_key(&a.id)
+                || a.status != ApprovalStatus::Pending
+                || op.state != OpState::Pending
+            {
+                return Err(ApplyError::Invalid(format!(
+                    "approval does not match operation {}",
+                    op.id
+                )));
+            }
+        } else if op.state == OpState::Pending {
+            return Err(ApplyError::Invalid(
+                "a pending operation needs an approval".into(),
+            ));
+        }
+        if let Some(a) = c.approval {
+            out.push(OpNotice {
+                method: NOTICE_REQUESTED,
+                params: approval_notice(&a, &op),
+                operators_only: true,
+            });
+            self.approvals.insert(a.id.clone(), a);
+        }
+        out.push(changed_notice(&op));
+        self.by_key
+            .entry(op.client_id.clone())
+            .or_default()
+            .insert(op.idempotency_key.clone(), op.id.clone());
+        if let Some(t) = op.terminal_at_ms {
+            self.terminal.insert((t, op.id.clone()));
+        }
+        self.operations.insert(op.id.clone(), op);
+        Ok(())
+    }
+
+    fn apply_transitioned(
+        &mut self,
+        t: Transitioned,
+        out: &mut Vec<OpNotice>,
+    ) -> Result<(), ApplyError> {
+        let Some(op) = self.operations.get(&t.id) else {
+            return Err(ApplyError::Invalid(format!("no operation {}", t.id)));
+        };
+        if op.state != t.from || op.revision + 1 != t.revision || !t.from.can_move_to(t.to) {
+            return Err(ApplyError::Invalid(format!(
+                "operation {}: {} rev {} cannot become {} rev {}",
+                t.id, op.state, op.revision, t.to, t.revision
+            )));
+        }
+        if let Some(ch) = &t.approval {
+            let Some(a) = self.approvals.get(&ch.approval_id) else {
+                return Err(ApplyError::Invalid(format!(
+                    "no approval {}",
+                    ch.approval_id
+                )));
+            };
+            check_effect(a, &t.id, ch.effect)?;
+        }
+        if let Some(ch) = &t.approval
+            && let Some(a) = self.approvals.get_mut(&ch.approval_id)
+        {
+            apply_effect(a, &t.id, ch.effect);
+        }
+        let Some(op) = self.operations.get_mut(&t.id) else {
+            return Err(ApplyError::Invalid(format!("no operation {}", t.id)));
+        };
+        op.state = t.to;
+        op.revision = t.revision;
+        op.updated_at_ms = t.at_ms.max(op.updated_at_ms);
+        if t.error.is_some() {
+            op.error = t.error;
+        }
+        if t.result.is_some() {
+            op.result = t.result;
+        }
+        if t.upstream_status.is_some() {
+            op.upstream_status = t.upstream_status;
+        }
+        if t.executor.is_some() {
+            op.executor = t.executor;
+        }
+        if t.to.is_terminal() {
+            op.terminal_at_ms = Some(op.updated_at_ms);
+            self.terminal.insert((op.updated_at_ms, op.id.clone()));
+        }
+        out.push(changed_notice(op));
+        Ok(())
+    }
+
+    fn apply_decided(&mut self, d: Decided) -> Result<(), ApplyError> {
+        let Some(a) = self.approvals.get_mut(&d.approval_id) else {
+            return Err(ApplyError::Invalid(format!(
+                "no approval {}",
+                d.approval_id
+            )));
+        };
+        if a.status != ApprovalStatus::Pending || a.revision + 1 != d.decision.revision {
+            return Err(ApplyError::Invalid(format!(
+                "approval {} is {:?} at revision {}",
+                a.id, a.status, a.revision
+            )));
+        }
+        a.status = match d.decision.decision {
+            DecisionKind::Approve => ApprovalStatus::Active,
+            DecisionKind::Deny => ApprovalStatus::Denied,
+        };
+        a.revision = d.decision.revision;
+        a.decision_keys
+            .insert(d.idempotency_key.clone(), d.command_digest.clone());
+        a.decision = Some(d.decision);
+        Ok(())
+    }
+
+    fn apply_revoked(&mut self, r: Revoked) -> Result<(), ApplyError> {
+        let Some(a) = self.approvals.get_mut(&r.approval_id) else {
+            return Err(ApplyError::Invalid(format!(
+                "no approval {}",
+                r.approval_id
+            )));
+        };
+        if a.status != ApprovalStatus::Active || a.revision + 1 != r.revision {
+            return Err(ApplyError::Invalid(format!(
+                "approval {} cannot be revoked from {:?}",
+                a.id, a.status
+            )));
+        }
+        a.status = ApprovalStatus::Revoked;
+        a.revision = r.revision;
+        if let (Some(k), Some(c)) = (r.idempotency_key, r.command_digest) {
+            a.decision_keys.insert(k, c);
+        }
+        Ok(())
+    }
+
+    fn apply_pruned(&mut self, p: Pruned) {
+        while let Some((t, id)) = self.terminal.first().cloned() {
+            if t >= p.before_ms {
+                break;
+            }
+            self.terminal.pop_first();
+            if let Some(op) = self.operations.remove(&id) {
+                if let Some(keys) = self.by_key.get_mut(&op.client_id) {
+                    keys.remove(&op.idempotency_key);
+                    if keys.is_empty() {
+                        self.by_key.remove(&op.client_id);
+                    }
+                }
+                if let Some(aid) = &op.approval_id
+                    && self
+                        .approvals
+                        .get(aid)
+                        .is_some_and(|a| a.operation_id == op.id)
+                {
+                    self.approvals.remove(aid);
+                }
+            }
+        }
+    }
+}
+
+fn check_effect(a: &Approval, op_id: &str, e: ApprovalEffect) -> Result<(), ApplyError> {
+    use ApprovalEffect::*;
+    let ok = match e {
+        Reserve => a.status == ApprovalStatus::Active && !a.uses.contains_key(op_id),
+        Commit | Retain | Release => a.uses.get(op_id) == Some(&UseState::Reserved),
+        Cancel | Expire | Deny => true,
+        Revoke => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ApplyError::Invalid(format!(
+            "approval {} cannot take {e:?} for {op_id}",
+            a.id
+        )))
+    }
+}
+
+fn apply_effect(a: &mut Approval, op_id: &str, e: ApprovalEffect) {
+    use ApprovalEffect::*;
+    let terminal_status = |s: ApprovalStatus| {
+        matches!(
+            s,
+            ApprovalStatus::Denied
+                | ApprovalStatus::Expired
+                | ApprovalStatus::Consumed
+                | ApprovalStatus::Revoked
+                | ApprovalStatus::Canceled
+        )
+    };
+    match e {
+        Reserve => {
+            a.uses.insert(op_id.to_string(), UseState::Reserved);
+        }
+        Commit => {
+            a.uses.insert(op_id.to_string(), UseState::Committed);
+            let max = a.decision.as_ref().map(|d| d.max_uses).unwrap_or(1);
+            if a.status == ApprovalStatus::Active && a.uses_spent() >= max {
+                a.status = ApprovalStatus::Consumed;
+            }
+        }
+        Retain => {
+            a.uses.insert(op_id.to_string(), UseState::Retained);
+        }
+        Release => {
+            a.uses.insert(op_id.to_string(), UseState::Released);
+        }
+        Cancel => {
+            if a.status == ApprovalStatus::Pending {
+                a.status = ApprovalStatus::Canceled;
+            } else if a.status == ApprovalStatus::Active {
+                a.status = ApprovalStatus::Revoked;
+            }
+        }
+        Revoke => {
+            if !terminal_status(a.status) {
+                a.status = ApprovalStatus::Revoked;
+            }
+        }
+        Expire => {
+            if matches!(a.status, ApprovalStatus::Pending | ApprovalStatus::Active) {
+                a.status = ApprovalStatus::Expired;
+            }
+        }
+        Deny => {
+            if a.status == ApprovalStatus::Pending {
+                a.status = ApprovalStatus::Denied;
+            }
+        }
+    }
+    a.revision += 1;
+}
+
+fn changed_notice(op: &Operation) -> OpNotice {
+    OpNotice {
+        method: NOTICE_CHANGED,
+        params: serde_json::json!({
+            "id": op.id,
+            "client_id": op.client_id,
+            "operation": op.operation,
+            "state": op.state,
+            "revision": op.revision,
+        }),
+        operators_only: false,
+    }
+}
+
+fn approval_notice(a: &Approval, op: &Operation) -> Value {
+    serde_json::json!({
+        "approval_id": a.id,
+        "operation_id": op.id,
+        "client_id": op.client_id,
+        "operation": op.operation,
+        "title": op.presentation.title,
+        "summary": op.presentation.summary,
+        "reason": op.reason,
+        "revision": a.revision,
+        "pending_expires_at_ms": a.pending_expires_at_ms,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn op(id: &str, state: OpState, approval: Option<&str>) -> Operation {
+        Operation {
+            id: id.into(),
+            client_id: "agent".into(),
+            idempotency_key: format!("key-{id}"),
+            operation: "file.write".into(),
+            provider: "workspace".into(),
+            submitted: "{}".into(),
+            reason: "r".into(),
+            target: serde_json::json!({}),
+            arguments: serde_json::json!({}),
+            state,
+            revision: 1,
+            approval_id: approval.map(str::to_string),
+            created_at_ms: 10,
+            updated_at_ms: 10,
+            terminal_at_ms: state.is_terminal().then_some(10),
+            presentation: Presentation {
+                title: "t".into(),
+                summary: "s".into(),
+            },
+            plan_digest: Some("d".into()),
+            plan: Some("{}".into()),
+            result: None,
+            upstream_status: None,
+            error: None,
+            executor: None,
+        }
+    }
+
+    pub(crate) fn approval(id: &str, op_id: &str) -> Approval {
+        Approval {
+            id: id.into(),
+            operation_id: op_id.into(),
+            client_id: "agent".into(),
+            operation: "file.write".into(),
+            plan_digest: "d".into(),
+            classification: Classification::default(),
+            mode: GrantMode::Execution,
+            status: ApprovalStatus::Pending,
+            revision: 1,
+            created_at_ms: 10,
+            pending_expires_at_ms: 1_000,
+            requested_duration_seconds: 60,
+            requested_max_uses: 1,
+            decision: None,
+            uses: BTreeMap::new(),
+            decision_keys: BTreeMap::new(),
+        }
+    }
+
+    fn created(o: Operation, a: Option<Approval>) -> Value {
+        serde_json::to_value(Created {
+            operation: o,
+            approval: a,
+        })
+        .unwrap()
+    }
+
+    fn tr(
+        id: &str,
+        from: OpState,
+        to: OpState,
+        rev: u64,
+        eff: Option<(&str, ApprovalEffect)>,
+    ) -> Value {
+        serde_json::to_value(Transitioned {
+            id: id.into(),
+            from,
+            to,
+            revision: rev,
+            at_ms: 20 * rev,
+            error: None,
+            result: None,
+            upstream_status: None,
+            approval: eff.map(|(a, e)| ApprovalChange {
+                approval_id: a.into(),
+                effect: e,
+            }),
+            executor: None,
+        })
+        .unwrap()
+    }
+
+    fn decided(a: &str, rev: u64, kind: DecisionKind) -> Value {
+        serde_json::to_value(Decided {
+            approval_id: a.into(),
+            decision: SignedDecision {
+                decision: kind,
+                revision: rev,
+                decided_at_ms: 15,
+                expires_at_ms: Some(500),
+                max_uses: 1,
+                hmac: "x".into(),
+            },
+            idempotency_key: "k".into(),
+            command_digest: "c".into(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn approval_path_folds_to_succeeded_with_a_committed_use() {
+        let mut s = OperationState::default();
+        let mut out = vec![];
+        s.apply_record(
+            KIND_CREATED,
+            &created(
+                op("op_1", OpState::Pending, Some("ap_1")),
+                Some(approval("ap_1", "op_1")),
+            ),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].method, NOTICE_REQUESTED);
+        assert!(out[0].operators_only);
+        assert_eq!(out[1].method, NOTICE_CHANGED);
+        assert!(!out[1].operators_only);
+        s.apply_record(
+            KIND_DECIDED,
+            &decided("ap_1", 2, DecisionKind::Approve),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(s.approvals["ap_1"].status, ApprovalStatus::Active);
+        s.apply_record(
+            KIND_TRANSITIONED,
+            &tr("op_1", OpState::Pending, OpState::Approved, 2, None),
+            &mut out,
+        )
+        .unwrap();
+        s.apply_record(
+            KIND_TRANSITIONED,
+            &tr(
+                "op_1",
+                OpState::Approved,
+                OpState::Executing,
+                3,
+                Some(("ap_1", ApprovalEffect::Reserve)),
+            ),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(s.approvals["ap_1"].uses["op_1"], UseState::Reserved);
+        s.apply_record(
+            KIND_TRANSITIONED,
+            &tr(
+                "op_1",
+                OpState::Executing,
+                OpState::Succeeded,
+                4,
+                Some(("ap_1", ApprovalEffect::Commit)),
+            ),
+            &mut out,
+        )
+        .unwrap();
+        let o = s.get("op_1").unwrap();
+        assert_eq!(
+            (o.state, o.revision, o.terminal_at_ms),
+            (OpState::Succeeded, 4, Some(80))
+        );
+        let a = &s.approvals["ap_1"];
+        assert_eq!(a.status, ApprovalStatus::Consumed);
+        assert_eq!(a.uses["op_1"], UseState::Committed);
+        assert_eq!(s.skipped, 0);
+    }
+
+    #[test]
+    fn invalid_records_are_skipped_without_touching_state() {
+        let mut s = OperationState::default();
+        let mut out = vec![];
+        s.apply_record(
+            KIND_CREATED,
+            &created(op("op_1", OpState::Approved, None), None),
+            &mut out,
+        )
+        .unwrap();
+        let before = s.get("op_1").cloned();
+        // Wrong revision, wrong from-state, disallowed transition, reuse of a key.
+        assert!(
+            s.apply_record(
+                KIND_TRANSITIONED,
+                &tr("op_1", OpState::Approved, OpState::Executing, 3, None),
+                &mut out
+            )
+            .is_err()
+        );
+        assert!(
+            s.apply_record(
+                KIND_TRANSITIONED,
+                &tr("op_1", OpState::Pending, OpState::Approved, 2, None),
+                &mut out
+            )
+            .is_err()
+        );
+        assert!(
+            s.apply_record(
+                KIND_TRANSITIONED,
+                &tr("op_1", OpState::Approved, OpState::Succeeded, 2, None),
+                &mut out
+            )
+            .is_err()
+        );
+        let mut dup = op("op_2", OpState::Approved, None);
+        dup.idempotency_key = "key-op_1".into();
+        assert!(
+            s.apply_record(KIND_CREATED, &created(dup, None), &mut out)
+                .is_err()
+        );
+        // A pending operation without its approval, an unknown kind, a malformed payload.
+        assert!(
+            s.apply_record(
+                KIND_CREATED,
+                &created(op("op_3", OpState::Pending, None), None),
+                &mut out
+            )
+            .is_err()
+        );
+        assert!(
+            s.apply_record("operation.bogus", &serde_json::json!({}), &mut out)
+                .is_err()
+        );
+        assert!(
+            s.apply_record(KIND_CREATED, &serde_json::json!({"x": 1}), &mut out)
+                .is_err()
+        );
+        assert_eq!(s.get("op_1").cloned(), before);
+        assert_eq!(s.skipped, 7);
+        assert!(s.get("op_2").is_none());
+    }
+
+    #[test]
+    fn decisions_need_the_next_revision_and_a_pending_approval() {
+        let mut s = OperationState::default();
+        let mut out = vec![];
+        s.apply_record(
+            KIND_CREATED,
+            &created(
+                op("op_1", OpState::Pending, Some("ap_1")),
+                Some(approval("ap_1", "op_1")),
+            ),
+            &mut out,
+        )
+        .unwrap();
+        assert!(
+            s.apply_record(
+                KIND_DECIDED,
+                &decided("ap_1", 3, DecisionKind::Approve),
+                &mut out
+            )
+            .is_err()
+        );
+        s.apply_record(
+            KIND_DECIDED,
+            &decided("ap_1", 2, DecisionKind::Deny),
+            &mut out,
+        )
+        .unwrap();
+        assert!(
+            s.apply_record(
+                KIND_DECIDED,
+                &decided("ap_1", 3, DecisionKind::Approve),
+                &mut out
+            )
+            .is_err()
+        );
+        assert_eq!(s.approvals["ap_1"].status, ApprovalStatus::Denied);
+        let rev = serde_json::to_value(Revoked {
+            approval_id: "ap_1".into(),
+            revision: 3,
+            at_ms: 1,
+            idempotency_key: None,
+            command_digest: None,
+        })
+        .unwrap();
+        assert!(s.apply_record(KIND_REVOKED, &rev, &mut out).is_err());
+    }
+
+    #[test]
+    fn cancel_effect_cancels_pending_and_revokes_active_approvals() {
+        let mut a = approval("ap", "op");
+        apply_effect(&mut a, "op", ApprovalEffect::Cancel);
+        assert_eq!((a.status, a.revision), (ApprovalStatus::Canceled, 2));
+        let mut b = approval("ap", "op");
+        b.status = ApprovalStatus::Active;
+        apply_effect(&mut b, "op", ApprovalEffect::Cancel);
+        assert_eq!(b.status, ApprovalStatus::Revoked);
+        let mut c = approval("ap", "op");
+        c.status = ApprovalStatus::Active;
+        apply_effect(&mut c, "op", ApprovalEffect::Reserve);
+        apply_effect(&mut c, "op", ApprovalEffect::Retain);
+        assert!(c.has_retained());
+        assert_eq!(c.uses_spent(), 1);
+        assert_eq!(c.status, ApprovalStatus::Active);
+    }
+
+    #[test]
+    fn pruning_drops_old_terminal_operations_and_frees_their_keys() {
+        let mut s = OperationState::default();
+        let mut out = vec![];
+        let mut old = op("op_old", OpState::Denied, None);
+        old.terminal_at_ms = Some(5);
+        s.apply_record(KIND_CREATED, &created(old, None), &mut out)
+            .unwrap();
+        s.apply_record(
+            KIND_CREATED,
+            &created(op("op_new", OpState::Failed, None), None),
+            &mut out,
+        )
+        .unwrap();
+        s.apply_record(
+            KIND_CREATED,
+            &created(op("op_live", OpState::Approved, None), None),
+            &mut out,
+        )
+        .unwrap();
+        s.apply_record(KIND_PRUNED, &serde_json::json!({"before_ms": 8}), &mut out)
+            .unwrap();
+        assert!(s.get("op_old").is_none());
+        assert!(s.by_idempotency("agent", "key-op_old").is_none());
+        assert!(s.get("op_new").is_some());
+        assert!(s.get("op_live").is_some());
+        // State survives a snapshot round trip.
+        let text = serde_json::to_string(&s).unwrap();
+        let back: OperationState = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.terminal.len(), 1);
+        assert_eq!(back.operations.len(), 2);
+    }
+}

@@ -1,0 +1,163 @@
+//! What clients see of operations and approvals (no plan text, no signatures).
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::adapter::Presentation;
+use super::lifecycle::OpState;
+use super::state::{Approval, ApprovalStatus, OpFailure, Operation, UseState};
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct OperationView {
+    pub id: String,
+    pub client_id: String,
+    pub idempotency_key: String,
+    pub operation: String,
+    pub target: Value,
+    pub arguments: Value,
+    pub reason: String,
+    pub state: OpState,
+    pub revision: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminal_at: Option<String>,
+    pub presentation: Presentation,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_digest: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<OpFailure>,
+}
+
+impl OperationView {
+    pub fn of(op: &Operation) -> OperationView {
+        OperationView {
+            id: op.id.clone(),
+            client_id: op.client_id.clone(),
+            idempotency_key: op.idempotency_key.clone(),
+            operation: op.operation.clone(),
+            target: op.target.clone(),
+            arguments: op.arguments.clone(),
+            reason: op.reason.clone(),
+            state: op.state,
+            revision: op.revision,
+            approval_id: op.approval_id.clone(),
+            created_at: rfc3339(op.created_at_ms),
+            updated_at: rfc3339(op.updated_at_ms),
+            terminal_at: op.terminal_at_ms.map(rfc3339),
+            presentation: op.presentation.clone(),
+            plan_digest: op.plan_digest.clone(),
+            result: op.result.clone(),
+            upstream_status: op.upstream_status,
+            error: op.error.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ApprovalView {
+    pub approval_id: String,
+    pub operation_id: String,
+    pub client_id: String,
+    pub operation: String,
+    pub status: ApprovalStatus,
+    /// Pass this as `expected_revision` when deciding.
+    pub revision: u64,
+    pub plan_digest: String,
+    pub created_at: String,
+    pub pending_expires_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    pub requested_duration_seconds: u64,
+    pub requested_max_uses: u32,
+    pub uses_spent: u32,
+    pub retained: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation_state: Option<OpState>,
+}
+
+impl ApprovalView {
+    pub fn of(a: &Approval, op: Option<&Operation>) -> ApprovalView {
+        ApprovalView {
+            approval_id: a.id.clone(),
+            operation_id: a.operation_id.clone(),
+            client_id: a.client_id.clone(),
+            operation: a.operation.clone(),
+            status: a.status,
+            revision: a.revision,
+            plan_digest: a.plan_digest.clone(),
+            created_at: rfc3339(a.created_at_ms),
+            pending_expires_at: rfc3339(a.pending_expires_at_ms),
+            expires_at: a
+                .decision
+                .as_ref()
+                .and_then(|d| d.expires_at_ms)
+                .map(rfc3339),
+            requested_duration_seconds: a.requested_duration_seconds,
+            requested_max_uses: a.requested_max_uses,
+            uses_spent: a.uses_spent(),
+            retained: a.uses.values().any(|u| *u == UseState::Retained),
+            title: op.map(|o| o.presentation.title.clone()),
+            summary: op.map(|o| o.presentation.summary.clone()),
+            reason: op.map(|o| o.reason.clone()),
+            target: op.map(|o| o.target.clone()),
+            arguments: op.map(|o| o.arguments.clone()),
+            operation_state: op.map(|o| o.state),
+        }
+    }
+}
+
+/// `2026-11-29T08:32:33.123Z` from Unix milliseconds.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(super::rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(
+            super::rfc3339(1_795_941_153_123),
+            "2026-11-29T08:32:33.123Z"
+        );
+    }
+}

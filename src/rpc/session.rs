@@ -1,0 +1,809 @@
+//! One client connection: reads frames, dispatches them through the router, writes replies.
+//!
+//! Ordering rules: notifications are handled in arrival order on the reader loop; requests that
+//! write are applied one after another in arrival order; reads run concurrently but each waits
+//! until every write that arrived before it has finished. Cancellation (`$/cancelRequest`, MCP
+//! `notifications/cancelled`) is handled the moment it is read: the caller gets -32800 at once.
+//! A read is dropped; a write that has not started never runs; a write already running is left
+//! to finish (its durable record is never cut in half) and its result is discarded.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::sync::CancellationToken;
+
+use super::framing::{Codec, Frame, FrameError, Framing};
+use super::message::{Id, Incoming, RpcError, classify, codes, notification, reply_err, reply_ok};
+use super::router::{
+    Access, Audience, CallCtx, ClientInfo, Profile, Progress, ProgressStyle, Role, Router,
+};
+
+/// MCP protocol revisions answered by `initialize` (newest first).
+pub const MCP_HANDSHAKE_VERSIONS: &[&str] =
+    &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+/// The stateless MCP revision: no handshake, `_meta` on every request, `server/discover`.
+pub const MCP_STATELESS_VERSION: &str = "2026-07-28";
+const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+const META_CLIENT: &str = "io.modelcontextprotocol/clientInfo";
+
+/// A server-pushed notification as the host hands it to the session.
+#[derive(Clone, Debug)]
+pub struct Push {
+    pub method: String,
+    pub params: Value,
+    pub operators_only: bool,
+}
+
+/// What the session needs from the program around it.
+pub trait Host: Send + Sync + 'static {
+    type State: Send + Sync + 'static;
+    /// The host's notification type, turned into a [`Push`] by [`Host::push`].
+    type Notice: Clone + Send + 'static;
+    /// Opens the state this connection works on. Called once: at `initialize` with its params
+    /// (so an LSP `rootUri` can choose the workspace) or before the first other request.
+    fn attach(&self, init: Option<&Value>) -> Result<Arc<Self::State>, RpcError>;
+    /// The role a connection gets from its initialize params (operator needs proof).
+    fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError>;
+    /// Notifications for clients of `state` (from this process and from other processes).
+    fn subscribe(&self, state: &Self::State) -> broadcast::Receiver<Self::Notice>;
+    fn push(notice: Self::Notice) -> Push;
+    /// Server name and version for `serverInfo`.
+    fn server_info(&self) -> (&'static str, &'static str);
+    /// Short guidance for MCP hosts.
+    fn instructions(&self) -> &'static str;
+}
+
+/// How to choose the profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProfileChoice {
+    /// Sniff framing from the first byte; NDJSON speaking MCP becomes the MCP profile.
+    Auto,
+    Lsp,
+    Jsonl,
+    Mcp,
+}
+
+/// How a session ended.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SessionEnd {
+    /// Process exit code: LSP says 0 only after `shutdown`; other profiles end cleanly with 0.
+    pub exit_code: i32,
+}
+
+/// Requests in flight at once; past this the reader waits, which pushes back on the client
+/// instead of buffering without bound.
+const MAX_IN_FLIGHT: usize = 4096;
+
+struct Shared<H: Host> {
+    host: Arc<H>,
+    router: Arc<Router<H::State>>,
+    out: mpsc::UnboundedSender<Value>,
+    pending: Mutex<HashMap<Id, CancellationToken>>,
+    /// Count of finished writes; writes are numbered in arrival order.
+    writes_done: watch::Sender<u64>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    /// Cancelled when the session ends, so helpers holding `out` let the writer finish.
+    closing: CancellationToken,
+}
+
+struct Conn<H: Host> {
+    shared: Arc<Shared<H>>,
+    choice: ProfileChoice,
+    framing: Framing,
+    profile: Option<Profile>,
+    client: Option<Arc<ClientInfo>>,
+    state: Option<Arc<H::State>>,
+    initialized: bool,
+    shutdown: bool,
+    writes_issued: u64,
+    tasks: JoinSet<()>,
+}
+
+/// Serves one connection until EOF or LSP `exit`.
+pub async fn serve<H, R, W>(
+    host: Arc<H>,
+    router: Arc<Router<H::State>>,
+    choice: ProfileChoice,
+    mut input: R,
+    output: W,
+) -> std::io::Result<SessionEnd>
+where
+    H: Host,
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    // Sniff: read until the first non-blank byte decides the framing.
+    let mut head = Vec::new();
+    let framing = loop {
+        let forced = match choice {
+            ProfileChoice::Lsp => Some(Framing::ContentLength),
+            ProfileChoice::Jsonl | ProfileChoice::Mcp => Some(Framing::Ndjson),
+            ProfileChoice::Auto => None,
+        };
+        if let Some(f) = forced {
+            break f;
+        }
+        let mut buf = [0u8; 4096];
+        let n = input.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(SessionEnd { exit_code: 0 });
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(b) = head.iter().find(|b| !b.is_ascii_whitespace()) {
+            break Framing::sniff(*b);
+        }
+    };
+    tracing::debug!(?framing, "framing chosen");
+
+    let (out_tx, out_rx) = mpsc::unbounded_channel::<Value>();
+    let writer = tokio::spawn(write_loop(output, framing, out_rx));
+
+    // The sniffed bytes go back in front of the stream.
+    let mut reader = FramedRead::new(std::io::Cursor::new(head).chain(input), Codec::new(framing));
+
+    let (writes_done, _) = watch::channel(0u64);
+    let mut conn = Conn {
+        shared: Arc::new(Shared {
+            host,
+            router,
+            out: out_tx,
+            pending: Mutex::new(HashMap::new()),
+            writes_done,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+            closing: CancellationToken::new(),
+        }),
+        choice,
+        framing,
+        profile: match choice {
+            ProfileChoice::Lsp => Some(Profile::Lsp),
+            ProfileChoice::Mcp => Some(Profile::Mcp),
+            _ => None,
+        },
+        client: None,
+        state: None,
+        initialized: false,
+        shutdown: false,
+        writes_issued: 0,
+        tasks: JoinSet::new(),
+    };
+    let mut exit_requested = false;
+    while let Some(frame) = reader.next().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "read failed; ending session");
+                break;
+            }
+        };
+        match frame {
+            Frame::Bad(err) => conn.frame_error(err),
+            Frame::Body(body) => {
+                if conn.shared.in_flight.available_permits() == 0 {
+                    // Wait for some request to finish before reading more.
+                    let _ = conn.shared.in_flight.acquire().await;
+                }
+                if conn.on_body(body) {
+                    exit_requested = true;
+                    break;
+                }
+            }
+        }
+        // Reap finished tasks so the set does not grow without bound.
+        while conn.tasks.try_join_next().is_some() {}
+    }
+    // Input is gone: cancel reads, let running writes finish, then flush and close.
+    let tokens: Vec<CancellationToken> = {
+        let pending = conn
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        pending.values().cloned().collect()
+    };
+    for t in tokens {
+        t.cancel();
+    }
+    let drain = async { while conn.tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("in-flight requests did not finish within 30 s of end of input");
+    }
+    let exit_code =
+        if conn.profile == Some(Profile::Lsp) && (exit_requested || conn.client.is_some()) {
+            if conn.shutdown { 0 } else { 1 }
+        } else {
+            0
+        };
+    conn.shared.closing.cancel();
+    drop(conn);
+    match writer.await {
+        Ok(result) => result?,
+        Err(e) => tracing::error!(error = %e, "writer task failed"),
+    }
+    Ok(SessionEnd { exit_code })
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    output: W,
+    framing: Framing,
+    mut rx: mpsc::UnboundedReceiver<Value>,
+) -> std::io::Result<()> {
+    let mut sink = FramedWrite::new(output, Codec::new(framing));
+    while let Some(msg) = rx.recv().await {
+        sink.feed(encode(&msg)).await?;
+        // Batch whatever else is already queued into the same flush.
+        while let Ok(more) = rx.try_recv() {
+            sink.feed(encode(&more)).await?;
+        }
+        sink.flush().await?;
+    }
+    sink.flush().await
+}
+
+fn encode(v: &Value) -> Bytes {
+    // Serializing a Value cannot fail (keys are strings); fall back to an error object anyway.
+    Bytes::from(serde_json::to_vec(v).unwrap_or_else(|_| b"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32603,\"message\":\"unencodable reply\"}}".to_vec()))
+}
+
+impl<H: Host> Conn<H> {
+    fn send(&self, v: Value) {
+        let _ = self.shared.out.send(v);
+    }
+
+    fn frame_error(&self, err: FrameError) {
+        tracing::warn!(error = %err, "bad frame");
+        let e = match err {
+            FrameError::TooLarge(_) => RpcError::invalid_request(err.to_string()),
+            _ => RpcError::parse_error(err.to_string()),
+        };
+        self.send(reply_err(None, &e));
+    }
+
+    /// Handles one frame body. Returns true when the session must end (LSP `exit`).
+    fn on_body(&mut self, body: Bytes) -> bool {
+        let value: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                self.send(reply_err(
+                    None,
+                    &RpcError::parse_error(format!("invalid JSON: {e}")),
+                ));
+                return false;
+            }
+        };
+        match value {
+            Value::Array(items) => {
+                if items.is_empty() {
+                    self.send(reply_err(None, &RpcError::invalid_request("empty batch")));
+                    return false;
+                }
+                self.on_batch(items);
+                false
+            }
+            single => self.on_message(classify(single), None),
+        }
+    }
+
+    /// A batch: every element is dispatched as usual; the replies go back as one array.
+    fn on_batch(&mut self, items: Vec<Value>) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
+        let mut expected = 0usize;
+        for item in items {
+            let incoming = classify(item);
+            if matches!(
+                incoming,
+                Incoming::Request { .. } | Incoming::Invalid { .. }
+            ) {
+                expected += 1;
+            }
+            self.on_message(incoming, Some(tx.clone()));
+        }
+        drop(tx);
+        let out = self.shared.out.clone();
+        self.tasks.spawn(async move {
+            let mut replies = Vec::with_capacity(expected);
+            while let Some(r) = rx.recv().await {
+                replies.push(r);
+            }
+            if !replies.is_empty() {
+                let _ = out.send(Value::Array(replies));
+            }
+        });
+    }
+
+    fn reply(&self, batch: &Option<mpsc::UnboundedSender<Value>>, v: Value) {
+        match batch {
+            Some(tx) => {
+                let _ = tx.send(v);
+            }
+            None => self.send(v),
+        }
+    }
+
+    fn decide_profile(&mut self, method: &str, params: &Value) -> Profile {
+        if let Some(p) = self.profile {
+            return p;
+        }
+        let p = if self.framing == Framing::ContentLength || self.choice == ProfileChoice::Lsp {
+            Profile::Lsp
+        } else if (method == "initialize" && params.get("protocolVersion").is_some())
+            || matches!(
+                method,
+                "server/discover" | "tools/list" | "tools/call" | "ping"
+            )
+            || method.starts_with("notifications/")
+            || params
+                .get("_meta")
+                .and_then(|m| m.get(META_VERSION))
+                .is_some()
+        {
+            Profile::Mcp
+        } else {
+            Profile::Raw
+        };
+        self.profile = Some(p);
+        p
+    }
+
+    fn on_message(
+        &mut self,
+        incoming: Incoming,
+        batch: Option<mpsc::UnboundedSender<Value>>,
+    ) -> bool {
+        match incoming {
+            Incoming::Response => false,
+            Incoming::Invalid { id, error } => {
+                self.reply(&batch, reply_err(id.as_ref(), &error));
+                false
+            }
+            Incoming::Notification { method, params } => {
+                self.decide_profile(&method, &params);
+                self.on_notification(&method, params)
+            }
+            Incoming::Request { id, method, params } => {
+                let profile = self.decide_profile(&method, &params);
+                if let Err(e) = self.on_request(profile, id.clone(), &method, params, &batch) {
+                    self.reply(&batch, reply_err(Some(&id), &e));
+                }
+                false
+            }
+        }
+    }
+
+    fn on_notification(&mut self, method: &str, params: Value) -> bool {
+        match method {
+            "exit" => return true,
+            "initialized" | "notifications/initialized" => self.initialized = true,
+            "$/cancelRequest" => {
+                if let Some(id) = params.get("id").and_then(id_of) {
+                    self.cancel(&id);
+                }
+            }
+            "notifications/cancelled" => {
+                if let Some(id) = params.get("requestId").and_then(id_of) {
+                    self.cancel(&id);
+                }
+            }
+            "$/setTrace" | "$/logTrace" => {}
+            other => tracing::debug!(method = other, "notification ignored"),
+        }
+        false
+    }
+
+    fn cancel(&self, id: &Id) {
+        let token = {
+            let mut pending = self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            pending.remove(id)
+        };
+        if let Some(token) = token {
+            token.cancel();
+            self.send(reply_err(Some(id), &RpcError::cancelled()));
+        }
+    }
+
+    fn server_capabilities(&self) -> Value {
+        let methods: Vec<&str> = self.shared.router.methods().map(|m| m.def.name).collect();
+        let notes: Vec<&str> = self.shared.router.notifications().map(|n| n.name).collect();
+        json!({ "experimental": { "gaffer": { "methods": methods, "notifications": notes } } })
+    }
+
+    fn ensure_attached(&mut self, init: Option<&Value>) -> Result<Arc<H::State>, RpcError> {
+        if let Some(s) = &self.state {
+            return Ok(Arc::clone(s));
+        }
+        let state = self.shared.host.attach(init)?;
+        self.state = Some(Arc::clone(&state));
+        // Forward domain notifications to this client for the life of the session.
+        let mut rx = self.shared.host.subscribe(&state);
+        let out = self.shared.out.clone();
+        let client = self.client.clone();
+        let profile = self.profile;
+        let closing = self.shared.closing.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    n = rx.recv() => n,
+                    _ = closing.cancelled() => break,
+                };
+                match next {
+                    Ok(notice) => {
+                        let push = H::push(notice);
+                        if profile == Some(Profile::Mcp) {
+                            continue;
+                        }
+                        let operator = client.as_ref().is_some_and(|c| c.role == Role::Operator);
+                        if push.operators_only && !operator {
+                            continue;
+                        }
+                        if out.send(notification(&push.method, push.params)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(skipped = n, "client fell behind; notifications dropped");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+        Ok(state)
+    }
+
+    fn client_info(&mut self, profile: Profile) -> Arc<ClientInfo> {
+        if let Some(c) = &self.client {
+            return Arc::clone(c);
+        }
+        let c = Arc::new(ClientInfo {
+            id: format!("{profile:?}").to_lowercase(),
+            role: Role::Agent,
+            profile,
+        });
+        self.client = Some(Arc::clone(&c));
+        c
+    }
+
+    fn on_request(
+        &mut self,
+        profile: Profile,
+        id: Id,
+        method: &str,
+        mut params: Value,
+        batch: &Option<mpsc::UnboundedSender<Value>>,
+    ) -> Result<(), RpcError> {
+        if self.shutdown && method != "shutdown" {
+            return Err(RpcError::invalid_request("server is shutting down"));
+        }
+        match method {
+            "initialize" => {
+                let result = self.initialize(profile, &params)?;
+                self.reply(batch, reply_ok(&id, result));
+                return Ok(());
+            }
+            "shutdown" => {
+                self.shutdown = true;
+                self.reply(batch, reply_ok(&id, Value::Null));
+                return Ok(());
+            }
+            "ping" => {
+                self.reply(batch, reply_ok(&id, json!({})));
+                return Ok(());
+            }
+            "server/discover" => {
+                let (name, version) = self.shared.host.server_info();
+                let mut versions = vec![MCP_STATELESS_VERSION];
+                versions.extend_from_slice(MCP_HANDSHAKE_VERSIONS);
+                self.reply(
+                    batch,
+                    reply_ok(
+                        &id,
+                        json!({
+                            "resultType": "complete",
+                            "supportedVersions": versions,
+                            "capabilities": {"tools": {"listChanged": false}},
+                            "serverInfo": {"name": name, "version": version},
+                            "instructions": self.shared.host.instructions(),
+                        }),
+                    ),
+                );
+                return Ok(());
+            }
+            _ => {}
+        }
+        let stateless = meta_version(&params);
+        if let Some(v) = &stateless
+            && v != MCP_STATELESS_VERSION
+            && !MCP_HANDSHAKE_VERSIONS.contains(&v.as_str())
+        {
+            return Err(RpcError::invalid_params(
+                "_meta",
+                format!("unsupported MCP protocol version {v:?}"),
+            )
+            .with_data("supported", json!([MCP_STATELESS_VERSION])));
+        }
+        if profile == Profile::Lsp && self.client.is_none() {
+            return Err(RpcError::new(
+                codes::SERVER_NOT_INITIALIZED,
+                "server_not_initialized",
+                "send `initialize` first",
+            ));
+        }
+        if profile == Profile::Mcp && self.client.is_none() && stateless.is_none() {
+            return Err(RpcError::new(
+                codes::SERVER_NOT_INITIALIZED,
+                "server_not_initialized",
+                "send `initialize` first, or `_meta` with a protocol version on every request",
+            ));
+        }
+        // LSP work-done progress and MCP progress tokens ride in params; strip them before
+        // typed decoding.
+        let mut progress = Progress::default();
+        if let Value::Object(map) = &mut params {
+            if let Some(token) = map.remove("workDoneToken") {
+                progress = Progress::new(token, ProgressStyle::Lsp, self.shared.out.clone());
+            }
+            if let Some(Value::Object(meta)) = map.remove("_meta")
+                && let Some(token) = meta.get("progressToken")
+            {
+                progress =
+                    Progress::new(token.clone(), ProgressStyle::Mcp, self.shared.out.clone());
+            }
+        }
+        let client = match (&stateless, &self.client) {
+            (Some(_), None) => Arc::new(ClientInfo {
+                id: params_client_name(&params).unwrap_or_else(|| "mcp".into()),
+                role: Role::Agent,
+                profile: Profile::Mcp,
+            }),
+            _ => self.client_info(profile),
+        };
+        let state = self.ensure_attached(None)?;
+        let (target, args, mcp) = match method {
+            "tools/list" if profile == Profile::Mcp => {
+                let tools = self.tools_list();
+                let mut result = json!({ "tools": tools });
+                if stateless.is_some() {
+                    result["resultType"] = json!("complete");
+                }
+                self.reply(batch, reply_ok(&id, result));
+                return Ok(());
+            }
+            "tools/call" if profile == Profile::Mcp => {
+                let name = params
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| RpcError::invalid_params("name", "`name` must be a tool name"))?
+                    .to_string();
+                let m = self.shared.router.by_tool(&name).ok_or_else(|| {
+                    RpcError::invalid_params("name", format!("unknown tool `{name}`"))
+                })?;
+                let args = match params.get_mut("arguments").map(Value::take) {
+                    None | Some(Value::Null) => Value::Object(Map::new()),
+                    Some(v @ Value::Object(_)) => v,
+                    Some(_) => {
+                        return Err(RpcError::invalid_params(
+                            "arguments",
+                            "`arguments` must be an object",
+                        ));
+                    }
+                };
+                (m.def.name.to_string(), args, true)
+            }
+            _ if profile == Profile::Mcp => {
+                // The agent surface offers tools only: gaffer methods are reached via tools/call.
+                return Err(RpcError::method_not_found(method));
+            }
+            other => (other.to_string(), params, false),
+        };
+        let m = self
+            .shared
+            .router
+            .get(&target)
+            .ok_or_else(|| RpcError::method_not_found(&target))?;
+        super::router::check_audience(&m.def, &client)?;
+        let access = m.def.access;
+
+        let token = CancellationToken::new();
+        {
+            let mut pending = self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if pending.contains_key(&id) {
+                return Err(RpcError::invalid_request(format!(
+                    "request id {id} is already in use"
+                )));
+            }
+            pending.insert(id.clone(), token.clone());
+        }
+        let ctx = CallCtx {
+            client,
+            cancel: token.clone(),
+            progress,
+        };
+        let shared = Arc::clone(&self.shared);
+        let reply_to = batch.clone();
+        let stateless_result = stateless.is_some();
+        let (ticket, wait_for) = match access {
+            Access::Write => {
+                self.writes_issued += 1;
+                (Some(self.writes_issued), self.writes_issued - 1)
+            }
+            Access::Read => (None, self.writes_issued),
+        };
+        let permit = Arc::clone(&self.shared.in_flight).try_acquire_owned().ok();
+        self.tasks.spawn(async move {
+            let _permit = permit;
+            let mut done_rx = shared.writes_done.subscribe();
+            // Wait for earlier writes (a cancelled request still takes its turn, so later
+            // writes keep their order).
+            let waited = tokio::select! {
+                r = done_rx.wait_for(|d| *d >= wait_for) => r.is_ok(),
+                _ = token.cancelled(), if ticket.is_none() => false,
+            };
+            let finish_write = |shared: &Shared<H>| {
+                if let Some(t) = ticket {
+                    shared.writes_done.send_modify(|d| *d = (*d).max(t));
+                }
+            };
+            if !waited || token.is_cancelled() {
+                finish_write(&shared);
+                return;
+            }
+            let call = shared.router.call(state, ctx, &target, args);
+            let result = match ticket {
+                // A started write runs to completion even if cancelled meanwhile.
+                Some(_) => Some(call.await),
+                None => tokio::select! {
+                    r = call => Some(r),
+                    _ = token.cancelled() => None,
+                },
+            };
+            finish_write(&shared);
+            let Some(result) = result else { return };
+            let still_pending = {
+                let mut pending = shared.pending.lock().unwrap_or_else(|p| p.into_inner());
+                pending.remove(&id).is_some()
+            };
+            if !still_pending {
+                return; // cancelled: -32800 was already sent
+            }
+            let reply = if mcp {
+                reply_ok(&id, tool_result(result, stateless_result))
+            } else {
+                match result {
+                    Ok(v) => reply_ok(&id, v),
+                    Err(e) => reply_err(Some(&id), &e),
+                }
+            };
+            match reply_to {
+                Some(tx) => {
+                    let _ = tx.send(reply);
+                }
+                None => {
+                    let _ = shared.out.send(reply);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn initialize(&mut self, profile: Profile, params: &Value) -> Result<Value, RpcError> {
+        if self.client.is_some() {
+            return Err(RpcError::invalid_request("already initialized"));
+        }
+        let role = self.shared.host.authenticate(params, profile)?;
+        let name = params
+            .get("clientInfo")
+            .and_then(|c| c.get("name"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty() && n.len() <= 128)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{profile:?}").to_lowercase());
+        self.client = Some(Arc::new(ClientInfo {
+            id: name,
+            role,
+            profile,
+        }));
+        self.ensure_attached(Some(params))?;
+        let (server, version) = self.shared.host.server_info();
+        if profile == Profile::Mcp {
+            let asked = params
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let chosen = if MCP_HANDSHAKE_VERSIONS.contains(&asked) {
+                asked
+            } else {
+                MCP_HANDSHAKE_VERSIONS[0]
+            };
+            return Ok(json!({
+                "protocolVersion": chosen,
+                "capabilities": {"tools": {"listChanged": false}},
+                "serverInfo": {"name": server, "version": version},
+                "instructions": self.shared.host.instructions(),
+            }));
+        }
+        Ok(json!({
+            "capabilities": self.server_capabilities(),
+            "serverInfo": {"name": server, "version": version},
+            "role": role,
+        }))
+    }
+
+    fn tools_list(&self) -> Vec<Value> {
+        self.shared
+            .router
+            .methods()
+            .filter(|m| m.def.audience == Audience::Anyone)
+            .filter_map(|m| {
+                let tool = m.def.mcp_tool?;
+                let mut schema = m.params_schema().to_value();
+                if let Value::Object(map) = &mut schema {
+                    map.remove("$schema");
+                    map.entry("type").or_insert(json!("object"));
+                }
+                Some(json!({ "name": tool, "title": m.def.name, "description": m.def.doc, "inputSchema": schema }))
+            })
+            .collect()
+    }
+}
+
+fn id_of(v: &Value) -> Option<Id> {
+    serde_json::from_value(v.clone()).ok()
+}
+
+fn meta_version(params: &Value) -> Option<String> {
+    params
+        .get("_meta")?
+        .get(META_VERSION)?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn params_client_name(params: &Value) -> Option<String> {
+    params
+        .get("_meta")?
+        .get(META_CLIENT)?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Wraps a method result as an MCP tool result: JSON text plus structured content; domain
+/// errors become `isError` results so the agent can read and correct them.
+fn tool_result(result: Result<Value, RpcError>, stateless: bool) -> Value {
+    let mut out = match result {
+        Ok(v) => {
+            let text = serde_json::to_string(&v).unwrap_or_default();
+            let structured = match v {
+                Value::Object(_) => v,
+                other => json!({ "result": other }),
+            };
+            json!({ "content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": false })
+        }
+        Err(e) => json!({
+            "content": [{"type": "text", "text": e.message}],
+            "structuredContent": {"error": e},
+            "isError": true,
+        }),
+    };
+    if stateless {
+        out["resultType"] = json!("complete");
+    }
+    out
+}

@@ -1,0 +1,297 @@
+//! Helpers for end-to-end tests: spawn the real `gaffer` binary on a temporary workspace and
+//! speak JSON-RPC to it over its stdio, as clients do.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gaffer");
+
+/// A fresh workspace directory (deleted on drop).
+pub fn workspace() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gaffer-ws-")
+        .tempdir()
+        .expect("temp workspace")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    Ndjson,
+    Lsp,
+}
+
+/// A running `gaffer serve` with a reader thread collecting every message it prints.
+pub struct Server {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    wire: Wire,
+    rx: Receiver<Value>,
+    /// Messages read but not yet claimed by a caller.
+    backlog: Vec<Value>,
+    next_id: i64,
+    pub workspace: PathBuf,
+}
+
+impl Server {
+    /// Starts `gaffer serve --workspace WS <args>` speaking `wire`.
+    pub fn start(ws: &Path, wire: Wire, args: &[&str]) -> Server {
+        Self::start_env(ws, wire, args, &[])
+    }
+
+    /// Starts `gaffer serve` with no `--workspace`, running in `cwd`.
+    pub fn start_in(cwd: &Path, wire: Wire) -> Server {
+        let mut cmd = Command::new(BIN);
+        cmd.current_dir(cwd).arg("serve");
+        Self::spawn(cmd, cwd, wire, &[])
+    }
+
+    pub fn start_env(ws: &Path, wire: Wire, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--workspace").arg(ws).arg("serve").args(args);
+        Self::spawn(cmd, ws, wire, env)
+    }
+
+    fn spawn(mut cmd: Command, ws: &Path, wire: Wire, env: &[(&str, &str)]) -> Server {
+        cmd.env_remove("GAFFER_LOG");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn gaffer");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            loop {
+                let msg = match wire {
+                    Wire::Ndjson => read_line(&mut r),
+                    Wire::Lsp => read_lsp(&mut r),
+                };
+                match msg {
+                    Some(v) => {
+                        if tx.send(v).is_err() {
+                            break;
+                        }
+                    }
+                    None => break,
+                }
+            }
+        });
+        Server {
+            stdin: child.stdin.take(),
+            child,
+            wire,
+            rx,
+            backlog: Vec::new(),
+            next_id: 1,
+            workspace: ws.to_path_buf(),
+        }
+    }
+
+    /// Writes raw bytes to the server's stdin.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).expect("write");
+        stdin.flush().expect("flush");
+    }
+
+    /// Sends one JSON message in this server's framing.
+    pub fn send(&mut self, v: &Value) {
+        let body = serde_json::to_vec(v).expect("json");
+        match self.wire {
+            Wire::Ndjson => {
+                let mut b = body;
+                b.push(b'\n');
+                self.send_raw(&b);
+            }
+            Wire::Lsp => {
+                let mut b = format!("Content-Length: {}\r\n\r\n", body.len()).into_bytes();
+                b.extend_from_slice(&body);
+                self.send_raw(&b);
+            }
+        }
+    }
+
+    pub fn next_id(&mut self) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Sends a request and returns its id.
+    pub fn send_request(&mut self, method: &str, params: Value) -> i64 {
+        let id = self.next_id();
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
+    pub fn notify(&mut self, method: &str, params: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    }
+
+    /// Waits for the next message matching `pred` (others are kept for later calls).
+    pub fn wait_for(&mut self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+        if let Some(i) = self.backlog.iter().position(&pred) {
+            return Some(self.backlog.remove(i));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(v) if pred(&v) => return Some(v),
+                Ok(v) => self.backlog.push(v),
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The reply to request `id` (full message).
+    pub fn response(&mut self, id: i64) -> Value {
+        self.wait_for(Duration::from_secs(30), |v| {
+            v.get("id") == Some(&json!(id)) && v.get("method").is_none()
+        })
+        .unwrap_or_else(|| panic!("no response to request {id}"))
+    }
+
+    /// Sends a request and waits for its reply (full message).
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send_request(method, params);
+        self.response(id)
+    }
+
+    /// Sends a request and returns `result`, panicking on an error reply.
+    pub fn call(&mut self, method: &str, params: Value) -> Value {
+        let r = self.request(method, params);
+        match r.get("result") {
+            Some(v) => v.clone(),
+            None => panic!("{method} failed: {r}"),
+        }
+    }
+
+    /// Next notification named `method`.
+    pub fn notification(&mut self, method: &str, timeout: Duration) -> Option<Value> {
+        self.wait_for(timeout, |v| {
+            v.get("method").and_then(Value::as_str) == Some(method) && v.get("id").is_none()
+        })
+    }
+
+    /// Next message that has `id: null` (errors about unreadable input).
+    pub fn null_id_error(&mut self) -> Value {
+        self.wait_for(Duration::from_secs(10), |v| {
+            v.get("id") == Some(&Value::Null)
+        })
+        .expect("an error reply with id null")
+    }
+
+    /// Closes stdin and waits for the exit code.
+    pub fn finish(mut self) -> i32 {
+        self.stdin.take();
+        wait_exit(&mut self.child, Duration::from_secs(30))
+    }
+
+    pub fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> i32 {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gaffer did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn read_line(r: &mut impl BufRead) -> Option<Value> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        return Some(
+            serde_json::from_str(line.trim_end())
+                .unwrap_or_else(|e| panic!("stdout is not protocol: {line:?}: {e}")),
+        );
+    }
+}
+
+fn read_lsp(r: &mut impl BufRead) -> Option<Value> {
+    let mut len = None;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let l = line.trim_end_matches(['\r', '\n']);
+        if l.is_empty() {
+            break;
+        }
+        let (name, value) = l
+            .split_once(':')
+            .unwrap_or_else(|| panic!("bad header line {l:?}"));
+        if name.eq_ignore_ascii_case("content-length") {
+            len = Some(value.trim().parse::<usize>().expect("length"));
+        }
+    }
+    let mut body = vec![0u8; len.expect("Content-Length header")];
+    r.read_exact(&mut body).ok()?;
+    Some(serde_json::from_slice(&body).expect("LSP body is JSON"))
+}
+
+/// Runs `gaffer <args>` to completion; returns (exit code, stdout, stderr).
+pub fn run_cli(ws: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .arg("--workspace")
+        .arg(ws)
+        .args(args)
+        .output()
+        .expect("run gaffer");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Bytes of every journal segment (to check that nothing was written).
+pub fn journal_bytes(ws: &Path) -> Vec<u8> {
+    let dir = ws.join(".gaffer").join("journal");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    names.sort();
+    let mut out = Vec::new();
+    for n in names {
+        out.extend(std::fs::read(n).unwrap_or_default());
+    }
+    out
+}

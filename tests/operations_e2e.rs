@@ -1,0 +1,913 @@
+//! End-to-end: the real binary, real providers, several processes on one workspace.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Server, Wire};
+use serde_json::{Value, json};
+
+const ALLOW_DOCS: &str = r#"
+rules:
+  - id: docs
+    effect: allow
+    operations: ["file.write"]
+    targets:
+      - kind: file
+        fields:
+          path: ["docs/**"]
+  - id: secrets
+    effect: deny
+    operations: ["file.*"]
+    targets:
+      - kind: file
+        fields:
+          path: ["secret/**"]
+  - id: counter
+    effect: allow
+    operations: ["command.run"]
+  - id: kv
+    effect: request
+    operations: ["kv.*", "file.delete"]
+    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10}
+  - id: ask-src
+    effect: request
+    operations: ["file.write"]
+    targets:
+      - kind: file
+        fields:
+          path: ["src/**"]
+    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10}
+  - id: greedy
+    effect: request
+    operations: ["file.write"]
+    targets:
+      - kind: file
+        fields:
+          path: ["greedy/**"]
+    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 2, max_uses: 2}
+"#;
+
+struct Env {
+    ws: tempfile::TempDir,
+    _cfg: tempfile::TempDir,
+    key_file: PathBuf,
+}
+
+impl Env {
+    fn new(policy: Option<&str>) -> Env {
+        let ws = common::workspace();
+        let cfg = tempfile::tempdir().unwrap();
+        let key_file = cfg.path().join("operator.key");
+        gaffer::operations::operator::OperatorKey::init(&key_file, None).unwrap();
+        std::fs::create_dir_all(ws.path().join(".gaffer")).unwrap();
+        if let Some(p) = policy {
+            std::fs::write(ws.path().join(".gaffer/policy.yaml"), p).unwrap();
+        }
+        let provider = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/providers/kv_provider.py");
+        std::fs::write(
+            ws.path().join(".gaffer/providers.yaml"),
+            format!(
+                "providers:\n  - name: kv\n    command: [python3, {:?}]\n",
+                provider.display().to_string()
+            ),
+        )
+        .unwrap();
+        Env {
+            ws,
+            _cfg: cfg,
+            key_file,
+        }
+    }
+
+    fn root(&self) -> &Path {
+        self.ws.path()
+    }
+
+    fn env(&self) -> Vec<(&str, String)> {
+        vec![(
+            "GAFFER_OPERATOR_KEY_FILE",
+            self.key_file.display().to_string(),
+        )]
+    }
+
+    fn start(&self, extra: &[(&str, &str)]) -> Server {
+        let key = self.key_file.display().to_string();
+        let mut env: Vec<(&str, &str)> = vec![("GAFFER_OPERATOR_KEY_FILE", key.as_str())];
+        env.extend_from_slice(extra);
+        Server::start_env(self.root(), Wire::Ndjson, &[], &env)
+    }
+
+    fn agent(&self, name: &str) -> Server {
+        self.agent_env(name, &[])
+    }
+
+    fn agent_env(&self, name: &str, extra: &[(&str, &str)]) -> Server {
+        let mut s = self.start(extra);
+        s.call("initialize", json!({"clientInfo": {"name": name}}));
+        s.notify("initialized", json!({}));
+        s
+    }
+
+    fn operator(&self) -> Server {
+        let key = std::fs::read_to_string(&self.key_file).unwrap();
+        let mut s = self.start(&[]);
+        s.call(
+            "initialize",
+            json!({"clientInfo": {"name": "human"}, "initializationOptions": {"role": "operator", "operatorKey": key.trim()}}),
+        );
+        s.notify("initialized", json!({}));
+        s
+    }
+}
+
+fn submit(s: &mut Server, op: &str, target: Value, args: Value, key: &str) -> Value {
+    s.request(
+        "operations/submit",
+        json!({"operation": op, "target": target, "arguments": args, "reason": "needed for the task", "idempotency_key": key}),
+    )
+}
+
+fn ok(r: &Value) -> &Value {
+    r.get("result")
+        .unwrap_or_else(|| panic!("expected success: {r}"))
+}
+
+fn err_code(r: &Value) -> String {
+    r["error"]["data"]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("expected error: {r}"))
+        .to_string()
+}
+
+fn wait_state(s: &mut Server, id: &str, want: &[&str]) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut rev = 0;
+    loop {
+        let v = s.call(
+            "operations/wait",
+            json!({"id": id, "after_revision": rev, "wait_seconds": 5}),
+        );
+        if want.contains(&v["state"].as_str().unwrap_or("")) {
+            return v;
+        }
+        rev = v["revision"].as_u64().unwrap();
+        assert!(Instant::now() < deadline, "operation {id} stuck in {v}");
+    }
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn allow_rule_executes_immediately_and_replay_returns_the_same_operation() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let r = submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "hi"}),
+        "k1",
+    );
+    let first = ok(&r).clone();
+    assert_eq!(first["created"], true);
+    let done = wait_state(
+        &mut a,
+        first["id"].as_str().unwrap(),
+        &["succeeded", "failed"],
+    );
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["result"]["bytes"], 2);
+    assert!(done.get("approval_id").is_none());
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("docs/a.md")).unwrap(),
+        "hi"
+    );
+    // Replay (with a padded key): same id and revision, nothing re-run.
+    let again = submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "hi"}),
+        "  k1 ",
+    );
+    let again = ok(&again);
+    assert_eq!(again["created"], false);
+    assert_eq!(again["id"], first["id"]);
+    assert_eq!(again["revision"], done["revision"]);
+    // Replay also survives a restart.
+    drop(a);
+    let mut b = env.agent("agent-1");
+    let r = submit(
+        &mut b,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "hi"}),
+        "k1",
+    );
+    assert_eq!(ok(&r)["id"], first["id"]);
+    assert_eq!(ok(&r)["revision"], done["revision"]);
+    assert_eq!(ok(&r)["state"], "succeeded");
+}
+
+#[test]
+fn idempotency_conflicts_and_token_exact_numbers() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "n"}),
+        json!({"value": 1}),
+        "num",
+    ));
+    // 1 versus 1.0 is a different request.
+    assert_eq!(
+        err_code(&submit(
+            &mut a,
+            "kv.set",
+            json!({"key": "n"}),
+            json!({"value": 1.0}),
+            "num"
+        )),
+        "idempotency_conflict"
+    );
+    assert_eq!(
+        err_code(&submit(
+            &mut a,
+            "kv.set",
+            json!({"key": "m"}),
+            json!({"value": 1}),
+            "num"
+        )),
+        "idempotency_conflict"
+    );
+    let r = a.request(
+        "operations/submit",
+        json!({"operation": "kv.set", "target": {"key": "n"}, "arguments": {"value": 1}, "reason": "other reason", "idempotency_key": "num"}),
+    );
+    assert_eq!(err_code(&r), "idempotency_conflict");
+    // Key order and whitespace do not matter.
+    let r = a.request(
+        "operations/submit",
+        json!({"reason": "needed for the task", "idempotency_key": "num", "arguments": {"value": 1}, "target": {"key": "n"}, "operation": "kv.set"}),
+    );
+    assert_eq!(ok(&r)["created"], false);
+    // Idempotency is per client: another client may use the same key.
+    let mut b = env.agent("agent-2");
+    assert_eq!(
+        ok(&submit(
+            &mut b,
+            "kv.set",
+            json!({"key": "n"}),
+            json!({"value": 2}),
+            "num"
+        ))["created"],
+        true
+    );
+}
+
+#[test]
+fn deny_and_no_match_end_denied_and_nothing_runs() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let d = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "secret/k"}),
+        json!({"content": "x"}),
+        "d",
+    ))
+    .clone();
+    assert_eq!(d["state"], "denied");
+    assert_eq!(d["error"]["code"], "operation_policy_denied");
+    assert_eq!(d["created"], true);
+    let n = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "other/k"}),
+        json!({"content": "x"}),
+        "n",
+    ))
+    .clone();
+    assert_eq!(n["state"], "denied");
+    assert!(!env.root().join("secret/k").exists());
+    assert!(!env.root().join("other/k").exists());
+    // A denied request replays as denied.
+    assert_eq!(
+        ok(&submit(
+            &mut a,
+            "file.write",
+            json!({"path": "secret/k"}),
+            json!({"content": "x"}),
+            "d"
+        ))["state"],
+        "denied"
+    );
+}
+
+#[test]
+fn without_a_policy_file_every_operation_waits_for_a_human() {
+    let env = Env::new(None);
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "x"}),
+        "k",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending");
+    assert!(p["approval_id"].as_str().unwrap().starts_with("ap_"));
+    assert!(!env.root().join("docs/a.md").exists());
+}
+
+#[test]
+fn bad_input_is_refused_with_the_field_and_nothing_is_written() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let before = common::journal_bytes(env.root());
+    let r = submit(&mut a, "file.launch", json!({}), json!({}), "x");
+    assert_eq!(err_code(&r), "operation_not_registered");
+    let r = submit(
+        &mut a,
+        "file.write",
+        json!({"path": "../escape"}),
+        json!({"content": "x"}),
+        "x",
+    );
+    assert_eq!(err_code(&r), "operation_input_invalid");
+    assert_eq!(r["error"]["data"]["field"], "target.path");
+    let r = submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a"}),
+        json!({"content": 5}),
+        "x",
+    );
+    assert_eq!(r["error"]["data"]["field"], "arguments.content");
+    let r = a.request("operations/submit", json!({"operation": "file.write", "target": [1], "arguments": {}, "reason": "r", "idempotency_key": "x"}));
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let r = a.request("operations/submit", json!({"operation": "file.write", "target": {"path": "a"}, "arguments": {"content": ""}, "reason": "  ", "idempotency_key": "x"}));
+    assert_eq!(r["error"]["data"]["field"], "reason");
+    let r = a.request("operations/submit", json!({"operation": "file.write", "target": {"path": "a"}, "arguments": {"content": ""}, "reason": "r", "idempotency_key": "x", "extra": 1}));
+    assert_eq!(r["error"]["code"], -32602);
+    let r = a.request("operations/submit", json!({"operation": "file.write", "target": {"path": "a"}, "arguments": {"content": ""}, "reason": "r"}));
+    assert_eq!(r["error"]["code"], -32602);
+    #[cfg(unix)]
+    {
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), env.root().join("docs")).unwrap();
+        let r = submit(
+            &mut a,
+            "file.write",
+            json!({"path": "docs/a.md"}),
+            json!({"content": "x"}),
+            "x",
+        );
+        assert_eq!(err_code(&r), "operation_input_invalid");
+        assert!(!outside.path().join("a.md").exists());
+    }
+    assert_eq!(common::journal_bytes(env.root()), before);
+    assert_eq!(
+        a.call("operations/list", json!({}))["operations"],
+        json!([])
+    );
+}
+
+#[test]
+fn approval_from_a_second_process_unblocks_the_agent_exactly_once() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut op = env.operator();
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "colour"}),
+        json!({"value": "blue"}),
+        "k",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending");
+    let id = p["id"].as_str().unwrap();
+    // The operator's process learns of the request from the journal.
+    let n = op
+        .notification("approvals/requested", Duration::from_secs(10))
+        .expect("approvals/requested");
+    assert_eq!(n["params"]["operation_id"], id);
+    let list = op.call("approvals/list", json!({}));
+    let ap = &list["approvals"][0];
+    assert_eq!(ap["operation_id"], id);
+    assert_eq!(ap["reason"], "needed for the task");
+    let rev = ap["revision"].as_u64().unwrap();
+    let d = op.call(
+        "approvals/decide",
+        json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": rev, "idempotency_key": "d1"}),
+    );
+    assert_eq!(d["status"], "active");
+    let done = wait_state(&mut a, id, &["succeeded", "failed"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["upstream_status"], 201);
+    // The agent was told through operations/changed.
+    assert!(
+        a.notification("operations/changed", Duration::from_secs(5))
+            .is_some()
+    );
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 1);
+    // Decision replay returns the original; a stale revision is refused.
+    let again = op.call(
+        "approvals/decide",
+        json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": rev, "idempotency_key": "d1"}),
+    );
+    assert_eq!(again["approval_id"], ap["approval_id"]);
+    let all = op.call("approvals/list", json!({"all": true}));
+    assert_eq!(all["approvals"][0]["status"], "consumed");
+    assert_eq!(all["approvals"][0]["uses_spent"], 1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 1);
+}
+
+#[test]
+fn operator_deny_stale_revision_narrowing_and_agent_refusal() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut op = env.operator();
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "a"}),
+        json!({"value": 1}),
+        "k",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap();
+    // Agents cannot reach operator methods.
+    let r = a.request(
+        "approvals/decide",
+        json!({"id": id, "decision": "approve", "expected_revision": 1, "idempotency_key": "x"}),
+    );
+    assert!(r.get("error").is_some(), "{r}");
+    let r = op.request(
+        "approvals/decide",
+        json!({"id": id, "decision": "approve", "expected_revision": 7, "idempotency_key": "x"}),
+    );
+    assert_eq!(err_code(&r), "revision_conflict");
+    let r = op.request(
+        "approvals/decide",
+        json!({"id": id, "decision": "approve", "expected_revision": 1, "idempotency_key": "y", "constraints": {"max_uses": 2}}),
+    );
+    assert_eq!(err_code(&r), "constraint_exceeded");
+    let r = op.request(
+        "approvals/decide",
+        json!({"id": id, "decision": "approve", "expected_revision": 1, "idempotency_key": "z", "constraints": {"duration_seconds": 1000000}}),
+    );
+    assert_eq!(err_code(&r), "constraint_exceeded");
+    op.call(
+        "approvals/decide",
+        json!({"id": id, "decision": "deny", "expected_revision": 1, "idempotency_key": "d"}),
+    );
+    let v = wait_state(&mut a, id, &["denied"]);
+    assert_eq!(v["error"]["code"], "operation_approval_denied");
+    // Same key, different command.
+    let r = op.request(
+        "approvals/decide",
+        json!({"id": id, "decision": "approve", "expected_revision": 1, "idempotency_key": "d"}),
+    );
+    assert_eq!(err_code(&r), "idempotency_conflict");
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 0);
+}
+
+#[test]
+fn execution_grant_with_more_than_one_use_is_refused() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let v = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "greedy/x"}),
+        json!({"content": "x"}),
+        "g",
+    ))
+    .clone();
+    assert_eq!(v["state"], "failed");
+    assert_eq!(v["error"]["code"], "approval_request_failed");
+}
+
+#[test]
+fn cancel_pending_and_revoke_approved_and_foreign_ids_are_not_found() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut op = env.operator();
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "a"}),
+        json!({"value": 1}),
+        "c1",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap();
+    let mut other = env.agent("agent-2");
+    assert_eq!(
+        err_code(&other.request("operations/get", json!({"id": id}))),
+        "not_found"
+    );
+    assert_eq!(
+        err_code(&other.request("operations/cancel", json!({"id": id}))),
+        "not_found"
+    );
+    assert_eq!(
+        err_code(&other.request("operations/wait", json!({"id": id, "wait_seconds": 0}))),
+        "not_found"
+    );
+    let c = a.call("operations/cancel", json!({"id": id}));
+    assert_eq!(c["state"], "canceled");
+    assert_eq!(c["error"]["code"], "operation_canceled");
+    // Cancel of a terminal operation returns it unchanged.
+    let again = a.call("operations/cancel", json!({"id": id}));
+    assert_eq!(again["revision"], c["revision"]);
+    let all = op.call("approvals/list", json!({"all": true}));
+    assert_eq!(all["approvals"][0]["status"], "canceled");
+    // Operator revokes a request before anyone decided it.
+    let p2 = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "b"}),
+        json!({"value": 1}),
+        "c2",
+    ))
+    .clone();
+    let id2 = p2["id"].as_str().unwrap();
+    let v = wait_for_approval(&mut op, id2);
+    op.call("approvals/revoke", json!({"id": v["approval_id"]}));
+    assert_eq!(wait_state(&mut a, id2, &["canceled"])["state"], "canceled");
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 0);
+}
+
+fn wait_for_approval(op: &mut Server, op_id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let l = op.call("approvals/list", json!({}));
+        if let Some(a) = l["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["operation_id"] == op_id)
+        {
+            return a.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "approval for {op_id} never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_pending_request_expires() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "kv.expiring",
+        json!({"key": "a"}),
+        json!({"value": 1}),
+        "e",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending");
+    let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["expired"]);
+    assert_eq!(v["error"]["code"], "operation_approval_expired");
+}
+
+fn approve(op: &mut Server, op_id: &str) {
+    let ap = wait_for_approval(op, op_id);
+    op.call(
+        "approvals/decide",
+        json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"], "idempotency_key": format!("ok-{op_id}")}),
+    );
+}
+
+#[test]
+fn partial_errors_are_reconciled_proven_and_unproven() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut op = env.operator();
+    let mut a = env.agent("agent-1");
+    let cases = [
+        ("partial_proven", "succeeded", None),
+        ("unproven_ok", "succeeded", None),
+        (
+            "partial_unproven",
+            "failed",
+            Some("upstream_result_unknown"),
+        ),
+        ("definitive", "failed", Some("kv_refused")),
+    ];
+    for (mode, state, code) in cases {
+        let p = ok(&submit(
+            &mut a,
+            "kv.set",
+            json!({"key": mode}),
+            json!({"value": mode, "mode": mode}),
+            mode,
+        ))
+        .clone();
+        let id = p["id"].as_str().unwrap();
+        approve(&mut op, id);
+        let v = wait_state(&mut a, id, &["succeeded", "failed"]);
+        assert_eq!(v["state"], state, "{mode}: {v}");
+        if let Some(c) = code {
+            assert_eq!(v["error"]["code"], c, "{mode}");
+        } else {
+            assert_eq!(v["result"]["read_back"], true, "{mode}: {v}");
+            assert_eq!(v["upstream_status"], 200);
+        }
+    }
+    let all = op.call("approvals/list", json!({"all": true}));
+    let by_op = |mode: &str| {
+        all["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["target"]["key"] == mode)
+            .unwrap()
+            .clone()
+    };
+    // Unknown outcome keeps the use reserved (retained); a definitive refusal spends it.
+    assert_eq!(by_op("partial_unproven")["retained"], true);
+    assert_eq!(by_op("definitive")["status"], "consumed");
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 4);
+}
+
+#[test]
+fn forged_approval_in_the_journal_is_refused_at_execution() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "x"}),
+        json!({"value": 1}),
+        "f",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap().to_string();
+    let ap = p["approval_id"].as_str().unwrap().to_string();
+    // The agent writes straight into the journal, signing with a key of its own.
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let ws = gaffer::workspace::Workspace::open(env.root()).unwrap();
+            let (op, approval) = ws.read(|s| {
+                let o = s.operations.get(&id).unwrap().clone();
+                (o.clone(), s.operations.approvals[&ap].clone())
+            });
+            let mut d = gaffer::operations::state::SignedDecision {
+                decision: gaffer::operations::state::DecisionKind::Approve,
+                revision: 2,
+                decided_at_ms: gaffer::util::now_ms(),
+                expires_at_ms: Some(gaffer::util::now_ms() + 600_000),
+                max_uses: 1,
+                hmac: String::new(),
+            };
+            d.hmac = "ab".repeat(32);
+            let decided = gaffer::operations::state::Decided {
+                approval_id: approval.id.clone(),
+                decision: d,
+                idempotency_key: "forged".into(),
+                command_digest: "x".into(),
+            };
+            let t = json!({"id": op.id, "from": "pending", "to": "approved", "revision": 2, "at_ms": gaffer::util::now_ms()});
+            ws.commit(move |_s: &gaffer::workspace::State| {
+                Ok::<_, String>((
+                    vec![
+                        gaffer::workspace::NewRecord::new("approval.decided", &decided).unwrap(),
+                        gaffer::workspace::NewRecord::new("operation.transitioned", &t).unwrap(),
+                    ],
+                    (),
+                ))
+            })
+            .await
+            .map_err(|_| "commit")
+            .unwrap();
+        });
+    }
+    let v = wait_state(&mut a, &id, &["failed", "succeeded"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "approval_invalid");
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 0);
+}
+
+#[test]
+fn twelve_concurrent_identical_submissions_make_one_operation_and_one_execution() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let argv = json!({"argv": ["sh", "-c", "echo run >> counter.log"]});
+    let mut servers: Vec<Server> = (0..3).map(|_| env.agent("agent-1")).collect();
+    let mut pending = vec![];
+    for (i, s) in servers.iter_mut().enumerate() {
+        for j in 0..4 {
+            let key = if (i + j) % 2 == 0 { "same" } else { "  same  " };
+            let id = s.send_request(
+                "operations/submit",
+                json!({"operation": "command.run", "target": argv, "arguments": {}, "reason": "count", "idempotency_key": key}),
+            );
+            pending.push((i, id));
+        }
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    let mut created = 0;
+    for (i, rid) in pending {
+        let r = servers[i].response(rid);
+        let r = ok(&r);
+        ids.insert(r["id"].as_str().unwrap().to_string());
+        if r["created"] == true {
+            created += 1;
+        }
+    }
+    assert_eq!(ids.len(), 1);
+    assert_eq!(created, 1);
+    let id = ids.into_iter().next().unwrap();
+    let v = wait_state(&mut servers[0], &id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lines(&env.root().join("counter.log")), 1);
+}
+
+#[test]
+fn wait_returns_on_change_times_out_and_bounds_its_duration() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "w"}),
+        json!({"value": 1}),
+        "w",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap();
+    let r = a.request("operations/wait", json!({"id": id, "wait_seconds": 31}));
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let t = Instant::now();
+    let v = a.call(
+        "operations/wait",
+        json!({"id": id, "after_revision": 1, "wait_seconds": 1}),
+    );
+    assert!(t.elapsed() >= Duration::from_millis(900));
+    assert_eq!(v["revision"], 1);
+    let t = Instant::now();
+    let v = a.call(
+        "operations/wait",
+        json!({"id": id, "after_revision": 0, "wait_seconds": 10}),
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(v["state"], "pending");
+}
+
+#[test]
+fn kill_during_execution_is_reconciled_after_restart_and_never_rerun() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "command.run",
+        json!({"argv": ["sh", "-c", "echo run >> runs.log; sleep 30"]}),
+        json!({}),
+        "slow",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lines(&env.root().join("runs.log")) == 0 {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let v = a.call("operations/get", json!({"id": id}));
+    assert_eq!(v["state"], "executing");
+    assert_eq!(
+        err_code(&a.request("operations/cancel", json!({"id": id}))),
+        "operation_not_cancelable"
+    );
+    a.child.kill().unwrap(); // SIGKILL
+    let _ = a.child.wait();
+    let mut b = env.agent("agent-1");
+    let v = wait_state(&mut b, &id, &["failed", "succeeded"]);
+    assert_eq!(v["state"], "failed");
+    assert_eq!(v["error"]["code"], "upstream_result_unknown");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lines(&env.root().join("runs.log")), 1);
+}
+
+#[test]
+fn crash_after_execute_is_proven_by_reading_back() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent_env("agent-1", &[("GAFFER_TEST_FAILPOINT", "after_execute")]);
+    let id = a.send_request(
+        "operations/submit",
+        json!({"operation": "file.write", "target": {"path": "docs/once.md"}, "arguments": {"content": "once"}, "reason": "r", "idempotency_key": "c"}),
+    );
+    let _ = a.wait_for(Duration::from_secs(5), |v| v.get("id") == Some(&json!(id)));
+    let code = common::wait_exit(&mut a.child, Duration::from_secs(10));
+    assert_eq!(code, 86, "the failpoint should have ended the process");
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("docs/once.md")).unwrap(),
+        "once"
+    );
+    let mut b = env.agent("agent-1");
+    let list = b.call("operations/list", json!({}));
+    let op_id = list["operations"][0]["id"].as_str().unwrap().to_string();
+    let v = wait_state(&mut b, &op_id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    assert_eq!(v["result"]["bytes"], 4);
+}
+
+#[test]
+fn crash_after_claim_before_execute_is_not_run_on_restart() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent_env("agent-1", &[("GAFFER_TEST_FAILPOINT", "after_claim")]);
+    a.send_request(
+        "operations/submit",
+        json!({"operation": "command.run", "target": {"argv": ["sh", "-c", "echo run >> runs.log"]}, "arguments": {}, "reason": "r", "idempotency_key": "c"}),
+    );
+    assert_eq!(common::wait_exit(&mut a.child, Duration::from_secs(10)), 86);
+    let mut b = env.agent("agent-1");
+    let list = b.call("operations/list", json!({}));
+    let op_id = list["operations"][0]["id"].as_str().unwrap().to_string();
+    let v = wait_state(&mut b, &op_id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "failed");
+    assert_eq!(v["error"]["code"], "upstream_result_unknown");
+    assert_eq!(lines(&env.root().join("runs.log")), 0);
+}
+
+#[test]
+fn mcp_offers_operation_tools_but_no_operator_tools() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let key = env.key_file.display().to_string();
+    let mut s = Server::start_env(
+        env.root(),
+        Wire::Ndjson,
+        &["--mcp"],
+        &[("GAFFER_OPERATOR_KEY_FILE", key.as_str())],
+    );
+    s.call("initialize", json!({"protocolVersion": "2025-06-18", "clientInfo": {"name": "mcp-agent"}, "capabilities": {}}));
+    s.notify("notifications/initialized", json!({}));
+    let tools = s.call("tools/list", json!({}));
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for t in [
+        "submit_operation",
+        "get_operation",
+        "list_operations",
+        "wait_operation",
+        "cancel_operation",
+    ] {
+        assert!(names.contains(&t), "{t} missing from {names:?}");
+    }
+    assert!(!names.iter().any(|n| n.contains("approv")), "{names:?}");
+    let _ = env.env();
+}
+
+#[test]
+fn catalog_lists_builtin_and_external_operations_with_schemas() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let c = a.call("operations/catalog", json!({}));
+    let names: Vec<&str> = c["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            "command.run",
+            "file.delete",
+            "file.write",
+            "kv.expiring",
+            "kv.set"
+        ]
+    );
+    let fw = c["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "file.write")
+        .unwrap();
+    assert_eq!(fw["target_schema"]["additionalProperties"], false);
+    assert!(fw["arguments_schema"]["properties"]["content"].is_object());
+}
