@@ -52,9 +52,8 @@ fn child_writer() {
             .unwrap();
         }
         drop(txn);
-        for r in &batch {
-            println!("ack {}", r.seq);
-        }
+        // One line per batch, so a kill cannot split the acknowledgement of a batch.
+        println!("ack {next} {last}");
     }
 }
 
@@ -87,18 +86,23 @@ fn run_and_kill(dir: &Path, run_for: Duration) -> Run {
         let mut last_intent = (0, 0);
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if let Some(pos) = line.find("ack ")
-                && let Ok(seq) = line[pos + 4..].trim().parse::<u64>()
-            {
-                let _ = tx.send(seq);
-            } else if let Some(pos) = line.find("intent ") {
-                let nums: Vec<u64> = line[pos + 7..]
+            let range = |tag: &str| -> Option<(u64, u64)> {
+                let pos = line.find(tag)?;
+                let nums: Vec<u64> = line[pos + tag.len()..]
                     .split_whitespace()
                     .filter_map(|n| n.parse().ok())
                     .collect();
-                if let [first, last] = nums[..] {
-                    last_intent = (first, last);
+                match nums[..] {
+                    [first, last] => Some((first, last)),
+                    _ => None,
                 }
+            };
+            if let Some((first, last)) = range("ack ") {
+                for seq in first..=last {
+                    let _ = tx.send(seq);
+                }
+            } else if let Some(intent) = range("intent ") {
+                last_intent = intent;
             }
         }
         last_intent

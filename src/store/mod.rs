@@ -290,7 +290,7 @@ impl Store {
     fn begin_locking(&mut self, block: bool) -> Result<Option<WriteTxn<'_>>, StoreError> {
         let lock_path = self.dir.join("lock");
         if self.lock_file.is_none() {
-            self.ensure_layout()?;
+            self.ensure_root()?;
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -352,21 +352,34 @@ impl Store {
                 self.cut_torn_tail(&torn)?;
             }
         }
+        Ok(())
+    }
+
+    /// Under the lock, before writing: the write handle of the cursor's segment, creating
+    /// `journal/` and the segment if the journal has none yet (a transaction that appends
+    /// nothing leaves no journal behind).
+    fn writer_locked(&mut self) -> Result<(u64, &mut File), StoreError> {
         if self.cursor.offset == 0 {
-            // The read found no segment at or after the cursor's: start one.
+            durable::ensure_dir(&self.journal)?;
             segment::create_segment(&self.journal, self.cursor.segment)?;
             self.cursor.offset = HEADER_LEN as u64;
-        }
-        if self.writer.as_ref().map(|(n, _)| *n) != Some(self.cursor.segment) {
             self.writer = None;
-            let path = segment::segment_path(&self.journal, self.cursor.segment);
+        }
+        let current = self.cursor.segment;
+        if !matches!(&self.writer, Some((n, _)) if *n == current) {
+            let path = segment::segment_path(&self.journal, current);
             let file = OpenOptions::new()
                 .write(true)
                 .open(&path)
                 .map_err(StoreError::io(&path))?;
-            self.writer = Some((self.cursor.segment, file));
+            self.writer = Some((current, file));
         }
-        Ok(())
+        match &mut self.writer {
+            Some((_, file)) => Ok((self.cursor.offset, file)),
+            None => Err(StoreError::SegmentMissing {
+                path: segment::segment_path(&self.journal, current),
+            }),
+        }
     }
 
     /// Cheap check (two `stat`s) that nothing follows the cursor: its segment still ends there
@@ -434,12 +447,6 @@ impl Store {
         if !gitignore.exists() {
             durable::write_atomic(&gitignore, b"*\n")?;
         }
-        Ok(())
-    }
-
-    fn ensure_layout(&self) -> Result<(), StoreError> {
-        self.ensure_root()?;
-        durable::ensure_dir(&self.journal)?;
         Ok(())
     }
 
@@ -617,10 +624,7 @@ impl WriteTxn<'_> {
         }
         let mut buf = Vec::with_capacity(records.len() * 256);
         codec::encode_batch_into(records, &mut buf)?;
-        let offset = self.store.cursor.offset;
-        let Some((_, file)) = self.store.writer.as_mut() else {
-            return Err(StoreError::Poisoned { segment: path });
-        };
+        let (offset, file) = self.store.writer_locked()?;
         let written = write_at(file, &buf, offset).and_then(|_| file.sync_data());
         if let Err(source) = written {
             let rolled_back = file.set_len(offset).and_then(|_| file.sync_data());

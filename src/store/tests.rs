@@ -133,11 +133,27 @@ fn oversized_record_is_refused_before_writing() {
     ));
     assert_eq!(txn.next_seq(), 1);
     drop(txn);
+    assert!(!tmp.path().join("journal").exists(), "nothing was written");
+}
+
+#[test]
+fn a_transaction_that_appends_nothing_creates_no_journal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(".gaffer");
+    let mut store = Store::open(&dir).unwrap();
+    drop(store.begin().unwrap());
+    assert!(dir.join("lock").is_file() && dir.join(".gitignore").is_file());
+    assert!(!dir.join("journal").exists());
+    assert!(Store::open(&dir).unwrap().poll().unwrap().is_empty());
+    let report = verify(&dir).unwrap();
+    assert!(report.ok && report.segments.is_empty());
+    // The first append creates journal/ and the first segment.
+    let mut txn = store.begin().unwrap();
+    txn.append(&[rec(1)]).unwrap();
+    drop(txn);
     assert_eq!(
-        fs::metadata(tmp.path().join("journal/000001.log"))
-            .unwrap()
-            .len(),
-        HEADER_LEN as u64
+        seqs(&replay_all(&mut Store::open(&dir).unwrap(), 0)),
+        vec![1]
     );
 }
 
