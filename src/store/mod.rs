@@ -266,9 +266,11 @@ impl Store {
         }
     }
 
-    /// Takes the writer lock (creating the store directory, its `.gitignore` and `journal/` on
-    /// first use), catches up with what others appended (see [`WriteTxn::take_new`]) and cuts a
-    /// torn tail left by a crashed writer. Blocks while another writer holds the lock.
+    /// Takes the writer lock (creating the store directory with its `.gitignore` and `lock`
+    /// on first use; `journal/` only appears with the first append), catches up with what
+    /// others appended (see [`WriteTxn::take_new`]) and cuts a torn tail left by a crashed
+    /// writer. Blocks while another writer holds the lock. The lock file handle is kept open
+    /// for later transactions, so do not delete the store directory under a running process.
     pub fn begin(&mut self) -> Result<WriteTxn<'_>, StoreError> {
         let lock_path = self.dir.join("lock");
         match self.begin_locking(true)? {
