@@ -662,9 +662,6 @@ impl WorkerRuntime {
                     finished.push(id.clone());
                 }
             }
-            for id in &finished {
-                inner.live.remove(id);
-            }
         }
         if recs.is_empty() {
             return;
@@ -688,8 +685,19 @@ impl WorkerRuntime {
                 Ok::<_, WorkerError>((keep, ()))
             })
             .await;
-        if let Err(e) = result {
-            tracing::error!(error = %commit_error(e), "worker output could not be journalled");
+        match result {
+            // Only now does the worker leave `live`: until its final status is durable this
+            // process still answers for it (a sweep must not take it for an orphan).
+            Ok(()) => {
+                let mut inner = self.lock();
+                for id in &finished {
+                    inner.live.remove(id);
+                }
+            }
+            // The final status is rebuilt from `ended` and retried on the next tick.
+            Err(e) => {
+                tracing::error!(error = %commit_error(e), "worker output could not be journalled")
+            }
         }
     }
 
