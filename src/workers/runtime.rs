@@ -605,6 +605,10 @@ impl WorkerRuntime {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let _ = self.wait_final(id, left).await;
         }
+        // The flusher lets go of each worker right after its final status is durable.
+        while self.live_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Number of workers whose process this gaffer process holds.
