@@ -94,6 +94,17 @@ impl Prepared {
 pub fn prepare(bundle: &Bundle) -> Result<Prepared, BundleError> {
     validate::validate_bundle(bundle)?;
     let canonical = digest::canonicalize(bundle);
+    // Text input is bounded before parsing; a bundle sent as a JSON object is bounded here.
+    if canonical.bytes.len() > validate::MAX_BUNDLE_BYTES {
+        return Err(BundleError::Invalid(FieldError::new(
+            "bundle",
+            format!(
+                "is {} bytes in canonical form; the limit is {}",
+                canonical.bytes.len(),
+                validate::MAX_BUNDLE_BYTES
+            ),
+        )));
+    }
     if let Some(stated) = &bundle.metadata.digest
         && *stated != canonical.digest
     {

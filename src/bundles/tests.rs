@@ -458,3 +458,63 @@ proptest! {
         );
     }
 }
+
+#[test]
+fn yaml_alias_bombs_are_refused_not_expanded() {
+    let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..12 {
+        let p = i - 1;
+        text.push_str(&format!(
+            "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+        ));
+    }
+    text.push_str("metadata: *a11\n");
+    let started = std::time::Instant::now();
+    let err = parse_text(&text).unwrap_err();
+    assert_eq!(err.field, "bundle");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn oversize_bundles_are_refused_whole() {
+    let mut v = vector_bundle();
+    let label = "x".repeat(2000);
+    v["profiles"] = Value::Array(
+        (0..4200)
+            .map(|i| json!({"selector": {"kind": "named", "value": format!("p{i}")}, "label": label, "command": ["x"]}))
+            .collect(),
+    );
+    match prepare(&bundle(v)) {
+        Err(BundleError::Invalid(e)) => assert_eq!(e.field, "profiles"),
+        other => panic!(
+            "expected a refusal, got {:?}",
+            other.map(|p| p.summary.size_bytes)
+        ),
+    }
+    let mut v = vector_bundle();
+    v["profiles"] = Value::Array(
+        (0..4000)
+            .map(|i| {
+                json!({"selector": {"kind": "named", "value": format!("p{i}")}, "label": label,
+                       "command": ["x", "y".repeat(2000)]})
+            })
+            .collect(),
+    );
+    match prepare(&bundle(v)) {
+        Err(BundleError::Invalid(e)) => assert_eq!(e.field, "bundle"),
+        other => panic!(
+            "expected a refusal, got {:?}",
+            other.map(|p| p.summary.size_bytes)
+        ),
+    }
+    assert_eq!(
+        parse_text(&" ".repeat(validate::MAX_BUNDLE_BYTES + 1))
+            .unwrap_err()
+            .field,
+        "bundle"
+    );
+}
