@@ -644,7 +644,8 @@ impl WorkerRuntime {
     }
 
     /// Journals buffered output and final statuses of committed workers (one commit).
-    async fn flush(&self) {
+    /// Returns true when something could not be written and the flush should be retried.
+    async fn flush(&self) -> bool {
         let mut recs = Vec::new();
         let mut finished = Vec::new();
         {
@@ -668,7 +669,7 @@ impl WorkerRuntime {
             }
         }
         if recs.is_empty() {
-            return;
+            return false;
         }
         let result = self
             .workspace
@@ -697,10 +698,12 @@ impl WorkerRuntime {
                 for id in &finished {
                     inner.live.remove(id);
                 }
+                false
             }
-            // The final status is rebuilt from `ended` and retried on the next tick.
+            // The final status is rebuilt from `ended` and retried.
             Err(e) => {
-                tracing::error!(error = %commit_error(e), "worker output could not be journalled")
+                tracing::error!(error = %commit_error(e), "worker output could not be journalled");
+                !finished.is_empty()
             }
         }
     }
@@ -749,30 +752,48 @@ async fn run_loop(
     mut notices: broadcast::Receiver<Notice>,
     nudge: Arc<tokio::sync::Notify>,
 ) {
+    use tokio::time::{Instant, sleep_until};
     // Output is journalled at most once per FLUSH_INTERVAL: the first output after a quiet
-    // spell goes out at once (low latency), a burst waits for the next tick (coalesced).
-    let mut last_flush = tokio::time::Instant::now() - FLUSH_INTERVAL;
-    let mut flush = tokio::time::interval(FLUSH_INTERVAL);
-    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // spell goes out at once (low latency), a burst waits until the interval is over
+    // (coalesced). Nothing ticks while no worker is live, so an idle server stays asleep.
+    let mut last_flush = Instant::now() - FLUSH_INTERVAL;
+    let mut flush_at: Option<Instant> = None;
     let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     sweep.tick().await; // startup already ran a restore
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let has_live = match rt.upgrade() {
+            Some(rt) => rt.live_count() > 0,
+            None => return,
+        };
+        let due = flush_at.unwrap_or_else(Instant::now);
         tokio::select! {
             ev = events.recv() => {
                 let Some(ev) = ev else { return };
                 let Some(rt) = rt.upgrade() else { return };
                 rt.on_event(ev);
-                // Take whatever else is already queued before the next flush.
+                // Take whatever else is already queued before flushing.
                 while let Ok(ev) = events.try_recv() {
                     rt.on_event(ev);
                 }
                 if last_flush.elapsed() >= FLUSH_INTERVAL {
-                    last_flush = tokio::time::Instant::now();
-                    rt.flush().await;
+                    last_flush = Instant::now();
+                    flush_at = rt.flush().await.then(|| last_flush + FLUSH_INTERVAL);
+                } else if flush_at.is_none() {
+                    flush_at = Some(last_flush + FLUSH_INTERVAL);
                 }
+            }
+            _ = sleep_until(due), if flush_at.is_some() => {
+                let Some(rt) = rt.upgrade() else { return };
+                last_flush = Instant::now();
+                flush_at = rt.flush().await.then(|| last_flush + FLUSH_INTERVAL);
+            }
+            _ = nudge.notified() => {
+                let Some(rt) = rt.upgrade() else { return };
+                last_flush = Instant::now();
+                flush_at = rt.flush().await.then(|| last_flush + FLUSH_INTERVAL);
             }
             n = notices.recv() => {
                 let Some(rt) = rt.upgrade() else { return };
@@ -782,26 +803,13 @@ async fn run_loop(
                     Err(broadcast::error::RecvError::Closed) => return,
                 }
             }
-            _ = nudge.notified() => {
-                let Some(rt) = rt.upgrade() else { return };
-                last_flush = tokio::time::Instant::now();
-                rt.flush().await;
-            }
-            _ = flush.tick() => {
-                let Some(rt) = rt.upgrade() else { return };
-                if last_flush.elapsed() < FLUSH_INTERVAL {
-                    continue;
-                }
-                last_flush = tokio::time::Instant::now();
-                rt.flush().await;
-            }
             _ = sweep.tick() => {
                 // Another gaffer process may have died while this one runs: its workers must
                 // not keep showing as running to our clients.
                 let Some(rt) = rt.upgrade() else { return };
                 rt.restore().await;
             }
-            _ = rescan.tick() => {
+            _ = rescan.tick(), if has_live => {
                 let Some(rt) = rt.upgrade() else { return };
                 rt.rescan();
             }
