@@ -152,12 +152,11 @@ pub fn write_string(s: &str, out: &mut Vec<u8>) {
     out.reserve(bytes.len() + 2);
     out.push(b'"');
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let e = ESCAPES[b as usize];
-        if e == 0 {
-            continue;
-        }
+    loop {
+        let i = next_escape(bytes, start);
         out.extend_from_slice(&bytes[start..i]);
+        let Some(&b) = bytes.get(i) else { break };
+        let e = ESCAPES[b as usize];
         if e == b'u' {
             out.extend_from_slice(&[
                 b'\\',
@@ -172,8 +171,41 @@ pub fn write_string(s: &str, out: &mut Vec<u8>) {
         }
         start = i + 1;
     }
-    out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
+}
+
+/// Index of the first byte at or after `i` that needs escaping (`bytes.len()` if none). Scans
+/// eight bytes at a time: a word is looked at byte by byte only when it may hold a control
+/// character, a quote or a backslash.
+#[inline]
+fn next_escape(bytes: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // Sets the high bit of each byte that is zero (and possibly of bytes above one); never
+    // misses a zero byte.
+    let zero_bytes = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        // Bytes below 0x20: subtracting 0x20 borrows into the high bit (for ASCII bytes).
+        let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+        let quote = zero_bytes(w ^ (ONES * u64::from(b'"')));
+        let backslash = zero_bytes(w ^ (ONES * u64::from(b'\\')));
+        if control | quote | backslash != 0
+            && let Some(j) = chunk.iter().position(|&b| ESCAPES[b as usize] != 0)
+        {
+            return i + j;
+        }
+        i += 8;
+    }
+    while let Some(&b) = bytes.get(i) {
+        if ESCAPES[b as usize] != 0 {
+            return i;
+        }
+        i += 1;
+    }
+    bytes.len()
 }
 
 #[cfg(test)]
@@ -287,6 +319,29 @@ mod tests {
             let once = canonicalize(&v);
             let reparsed: Value = serde_json::from_slice(&once).unwrap();
             prop_assert_eq!(canonicalize(&reparsed), once);
+        }
+
+        // The word-at-a-time scan escapes exactly what a plain byte loop would.
+        #[test]
+        fn strings_escape_like_the_obvious_byte_loop(v in "[\x00-\x7f\u{80}-\u{10ffff}]{0,40}") {
+            let mut fast = Vec::new();
+            write_string(&v, &mut fast);
+            let mut slow = vec![b'"'];
+            for &b in v.as_bytes() {
+                match b {
+                    b'"' => slow.extend_from_slice(b"\\\""),
+                    b'\\' => slow.extend_from_slice(b"\\\\"),
+                    0x08 => slow.extend_from_slice(b"\\b"),
+                    0x09 => slow.extend_from_slice(b"\\t"),
+                    0x0a => slow.extend_from_slice(b"\\n"),
+                    0x0c => slow.extend_from_slice(b"\\f"),
+                    0x0d => slow.extend_from_slice(b"\\r"),
+                    0x00..=0x1f => slow.extend_from_slice(format!("\\u{:04x}", b).as_bytes()),
+                    _ => slow.push(b),
+                }
+            }
+            slow.push(b'"');
+            prop_assert_eq!(String::from_utf8(fast).unwrap(), String::from_utf8(slow).unwrap());
         }
 
         #[test]
