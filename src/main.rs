@@ -82,6 +82,7 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Schema { out, check } => schema(&out, check),
         Command::Doctor => doctor(&root_of(&g)),
         Command::Call { method, params } => call(&g, &method, &params).await,
+        Command::Ops(cmd) => gaffer::cli::operations::run(cmd, &root_of(&g)).await,
     }
 }
 

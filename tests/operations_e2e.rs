@@ -911,3 +911,82 @@ fn catalog_lists_builtin_and_external_operations_with_schemas() {
     assert_eq!(fw["target_schema"]["additionalProperties"], false);
     assert!(fw["arguments_schema"]["properties"]["content"].is_object());
 }
+
+#[test]
+fn cli_operator_init_approve_and_submit() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let cfg = tempfile::tempdir().unwrap();
+    let key = cfg.path().join("nested/operator.key");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::BIN)
+            .arg("--workspace")
+            .arg(env.root())
+            .args(args)
+            .env("GAFFER_OPERATOR_KEY_FILE", &key)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    // Without a key the operator commands refuse.
+    assert_ne!(run(&["approvals"]).0, 0);
+    assert_eq!(run(&["operator", "init"]).0, 0);
+    assert_ne!(run(&["operator", "init"]).0, 0, "init must not overwrite");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+    // Allowed work submitted from the CLI runs before the command exits.
+    let (code, out) = run(&[
+        "op",
+        "submit",
+        "file.write",
+        "--target",
+        r#"{"path":"docs/cli.md"}"#,
+        "--arguments",
+        r#"{"content":"c"}"#,
+        "--reason",
+        "cli",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "succeeded", "{v}");
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("docs/cli.md")).unwrap(),
+        "c"
+    );
+    // An agent in a server process waits; the human approves from the CLI.
+    let key_s = key.display().to_string();
+    let mut a = Server::start_env(
+        env.root(),
+        Wire::Ndjson,
+        &[],
+        &[("GAFFER_OPERATOR_KEY_FILE", key_s.as_str())],
+    );
+    a.call("initialize", json!({"clientInfo": {"name": "agent-1"}}));
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "k"}),
+        json!({"value": "v"}),
+        "x",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap();
+    let (code, out) = run(&["approvals"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(id), "{out}");
+    let (code, out) = run(&["approve", id]);
+    assert_eq!(code, 0, "{out}");
+    let v = wait_state(&mut a, id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    let (code, out) = run(&["op", "list", "--state", "succeeded"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("docs/cli.md"), "{out}");
+}

@@ -1,6 +1,7 @@
 //! The command line: `gaffer serve` (the default) and the one-shot commands.
 
 pub mod doctor;
+pub mod operations;
 pub mod store;
 
 use std::path::PathBuf;
@@ -54,6 +55,9 @@ pub enum Command {
     },
     /// Read-only health checks of the workspace and this machine.
     Doctor,
+    /// Operations, approvals and the operator key (variants inlined from `cli::operations`).
+    #[command(flatten)]
+    Ops(operations::OpsCommand),
     /// Call one method in process and print its result as JSON.
     Call {
         /// Method name, e.g. `gaffer/status`.
