@@ -1628,3 +1628,247 @@ fn claim_records(
 fn plan_digest(op: &Operation) -> String {
     op.plan_digest.clone().unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operations::adapter::{Catalog, Presentation};
+    use crate::operations::policy::Classification;
+    use crate::operations::state::KIND_CREATED;
+    use std::path::Path;
+
+    fn registry() -> Registry {
+        let cats: Vec<Catalog> = vec![crate::operations::adapters::workspace::catalog()];
+        Registry::new(&cats, crate::operations::adapters::workspace::adapters()).unwrap()
+    }
+
+    fn key() -> (tempfile::TempDir, OperatorKey) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("k");
+        OperatorKey::init(&p, None).unwrap();
+        let k = OperatorKey::load_from(&p).unwrap();
+        (d, k)
+    }
+
+    /// A pending operation with its approval, folded into a fresh state.
+    fn pending(expires_in: u64) -> OperationState {
+        let plan = Plan {
+            schema: PLAN_SCHEMA.into(),
+            operation: "file.write".into(),
+            operation_revision: 1,
+            provider: "workspace".into(),
+            client_id: "agent".into(),
+            operation_id: "op_1".into(),
+            target: serde_json::json!({"path": "a"}),
+            arguments: serde_json::json!({"content": "x"}),
+            preconditions: serde_json::json!({"prior_sha256": null}),
+            presentation: Presentation {
+                title: "Write a".into(),
+                summary: String::new(),
+            },
+            authorization: PlanAuthorization {
+                classification: Classification::default(),
+                policy_effect: DecisionEffect::Request,
+                rule_ids: vec![],
+                mode: Some(GrantMode::Execution),
+                requested_duration_seconds: Some(60),
+                requested_max_uses: Some(1),
+            },
+            created_at_ms: 1_000,
+            expires_at_ms: 1_000 + expires_in,
+        };
+        let text = plan.canonical();
+        let digest = Plan::digest_of(&text);
+        let mut op = crate::operations::state::tests::op("op_1", OpState::Pending, Some("ap_1"));
+        op.plan = Some(text);
+        op.plan_digest = Some(digest.clone());
+        let mut a = crate::operations::state::tests::approval("ap_1", "op_1");
+        a.plan_digest = digest;
+        a.pending_expires_at_ms = 100_000;
+        let mut s = OperationState::default();
+        s.apply_record(
+            KIND_CREATED,
+            &serde_json::to_value(Created {
+                operation: op,
+                approval: Some(a),
+            })
+            .unwrap(),
+            &mut vec![],
+        )
+        .unwrap();
+        s
+    }
+
+    fn approve(s: &mut OperationState, key: &OperatorKey, max_uses: u32) {
+        let a = s.approvals["ap_1"].clone();
+        let mut d = SignedDecision {
+            decision: DecisionKind::Approve,
+            revision: 2,
+            decided_at_ms: 1_500,
+            expires_at_ms: Some(50_000),
+            max_uses,
+            hmac: String::new(),
+        };
+        d.hmac = key.sign(&a.decision_message(&d));
+        let rec = Decided {
+            approval_id: "ap_1".into(),
+            decision: d,
+            idempotency_key: "k".into(),
+            command_digest: "c".into(),
+        };
+        s.apply_record(
+            KIND_DECIDED,
+            &serde_json::to_value(rec).unwrap(),
+            &mut vec![],
+        )
+        .unwrap();
+        let op = s.get("op_1").unwrap().clone();
+        let t = transition(&op, OpState::Approved, 1_600);
+        s.apply_record(
+            KIND_TRANSITIONED,
+            &serde_json::to_value(t).unwrap(),
+            &mut vec![],
+        )
+        .unwrap();
+    }
+
+    fn outcome(recs: &[NewRecord]) -> (OpState, Option<String>, Option<ApprovalEffect>) {
+        let t: Transitioned = serde_json::from_value(recs[0].payload.clone()).unwrap();
+        (t.to, t.error.map(|e| e.code), t.approval.map(|a| a.effect))
+    }
+
+    #[test]
+    fn a_signed_approval_for_this_plan_claims_and_reserves() {
+        let (_d, k) = key();
+        let mut s = pending(60_000);
+        approve(&mut s, &k, 1);
+        let (recs, claim) =
+            claim_records(&s, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert!(matches!(claim, Claim::Run { .. }));
+        assert_eq!(
+            outcome(&recs),
+            (OpState::Executing, None, Some(ApprovalEffect::Reserve))
+        );
+        // Claiming again after the fold is a no-op: one winner.
+        s.apply_record(KIND_TRANSITIONED, &recs[0].payload, &mut vec![])
+            .unwrap();
+        let (recs, claim) =
+            claim_records(&s, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert!(recs.is_empty() && matches!(claim, Claim::Skip));
+        assert_eq!(s.get("op_1").unwrap().executor.as_deref(), Some("me"));
+    }
+
+    #[test]
+    fn without_the_key_or_with_another_key_the_approval_is_invalid() {
+        let (_d, k) = key();
+        let (_d2, other) = key();
+        let mut s = pending(60_000);
+        approve(&mut s, &k, 1);
+        for key in [None, Some(&other)] {
+            let (recs, _) = claim_records(&s, &registry(), "op_1", 2_000, key, None, "me").unwrap();
+            assert_eq!(
+                outcome(&recs),
+                (OpState::Failed, Some(codes::APPROVAL_INVALID.into()), None)
+            );
+        }
+    }
+
+    #[test]
+    fn a_tampered_or_expired_plan_is_an_invalid_stored_operation() {
+        let (_d, k) = key();
+        let mut s = pending(60_000);
+        approve(&mut s, &k, 1);
+        let mut tampered = s.clone();
+        let op = tampered.operations.get_mut("op_1").unwrap();
+        op.plan = op
+            .plan
+            .as_ref()
+            .map(|p| p.replace("\"content\":\"x\"", "\"content\":\"y\""));
+        let (recs, _) =
+            claim_records(&tampered, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert_eq!(outcome(&recs).1.as_deref(), Some(codes::INVALID_STORED));
+        // Re-digesting the tampered plan does not help: the approval was signed for the old one.
+        let op = tampered.operations.get_mut("op_1").unwrap();
+        op.plan_digest = op.plan.as_deref().map(Plan::digest_of);
+        let (recs, _) =
+            claim_records(&tampered, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert_eq!(outcome(&recs).1.as_deref(), Some(codes::APPROVAL_INVALID));
+        let (recs, _) =
+            claim_records(&s, &registry(), "op_1", 70_000, Some(&k), None, "me").unwrap();
+        assert_eq!(outcome(&recs).1.as_deref(), Some(codes::INVALID_STORED));
+    }
+
+    #[test]
+    fn an_expired_or_retained_approval_is_unavailable() {
+        let (_d, k) = key();
+        let mut s = pending(600_000);
+        approve(&mut s, &k, 1);
+        let (recs, _) =
+            claim_records(&s, &registry(), "op_1", 50_000, Some(&k), None, "me").unwrap();
+        assert_eq!(
+            outcome(&recs).1.as_deref(),
+            Some(codes::APPROVAL_UNAVAILABLE)
+        );
+        let mut r = s.clone();
+        r.approvals
+            .get_mut("ap_1")
+            .unwrap()
+            .uses
+            .insert("op_0".into(), UseState::Retained);
+        let (recs, _) =
+            claim_records(&r, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert_eq!(
+            outcome(&recs).1.as_deref(),
+            Some(codes::APPROVAL_UNAVAILABLE)
+        );
+    }
+
+    #[test]
+    fn direct_operations_need_a_current_allow_rule() {
+        let mut s = pending(60_000);
+        let op = s.operations.get_mut("op_1").unwrap();
+        op.approval_id = None;
+        op.state = OpState::Approved;
+        let allow =
+            Policy::parse("rules:\n  - id: all\n    effect: allow\n", Path::new("p")).unwrap();
+        // The plan itself recorded a request decision, so even an allow rule now is not enough.
+        let (recs, _) =
+            claim_records(&s, &registry(), "op_1", 2_000, None, Some(&allow), "me").unwrap();
+        assert_eq!(outcome(&recs).1.as_deref(), Some(codes::APPROVAL_INVALID));
+    }
+
+    #[test]
+    fn approval_bounds_follow_the_rule_and_the_descriptor() {
+        let gp = GrantPolicy::default_for_missing_policy();
+        assert_eq!(approval_intent(&gp, 300, 60), Ok((300, 1, 60)));
+        let bad = GrantPolicy {
+            default_minutes: 90,
+            ..gp.clone()
+        };
+        assert!(approval_intent(&bad, 9_999, 9_999).is_err());
+        let two = GrantPolicy {
+            default_max_uses: 2,
+            max_uses: Some(2),
+            ..gp.clone()
+        };
+        assert!(approval_intent(&two, 600, 600).is_err());
+        let window = GrantPolicy {
+            mode: GrantMode::Window,
+            ..two
+        };
+        assert_eq!(approval_intent(&window, 600, 600), Ok((600, 2, 600)));
+    }
+
+    #[test]
+    fn ids_are_prefixed_base64url_of_18_bytes() {
+        let id = new_id("op_").unwrap();
+        assert_eq!(id.len(), 27);
+        assert!(
+            id[3..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
+        assert_eq!(base64url(b"\xfb\xff"), "-_8");
+        assert_ne!(new_id("op_").unwrap(), id);
+    }
+}
