@@ -541,27 +541,49 @@ impl OperationRuntime {
             executor: None,
         };
         let client_s = client.to_string();
-        let (view, created) = self
+        // A static allow in a serving process claims in the same commit: the execution is
+        // durable as `executing` before it starts, without a second round trip to the disk.
+        let claim_now = state == OpState::Approved
+            && op.approval_id.is_none()
+            && self.autorun.load(std::sync::atomic::Ordering::Acquire);
+        let executor = self.executor.clone();
+        let created_at = now;
+        let (view, created, claimed) = self
             .ws
             .commit(move |s: &crate::workspace::State| {
                 if let Some(existing) = s.operations.by_idempotency(&client_s, &key) {
                     // Another process created it while we resolved.
                     if existing.submitted == submitted {
-                        return Ok((vec![], (OperationView::of(existing), false)));
+                        return Ok((vec![], (OperationView::of(existing), false, false)));
                     }
                     return Err(conflict());
                 }
-                let view = OperationView::of(&op);
-                Ok((
-                    vec![rec(
+                let mut recs = vec![];
+                let view = if claim_now {
+                    let mut t = transition(&op, OpState::Executing, created_at);
+                    t.executor = Some(executor);
+                    let v = view_after(&op, &t);
+                    recs.push(rec(
                         KIND_CREATED,
                         Created {
                             operation: op,
                             approval,
                         },
-                    )?],
-                    (view, true),
-                ))
+                    )?);
+                    recs.push(rec(KIND_TRANSITIONED, &t)?);
+                    v
+                } else {
+                    let v = OperationView::of(&op);
+                    recs.push(rec(
+                        KIND_CREATED,
+                        Created {
+                            operation: op,
+                            approval,
+                        },
+                    )?);
+                    v
+                };
+                Ok((recs, (view, true, claim_now)))
             })
             .await
             .map_err(commit_err)?;
@@ -570,7 +592,17 @@ impl OperationRuntime {
             if view.state.is_terminal() {
                 adapter.cleanup(&actx, &resolved).await;
             }
-            if view.state == OpState::Approved {
+            if claimed {
+                if let Some(me) = self.me.upgrade() {
+                    let id = view.id.clone();
+                    tokio::spawn(async move {
+                        failpoint("after_claim");
+                        if let Err(e) = me.execute_claimed(&id, Box::new(plan), None).await {
+                            tracing::error!(operation = %id, error = %e, "operation could not be executed");
+                        }
+                    });
+                }
+            } else if view.state == OpState::Approved {
                 self.spawn_drive(view.id.clone());
             }
         }
@@ -1012,7 +1044,22 @@ impl OperationRuntime {
     }
 
     async fn drive_inner(&self, id: &str) -> Result<(), OpError> {
-        let key = OperatorKey::load().ok();
+        let Some((approved, needs_key)) = self.ws.read(|s| {
+            s.operations
+                .get(id)
+                .map(|op| (op.state == OpState::Approved, op.approval_id.is_some()))
+        }) else {
+            return Ok(());
+        };
+        if !approved {
+            return Ok(());
+        }
+        // The key is read only when an approval must be checked.
+        let key = if needs_key {
+            OperatorKey::load().ok()
+        } else {
+            None
+        };
         let policy = self.policy().ok();
         let id_s = id.to_string();
         let executor = self.executor.clone();
@@ -1037,6 +1084,16 @@ impl OperationRuntime {
             return Ok(());
         };
         failpoint("after_claim");
+        self.execute_claimed(id, plan, approval_id).await
+    }
+
+    /// Runs an operation this process has claimed (`executing` is durable), then settles it.
+    async fn execute_claimed(
+        &self,
+        id: &str,
+        plan: Box<Plan>,
+        approval_id: Option<String>,
+    ) -> Result<(), OpError> {
         let Some(adapter) = self.registry.lookup(&plan.operation).cloned() else {
             return Ok(());
         };
