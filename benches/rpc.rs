@@ -40,7 +40,11 @@ fn main() {
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     let mut roundtrip = |stdin: &mut std::process::ChildStdin, id: u64| {
-        writeln!(stdin, r#"{{"jsonrpc":"2.0","id":{id},"method":"gaffer/status"}}"#).expect("write");
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"gaffer/status"}}"#
+        )
+        .expect("write");
         stdin.flush().expect("flush");
         line.clear();
         stdout.read_line(&mut line).expect("read");
@@ -71,7 +75,11 @@ fn main() {
             let mut buf = Vec::new();
             for id in 0..m {
                 buf.extend_from_slice(
-                    format!("{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"gaffer/status\"}}\n", 100_000 + id).as_bytes(),
+                    format!(
+                        "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"gaffer/status\"}}\n",
+                        100_000 + id
+                    )
+                    .as_bytes(),
                 );
             }
             stdin.write_all(&buf).expect("write");
@@ -93,10 +101,21 @@ fn main() {
     let _ = child.wait();
 
     println!("gaffer/status over stdio (NDJSON, release build)");
-    println!("  sequential: n={n} p50={:?} p90={:?} p99={:?} max={:?}",
-        percentile(&samples, 0.50), percentile(&samples, 0.90), percentile(&samples, 0.99), samples[samples.len() - 1]);
-    println!("  pipelined:  n={m} total={pipelined:?} => {:.0} req/s, {:?}/req",
-        m as f64 / pipelined.as_secs_f64(), pipelined / m as u32);
-    println!("  RSS idle after warm-up: {} KiB; after load: {} KiB",
-        idle.map_or("?".into(), |v| v.to_string()), busy.map_or("?".into(), |v| v.to_string()));
+    println!(
+        "  sequential: n={n} p50={:?} p90={:?} p99={:?} max={:?}",
+        percentile(&samples, 0.50),
+        percentile(&samples, 0.90),
+        percentile(&samples, 0.99),
+        samples[samples.len() - 1]
+    );
+    println!(
+        "  pipelined:  n={m} total={pipelined:?} => {:.0} req/s, {:?}/req",
+        m as f64 / pipelined.as_secs_f64(),
+        pipelined / m as u32
+    );
+    println!(
+        "  RSS idle after warm-up: {} KiB; after load: {} KiB",
+        idle.map_or("?".into(), |v| v.to_string()),
+        busy.map_or("?".into(), |v| v.to_string())
+    );
 }

@@ -419,10 +419,19 @@ fn approval_from_a_second_process_unblocks_the_agent_exactly_once() {
     let done = wait_state(&mut a, id, &["succeeded", "failed"]);
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(done["upstream_status"], 201);
-    // The agent was told through operations/changed.
+    // Both connections, in their two processes, were told through operations/changed.
     assert!(
         a.notification("operations/changed", Duration::from_secs(5))
             .is_some()
+    );
+    let seen = op.wait_for(Duration::from_secs(10), |v| {
+        v["method"] == "operations/changed"
+            && v["params"]["id"] == id
+            && v["params"]["state"] == "succeeded"
+    });
+    assert!(
+        seen.is_some(),
+        "the operator's process never reported the success"
     );
     assert_eq!(lines(&env.root().join("kv-exec.log")), 1);
     // Decision replay returns the original; a stale revision is refused.
@@ -994,4 +1003,138 @@ fn cli_operator_init_approve_and_submit() {
     let (code, out) = run(&["op", "list", "--state", "succeeded"]);
     assert_eq!(code, 0);
     assert!(out.contains("docs/cli.md"), "{out}");
+}
+
+#[test]
+fn a_window_approval_covers_later_matching_operations_until_its_uses_run_out() {
+    let policy = r#"
+rules:
+  - id: window
+    effect: request
+    operations: ["kv.set"]
+    grant_policy: {mode: window, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 2, max_uses: 3}
+"#;
+    let env = Env::new(Some(policy));
+    let mut op = env.operator();
+    let mut a = env.agent("agent-1");
+    let first = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "shared"}),
+        json!({"value": 1}),
+        "w1",
+    ))
+    .clone();
+    assert_eq!(first["state"], "pending");
+    approve(&mut op, first["id"].as_str().unwrap());
+    assert_eq!(
+        wait_state(
+            &mut a,
+            first["id"].as_str().unwrap(),
+            &["succeeded", "failed"]
+        )["state"],
+        "succeeded"
+    );
+    // The same kind of request now runs on the active approval without a new request.
+    let second = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "shared"}),
+        json!({"value": 2}),
+        "w2",
+    ))
+    .clone();
+    assert_ne!(second["state"], "pending", "{second}");
+    assert_eq!(second["approval_id"], first["approval_id"]);
+    assert_eq!(
+        wait_state(
+            &mut a,
+            second["id"].as_str().unwrap(),
+            &["succeeded", "failed"]
+        )["state"],
+        "succeeded"
+    );
+    // A different target is not covered.
+    let other = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "other"}),
+        json!({"value": 2}),
+        "w3",
+    ))
+    .clone();
+    assert_eq!(other["state"], "pending");
+    // Two uses spent: the next one asks again.
+    let third = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "shared"}),
+        json!({"value": 3}),
+        "w4",
+    ))
+    .clone();
+    assert_eq!(third["state"], "pending");
+    assert_ne!(third["approval_id"], first["approval_id"]);
+    let all = op.call("approvals/list", json!({"all": true}));
+    let granted = all["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["approval_id"] == first["approval_id"])
+        .unwrap()
+        .clone();
+    assert_eq!(granted["status"], "consumed");
+    assert_eq!(granted["uses_spent"], 2);
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 2);
+}
+
+#[test]
+fn terminal_operations_are_pruned_after_the_configured_retention() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let d = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "secret/x"}),
+        json!({"content": "x"}),
+        "old",
+    ))
+    .clone();
+    assert_eq!(d["state"], "denied");
+    let live = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "p"}),
+        json!({"value": 1}),
+        "live",
+    ))
+    .clone();
+    drop(a);
+    std::thread::sleep(Duration::from_millis(20));
+    let mut b = env.agent_env("agent-1", &[("GAFFER_OPERATIONS_RETENTION_HOURS", "0")]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = b.request("operations/get", json!({"id": d["id"]}));
+        if r.get("error").is_some() {
+            assert_eq!(err_code(&r), "not_found");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never pruned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Unfinished work is never pruned; the pruned key is free again.
+    assert_eq!(
+        b.call("operations/get", json!({"id": live["id"]}))["state"],
+        "pending"
+    );
+    let again = ok(&submit(
+        &mut b,
+        "file.write",
+        json!({"path": "secret/x"}),
+        json!({"content": "x"}),
+        "old",
+    ))
+    .clone();
+    assert_eq!(again["created"], true);
+    assert_ne!(again["id"], d["id"]);
 }

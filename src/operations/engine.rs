@@ -185,10 +185,18 @@ pub struct RuntimeConfig {
     pub retention_ms: u64,
 }
 
+/// Overrides the 30-day retention of terminal operations (whole hours).
+pub const RETENTION_ENV: &str = "GAFFER_OPERATIONS_RETENTION_HOURS";
+
 impl Default for RuntimeConfig {
+    /// 30 days, or `$GAFFER_OPERATIONS_RETENTION_HOURS` when it holds a number.
     fn default() -> Self {
+        let hours = std::env::var(RETENTION_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(30 * 24);
         RuntimeConfig {
-            retention_ms: 30 * 24 * 3600 * 1000,
+            retention_ms: hours.saturating_mul(3600 * 1000),
         }
     }
 }
