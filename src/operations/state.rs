@@ -597,18 +597,34 @@ fn changed_notice(op: &Operation) -> OpNotice {
     }
 }
 
+/// Params of `approvals/requested`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ApprovalRequested {
+    pub approval_id: String,
+    pub operation_id: String,
+    pub client_id: String,
+    pub operation: String,
+    pub title: String,
+    pub summary: String,
+    pub reason: String,
+    /// Pass as `expected_revision` to `approvals/decide`.
+    pub revision: u64,
+    pub pending_expires_at_ms: u64,
+}
+
 fn approval_notice(a: &Approval, op: &Operation) -> Value {
-    serde_json::json!({
-        "approval_id": a.id,
-        "operation_id": op.id,
-        "client_id": op.client_id,
-        "operation": op.operation,
-        "title": op.presentation.title,
-        "summary": op.presentation.summary,
-        "reason": op.reason,
-        "revision": a.revision,
-        "pending_expires_at_ms": a.pending_expires_at_ms,
+    serde_json::to_value(ApprovalRequested {
+        approval_id: a.id.clone(),
+        operation_id: op.id.clone(),
+        client_id: op.client_id.clone(),
+        operation: op.operation.clone(),
+        title: op.presentation.title.clone(),
+        summary: op.presentation.summary.clone(),
+        reason: op.reason.clone(),
+        revision: a.revision,
+        pending_expires_at_ms: a.pending_expires_at_ms,
     })
+    .unwrap_or(Value::Null)
 }
 
 #[cfg(test)]
