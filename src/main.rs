@@ -57,8 +57,7 @@ fn main() -> ExitCode {
         eprintln!("gaffer: {e}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -80,7 +79,12 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => serve(&g, args).await,
         Command::Store(cmd) => gaffer::cli::store::run(cmd, &root_of(&g)).await,
         Command::Schema { out, check } => schema(&out, check),
+        Command::Patterns(cmd) => {
+            gaffer::cli::patterns::run(cmd, &root_of(&g), g.patterns_policy.as_deref())
+        }
         Command::Doctor => doctor(&root_of(&g)),
+        Command::Bundle(cmd) => gaffer::cli::bundles::run(cmd, &root_of(&g), config(&g)).await,
+        Command::Worker(cmd) => gaffer::cli::workers::run(cmd, &root_of(&g), config(&g)).await,
         Command::Call { method, params } => call(&g, &method, &params).await,
         Command::Ops(cmd) => gaffer::cli::operations::run(cmd, &root_of(&g)).await,
     }
@@ -98,21 +102,44 @@ async fn serve(g: &Global, args: ServeArgs) -> ExitCode {
     };
     let host = Arc::new(Server { config: config(g) });
     let router = Arc::new(methods::router());
-    match session::serve(
-        host,
-        router,
-        choice,
-        tokio::io::stdin(),
-        tokio::io::stdout(),
-    )
-    .await
-    {
+    let (input, output) = stdio();
+    match session::serve(host, router, choice, input, output).await {
         Ok(end) => ExitCode::from(end.exit_code as u8),
         Err(e) => {
             tracing::error!(error = %e, "session failed");
             ExitCode::FAILURE
         }
     }
+}
+
+type Input = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+type Output = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+
+/// stdin/stdout as async streams. When they are pipes (how editors and agent hosts start us)
+/// they are driven directly by the reactor; otherwise (files, terminals) through tokio's
+/// blocking-thread adapters. The direct path saves two thread hops per message.
+fn stdio() -> (Input, Output) {
+    use std::os::fd::AsFd;
+    use tokio::net::unix::pipe;
+    let input: Input = match std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok())
+    {
+        Some(rx) => Box::new(rx),
+        None => Box::new(tokio::io::stdin()),
+    };
+    let output: Output = match std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| pipe::Sender::from_owned_fd(fd).ok())
+    {
+        Some(tx) => Box::new(tx),
+        None => Box::new(tokio::io::stdout()),
+    };
+    (input, output)
 }
 
 fn schema(out: &Path, check: bool) -> ExitCode {

@@ -11,7 +11,7 @@
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -26,6 +26,9 @@ const SNAPSHOT_EVERY: u64 = 50_000;
 const MAX_BATCH: usize = 512;
 /// How often the tailer looks for other processes' appends.
 const TAIL_INTERVAL: Duration = Duration::from_millis(25);
+/// A read re-checks the journal itself when the last check is older than this, so a burst of
+/// reads costs one check while a read after a pause still sees other processes' writes.
+const READ_FRESHNESS: Duration = Duration::from_millis(2);
 
 /// A record to append; the workspace assigns `seq` and `time_ms`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -133,6 +136,8 @@ struct Inner {
     store: Store,
     state: State,
     since_snapshot: u64,
+    /// When the journal was last checked for other processes' appends.
+    last_poll: Instant,
 }
 
 /// The records a batch has staged so far, and the state they produce.
@@ -200,6 +205,7 @@ impl Workspace {
             store,
             state,
             since_snapshot: replayed,
+            last_poll: Instant::now(),
         }));
         let (events, _) = broadcast::channel(4096);
         let (tx, rx) = mpsc::channel::<Job>();
@@ -255,7 +261,9 @@ impl Workspace {
     /// Reads the current state, after folding in anything other processes appended.
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         let mut guard = lock(&self.inner);
-        fold_new(&mut guard, &self.events);
+        if guard.last_poll.elapsed() >= READ_FRESHNESS {
+            fold_new(&mut guard, &self.events);
+        }
         f(&guard.state)
     }
 
@@ -368,6 +376,7 @@ fn broadcast_all(events: &broadcast::Sender<Notice>, notices: Vec<Notice>) {
 
 /// Folds records other processes appended since we last looked.
 fn fold_new(inner: &mut Inner, events: &broadcast::Sender<Notice>) {
+    inner.last_poll = Instant::now();
     match inner.store.poll() {
         Ok(records) if records.is_empty() => {}
         Ok(records) => {
@@ -424,12 +433,95 @@ fn writer_loop(
     }
 }
 
+/// Runs queued commits against the state, staging their records (each sees those before it).
+/// Returns the staged records, their notices and the completions to call once durable.
+fn stage_jobs(
+    state: &mut State,
+    next_seq: u64,
+    jobs: Vec<Job>,
+) -> Result<(Vec<Record>, Vec<Notice>, Vec<Completion>), WorkspaceError> {
+    let mut stage = Stage {
+        next_seq,
+        state,
+        staged: Vec::new(),
+        notices: Vec::new(),
+    };
+    let mut completions: Vec<Completion> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| job(Ok(&mut stage)))) {
+            Ok(Some(done)) => completions.push(done),
+            Ok(None) => {}
+            Err(_) => {
+                tracing::error!("a commit closure panicked; its batch is abandoned");
+                fail(completions, &WorkspaceError::CommitPanicked);
+                return Err(WorkspaceError::CommitPanicked);
+            }
+        }
+    }
+    Ok((stage.staged, stage.notices, completions))
+}
+
+fn fail(completions: Vec<Completion>, e: &WorkspaceError) {
+    let msg = e.to_string();
+    for c in completions {
+        c(Err(WorkspaceError::Unavailable(msg.clone())));
+    }
+}
+
 /// One group commit. Returns Err when state may be ahead of disk and must be reloaded.
 fn run_batch(
     inner: &mut Inner,
     events: &broadcast::Sender<Notice>,
     jobs: Vec<Job>,
 ) -> Result<(), WorkspaceError> {
+    // Before the first write there is no store to lock, and a batch that writes nothing must
+    // not create one: under a lock on the workspace root (which every creator of the store
+    // holds), stage against the folded state and create the store only if records result.
+    let journal = inner.store.dir().join("journal");
+    let root_lock = if journal.exists() {
+        None
+    } else {
+        inner
+            .store
+            .dir()
+            .parent()
+            .and_then(|root| std::fs::File::open(root).ok())
+            .and_then(|f| f.lock().ok().map(|()| f))
+    };
+    if root_lock.is_some() && !journal.exists() {
+        let next_seq = inner.state.last_seq + 1;
+        let (staged, notices, completions) = stage_jobs(&mut inner.state, next_seq, jobs)?;
+        if !staged.is_empty() {
+            let mut txn = match inner.store.begin() {
+                Ok(t) => t,
+                Err(e) => {
+                    let e = WorkspaceError::from(e);
+                    fail(completions, &e);
+                    return Err(e);
+                }
+            };
+            // Nobody can have written first (creators hold the root lock); check anyway.
+            let others = txn.take_new()?;
+            if !others.is_empty() || txn.next_seq() != next_seq {
+                let e = WorkspaceError::Unavailable("another process wrote first; retry".into());
+                fail(completions, &e);
+                return Err(e);
+            }
+            if let Err(e) = txn.append(&staged) {
+                let e = WorkspaceError::from(e);
+                fail(completions, &e);
+                return Err(e);
+            }
+        }
+        drop(root_lock);
+        inner.since_snapshot += staged.len() as u64;
+        for c in completions {
+            c(Ok(()));
+        }
+        broadcast_all(events, notices);
+        return Ok(());
+    }
+    drop(root_lock);
     let mut txn = match inner.store.begin() {
         Ok(t) => t,
         Err(e) => {
@@ -447,44 +539,13 @@ fn run_batch(
     for rec in &others {
         inner.state.apply(rec, &mut notices);
     }
-    let mut stage = Stage {
-        next_seq: txn.next_seq(),
-        state: &mut inner.state,
-        staged: Vec::new(),
-        notices: Vec::new(),
-    };
-    let mut completions: Vec<Completion> = Vec::with_capacity(jobs.len());
-    let mut panicked = false;
-    for job in jobs {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| job(Ok(&mut stage)))) {
-            Ok(Some(done)) => completions.push(done),
-            Ok(None) => {}
-            Err(_) => {
-                tracing::error!("a commit closure panicked; its batch is abandoned");
-                panicked = true;
-                break;
-            }
-        }
-    }
-    let Stage {
-        staged,
-        notices: staged_notices,
-        ..
-    } = stage;
-    if panicked {
-        for c in completions {
-            c(Err(WorkspaceError::CommitPanicked));
-        }
-        return Err(WorkspaceError::CommitPanicked);
-    }
+    let (staged, staged_notices, completions) = stage_jobs(&mut inner.state, txn.next_seq(), jobs)?;
     if !staged.is_empty()
         && let Err(e) = txn.append(&staged)
     {
-        let msg = e.to_string();
-        for c in completions {
-            c(Err(WorkspaceError::Unavailable(msg.clone())));
-        }
-        return Err(e.into());
+        let e = WorkspaceError::from(e);
+        fail(completions, &e);
+        return Err(e);
     }
     drop(txn);
     inner.since_snapshot += staged.len() as u64;
@@ -564,7 +625,9 @@ mod tests {
         })
         .await
         .expect("commit a");
-        // b folds a's records on read, and its own commit continues the sequence.
+        // b folds a's records on read (reads re-check the journal after READ_FRESHNESS), and
+        // its own commit continues the sequence.
+        std::thread::sleep(READ_FRESHNESS * 2);
         assert_eq!(b.seq(), 2);
         b.commit(|s: &State| {
             assert_eq!(s.last_seq, 2);
@@ -572,6 +635,7 @@ mod tests {
         })
         .await
         .expect("commit b");
+        std::thread::sleep(READ_FRESHNESS * 2);
         assert_eq!(a.seq(), 3);
         assert_eq!(a.compact().await.expect("compact"), 3);
         a.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 4)], ())))
@@ -580,5 +644,33 @@ mod tests {
         drop((a, b));
         let c = Workspace::open(dir.path()).expect("reopen");
         assert_eq!(c.seq(), 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn racing_first_writes_from_two_instances_all_land_and_empty_commits_create_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Workspace::open(dir.path()).expect("open a");
+        let b = Workspace::open(dir.path()).expect("open b");
+        a.commit(|_s: &State| Ok::<_, ()>((Vec::new(), ())))
+            .await
+            .expect("empty commit");
+        assert!(
+            !dir.path().join(".gaffer").exists(),
+            "a commit that writes nothing creates nothing"
+        );
+        let mut handles = Vec::new();
+        for i in 0..40u64 {
+            let ws = Arc::clone(if i % 2 == 0 { &a } else { &b });
+            handles.push(tokio::spawn(async move {
+                ws.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", i)], ())))
+                    .await
+            }));
+        }
+        for h in handles {
+            assert!(h.await.expect("join").is_ok(), "every racing commit lands");
+        }
+        std::thread::sleep(READ_FRESHNESS * 2);
+        assert_eq!(a.seq(), 40);
+        assert_eq!(b.seq(), 40);
     }
 }

@@ -345,3 +345,54 @@ fn debug_logging_keeps_stdout_protocol_only() {
     assert_eq!(code(&s.null_id_error()), -32700);
     assert_eq!(s.finish(), 0);
 }
+
+#[test]
+fn cancelled_writes_never_leave_half_a_record() {
+    let ws = workspace();
+    let mut s = Server::start(ws.path(), Wire::Ndjson, &[]);
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let bundle = json!({
+            "metadata": {"id": format!("b-{i}"), "revision": "r1", "created_at": "2026-01-01T00:00:00Z",
+                         "provenance": {"source": "test"}},
+            "profiles": [{"selector": {"kind": "builtin", "value": "builtin:coder"},
+                          "command": ["sh", "-c", "cat"], "label": "x".repeat(2000)}]
+        });
+        let id = s.send_request("bundles/sync", json!({"bundle": bundle}));
+        // Cancel every other request straight away, while it waits or runs.
+        if i % 2 == 0 {
+            s.notify("$/cancelRequest", json!({"id": id}));
+        }
+        ids.push((i, id));
+    }
+    let mut answered_ok = Vec::new();
+    for (i, id) in &ids {
+        let r = s.response(*id);
+        match r.get("result") {
+            Some(_) => answered_ok.push(*i),
+            None => assert_eq!(code(&r), -32800, "only cancellation may fail here: {r}"),
+        }
+    }
+    assert!(answered_ok.len() >= 20, "uncancelled writes all succeed");
+    let listed = s.call("bundles/list", json!({}));
+    let listed: Vec<String> = listed["bundles"]
+        .as_array()
+        .expect("bundles")
+        .iter()
+        .map(|b| b["id"].as_str().expect("id").to_string())
+        .collect();
+    for i in &answered_ok {
+        assert!(
+            listed.contains(&format!("b-{i}")),
+            "acknowledged write b-{i} is in the store"
+        );
+    }
+    drop(s);
+    let (rc, out, err) = common::run_cli(ws.path(), &["store", "verify"]);
+    assert_eq!(
+        rc, 0,
+        "store verifies clean after cancellations: {out} {err}"
+    );
+    let report: Value = serde_json::from_str(&out).expect("verify report");
+    assert_eq!(report["ok"], true);
+}

@@ -1,8 +1,11 @@
 //! The command line: `gaffer serve` (the default) and the one-shot commands.
 
+pub mod bundles;
 pub mod doctor;
 pub mod operations;
+pub mod patterns;
 pub mod store;
+pub mod workers;
 
 use std::path::PathBuf;
 
@@ -53,6 +56,15 @@ pub enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Plan work with the worker-pattern selector (dry runs only).
+    #[command(subcommand)]
+    Patterns(patterns::PatternsCmd),
+    /// Sync, check and list config bundles.
+    #[command(subcommand)]
+    Bundle(bundles::BundleCmd),
+    /// Create, feed, inspect and stop workers.
+    #[command(subcommand)]
+    Worker(workers::WorkerCmd),
     /// Read-only health checks of the workspace and this machine.
     Doctor,
     /// Operations, approvals and the operator key (variants inlined from `cli::operations`).

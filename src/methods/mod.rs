@@ -1,9 +1,12 @@
 //! The method table: binds each domain to the router, and the host the session talks to.
 
 pub mod approvals;
+pub mod bundles;
 pub mod operations;
+pub mod patterns;
 pub mod schema;
 pub mod status;
+pub mod workers;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,6 +33,8 @@ pub struct App {
     pub config: AppConfig,
     /// Identity of this gaffer process, for presence and ownership.
     pub instance: crate::peers::Instance,
+    /// The workers whose OS processes this gaffer process owns.
+    pub workers: Arc<crate::workers::WorkerRuntime>,
     /// Operations: submit, approvals, execute-once dispatch (started by `Host::attach`).
     pub operations: Arc<crate::operations::engine::OperationRuntime>,
 }
@@ -39,6 +44,8 @@ impl App {
     pub fn open(root: &Path, config: AppConfig) -> Result<Arc<App>, WorkspaceError> {
         let workspace = Workspace::open(root)?;
         let instance = crate::peers::Instance::register(&workspace.gaffer_dir());
+        let workers = crate::workers::WorkerRuntime::new(Arc::clone(&workspace));
+        workers.start();
         let operations = crate::operations::open_runtime(
             Arc::clone(&workspace),
             &instance.me,
@@ -49,6 +56,7 @@ impl App {
             workspace,
             config,
             instance,
+            workers,
             operations,
         }))
     }
@@ -68,9 +76,20 @@ pub fn store_error(context: &str, e: &WorkspaceError) -> RpcError {
 pub fn router() -> Router<App> {
     let mut r = Router::new();
     status::register(&mut r);
+    patterns::register(&mut r);
+    bundles::register(&mut r);
+    workers::register(&mut r);
     operations::register(&mut r);
     approvals::register(&mut r);
     r
+}
+
+/// Decodes `params` as the params of every method (nothing runs); returns the refusals.
+pub fn decode_all_params(params: &Value) -> Vec<RpcError> {
+    router()
+        .methods()
+        .filter_map(|m| m.check_params(params.clone()).err())
+        .collect()
 }
 
 /// Runs one method in process, as the CLI does: the same handlers, no transport.

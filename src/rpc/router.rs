@@ -167,11 +167,17 @@ type HandlerFn<S> =
 pub struct Method<S> {
     pub def: MethodDef,
     handler: Arc<HandlerFn<S>>,
+    /// Decodes params without running the method (for robustness tests and fuzzing).
+    decode: fn(Value) -> Result<(), RpcError>,
     params_schema: fn() -> Schema,
     result_schema: fn() -> Schema,
 }
 
 impl<S> Method<S> {
+    /// Whether `params` decode for this method; runs nothing.
+    pub fn check_params(&self, params: Value) -> Result<(), RpcError> {
+        (self.decode)(params)
+    }
     pub fn params_schema(&self) -> Schema {
         (self.params_schema)()
     }
@@ -292,6 +298,7 @@ impl<S: Send + Sync + 'static> Router<S> {
             Method {
                 def,
                 handler: erased,
+                decode: |v| decode_params::<P>(v).map(drop),
                 params_schema: schema_of::<P>,
                 result_schema: schema_of::<R>,
             },

@@ -78,6 +78,10 @@ pub struct SessionEnd {
     pub exit_code: i32,
 }
 
+/// Requests in flight at once; past this the reader waits, which pushes back on the client
+/// instead of buffering without bound.
+const MAX_IN_FLIGHT: usize = 4096;
+
 struct Shared<H: Host> {
     host: Arc<H>,
     router: Arc<Router<H::State>>,
@@ -85,6 +89,9 @@ struct Shared<H: Host> {
     pending: Mutex<HashMap<Id, CancellationToken>>,
     /// Count of finished writes; writes are numbered in arrival order.
     writes_done: watch::Sender<u64>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    /// Cancelled when the session ends, so helpers holding `out` let the writer finish.
+    closing: CancellationToken,
 }
 
 struct Conn<H: Host> {
@@ -150,6 +157,8 @@ where
             out: out_tx,
             pending: Mutex::new(HashMap::new()),
             writes_done,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+            closing: CancellationToken::new(),
         }),
         choice,
         framing,
@@ -177,6 +186,10 @@ where
         match frame {
             Frame::Bad(err) => conn.frame_error(err),
             Frame::Body(body) => {
+                if conn.shared.in_flight.available_permits() == 0 {
+                    // Wait for some request to finish before reading more.
+                    let _ = conn.shared.in_flight.acquire().await;
+                }
                 if conn.on_body(body) {
                     exit_requested = true;
                     break;
@@ -211,6 +224,7 @@ where
         } else {
             0
         };
+    conn.shared.closing.cancel();
     drop(conn);
     match writer.await {
         Ok(result) => result?,
@@ -418,9 +432,14 @@ impl<H: Host> Conn<H> {
         let out = self.shared.out.clone();
         let client = self.client.clone();
         let profile = self.profile;
+        let closing = self.shared.closing.clone();
         tokio::spawn(async move {
             loop {
-                match rx.recv().await {
+                let next = tokio::select! {
+                    n = rx.recv() => n,
+                    _ = closing.cancelled() => break,
+                };
+                match next {
                     Ok(notice) => {
                         let push = H::push(notice);
                         if profile == Some(Profile::Mcp) {
@@ -626,7 +645,9 @@ impl<H: Host> Conn<H> {
             }
             Access::Read => (None, self.writes_issued),
         };
+        let permit = Arc::clone(&self.shared.in_flight).try_acquire_owned().ok();
         self.tasks.spawn(async move {
+            let _permit = permit;
             let mut done_rx = shared.writes_done.subscribe();
             // Wait for earlier writes (a cancelled request still takes its turn, so later
             // writes keep their order).

@@ -46,7 +46,9 @@ mod snapshot;
 mod verify;
 
 use std::fs::{File, OpenOptions};
-use std::io::{Seek, SeekFrom, Write};
+use std::io::Write;
+#[cfg(not(unix))]
+use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -128,6 +130,9 @@ pub struct Store {
     /// Write handle of the segment `cursor` is in, kept across transactions.
     writer: Option<(u64, File)>,
     warned_torn: Option<(PathBuf, u64)>,
+    /// Handle of `<dir>/lock`, opened by the first `begin` (which also creates the layout) and
+    /// kept so later transactions cost one `flock` each.
+    lock_file: Option<File>,
 }
 
 impl Store {
@@ -161,6 +166,7 @@ impl Store {
             undelivered: Vec::new(),
             writer: None,
             warned_torn: None,
+            lock_file: None,
         })
     }
 
@@ -226,6 +232,9 @@ impl Store {
     /// An incomplete tail is "not written yet" and left for a later poll. Follows rotation into
     /// newer segments.
     pub fn poll(&mut self) -> Result<Vec<Record>, StoreError> {
+        if self.undelivered.is_empty() && self.nothing_new() {
+            return Ok(Vec::new());
+        }
         let mut out = std::mem::take(&mut self.undelivered);
         let mut progress = Progress {
             cursor: self.cursor,
@@ -251,42 +260,60 @@ impl Store {
     /// first use), catches up with what others appended (see [`WriteTxn::take_new`]) and cuts a
     /// torn tail left by a crashed writer. Blocks while another writer holds the lock.
     pub fn begin(&mut self) -> Result<WriteTxn<'_>, StoreError> {
-        self.ensure_layout()?;
         let lock_path = self.dir.join("lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(StoreError::io(&lock_path))?;
-        lock.lock().map_err(StoreError::io(&lock_path))?;
-
-        let mut fresh = Vec::new();
-        let mut progress = Progress {
-            cursor: self.cursor,
-            last_seq: self.last_seq,
+        if self.lock_file.is_none() {
+            self.ensure_layout()?;
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(StoreError::io(&lock_path))?;
+            self.lock_file = Some(file);
+        }
+        let Some(lock) = self.lock_file.as_ref() else {
+            return Err(StoreError::Io {
+                path: lock_path,
+                source: std::io::Error::other("lock file handle unavailable"),
+            });
         };
-        let result = read_journal(&self.journal, &mut progress, |record| {
-            fresh.push(record);
-            Ok::<(), StoreError>(())
-        });
-        self.cursor = progress.cursor;
-        self.last_seq = progress.last_seq;
-        self.undelivered.append(&mut fresh);
-        if let Some(torn) = result? {
-            self.cut_torn_tail(&torn)?;
+        lock.lock().map_err(StoreError::io(&lock_path))?;
+        if let Err(e) = self.catch_up_locked() {
+            if let Some(lock) = self.lock_file.as_ref() {
+                let _ = lock.unlock();
+            }
+            return Err(e);
         }
-        if segment::list_segments(&self.journal)?.is_empty() {
-            let n = self.cursor.segment.max(1);
-            segment::create_segment(&self.journal, n)?;
-            self.cursor = Cursor {
-                segment: n,
-                offset: HEADER_LEN as u64,
+        Ok(WriteTxn {
+            store: self,
+            poisoned: false,
+        })
+    }
+
+    /// Under the lock: reads what others appended, cuts a torn tail, makes sure a segment
+    /// exists and the write handle points at the segment the cursor is in.
+    fn catch_up_locked(&mut self) -> Result<(), StoreError> {
+        if !self.nothing_new() {
+            let mut fresh = Vec::new();
+            let mut progress = Progress {
+                cursor: self.cursor,
+                last_seq: self.last_seq,
             };
+            let result = read_journal(&self.journal, &mut progress, |record| {
+                fresh.push(record);
+                Ok::<(), StoreError>(())
+            });
+            self.cursor = progress.cursor;
+            self.last_seq = progress.last_seq;
+            self.undelivered.append(&mut fresh);
+            if let Some(torn) = result? {
+                self.cut_torn_tail(&torn)?;
+            }
         }
-        if self.cursor.offset < HEADER_LEN as u64 {
-            // The scan stopped before the header only if it was torn, and that was just cut.
+        if self.cursor.offset == 0 {
+            // The read found no segment at or after the cursor's: start one.
+            segment::create_segment(&self.journal, self.cursor.segment)?;
             self.cursor.offset = HEADER_LEN as u64;
         }
         if self.writer.as_ref().map(|(n, _)| *n) != Some(self.cursor.segment) {
@@ -298,11 +325,23 @@ impl Store {
                 .map_err(StoreError::io(&path))?;
             self.writer = Some((self.cursor.segment, file));
         }
-        Ok(WriteTxn {
-            store: self,
-            lock,
-            poisoned: false,
-        })
+        Ok(())
+    }
+
+    /// Cheap check (two `stat`s) that nothing follows the cursor: its segment still ends there
+    /// and no newer segment exists (segments are created in order, so checking the next one
+    /// suffices). False means "maybe": the caller reads.
+    fn nothing_new(&self) -> bool {
+        if self.cursor.offset == 0 {
+            return false;
+        }
+        let current = segment::segment_path(&self.journal, self.cursor.segment);
+        match std::fs::metadata(&current) {
+            Ok(meta) if meta.len() == self.cursor.offset => {}
+            _ => return false,
+        }
+        let next = segment::segment_path(&self.journal, self.cursor.segment + 1);
+        matches!(std::fs::symlink_metadata(next), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
     }
 
     /// Writes `snap` (whose seq must be the journal's last) and rotates the journal. Takes the
@@ -478,11 +517,24 @@ fn read_journal<E: From<StoreError>>(
     Ok(None)
 }
 
+/// Writes all of `buf` at `offset` (one `pwrite` on unix).
+fn write_at(file: &mut File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        file.seek(SeekFrom::Start(offset))?;
+        file.write_all(buf)
+    }
+}
+
 /// The writer lock plus the right to append. Dropping it releases the lock.
 #[derive(Debug)]
 pub struct WriteTxn<'a> {
     store: &'a mut Store,
-    lock: File,
     poisoned: bool,
 }
 
@@ -529,10 +581,7 @@ impl WriteTxn<'_> {
         let Some((_, file)) = self.store.writer.as_mut() else {
             return Err(StoreError::Poisoned { segment: path });
         };
-        let written = file
-            .seek(SeekFrom::Start(offset))
-            .and_then(|_| file.write_all(&buf))
-            .and_then(|_| file.sync_data());
+        let written = write_at(file, &buf, offset).and_then(|_| file.sync_data());
         if let Err(source) = written {
             let rolled_back = file.set_len(offset).and_then(|_| file.sync_data());
             if rolled_back.is_err() {
@@ -587,8 +636,9 @@ impl WriteTxn<'_> {
 
 impl Drop for WriteTxn<'_> {
     fn drop(&mut self) {
-        // Closing the handle would release the lock too; unlocking first is explicit.
-        let _ = self.lock.unlock();
+        if let Some(lock) = self.store.lock_file.as_ref() {
+            let _ = lock.unlock();
+        }
     }
 }
 

@@ -726,3 +726,63 @@ fn large_segment_replays_and_damage_is_still_located() {
     assert_eq!(replay_all(&mut reopened, 0).len() as u64, n);
     assert_eq!(reopened.last_seq(), n);
 }
+
+#[test]
+fn poll_and_begin_follow_rotation_by_another_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Store::open(tmp.path()).unwrap();
+    let mut b = Store::open(tmp.path()).unwrap();
+    append_n(&mut a, 2);
+    assert_eq!(seqs(&b.poll().unwrap()), vec![1, 2]);
+    // a rotates; segment 1 is unchanged, so only the next segment's existence tells b.
+    a.write_snapshot(&Snapshot {
+        seq: 2,
+        state: json!(2),
+    })
+    .unwrap();
+    assert!(b.poll().unwrap().is_empty());
+    append_n(&mut a, 1);
+    assert_eq!(seqs(&b.poll().unwrap()), vec![3]);
+    a.write_snapshot(&Snapshot {
+        seq: 3,
+        state: json!(3),
+    })
+    .unwrap();
+    append_n(&mut a, 1);
+    {
+        let mut txn = b.begin().unwrap();
+        assert_eq!(seqs(&txn.take_new().unwrap()), vec![4]);
+        txn.append(&[rec(5)]).unwrap();
+    }
+    assert_eq!(seqs(&a.poll().unwrap()), vec![5]);
+    assert_eq!(
+        segment::list_segments(&tmp.path().join("journal")).unwrap(),
+        vec![1, 2, 3]
+    );
+    assert_eq!(seqs(&read_all(&b, 0)), vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn transactions_reuse_the_lock_and_release_it_on_drop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Store::open(tmp.path()).unwrap();
+    append_n(&mut a, 1);
+    let txn = a.begin().unwrap();
+    // While a holds the lock, another handle cannot take it.
+    let other = File::open(tmp.path().join("lock")).unwrap();
+    assert!(other.try_lock().is_err());
+    drop(txn);
+    other.try_lock().unwrap();
+    other.unlock().unwrap();
+    // A failed catch-up releases the lock too.
+    let seg = tmp.path().join("journal/000001.log");
+    let mut bytes = fs::read(&seg).unwrap();
+    bytes.extend(codec::encode(&rec(7)).unwrap());
+    bytes.extend(codec::encode(&rec(8)).unwrap());
+    fs::write(&seg, &bytes).unwrap();
+    assert!(matches!(
+        a.begin().map(drop),
+        Err(StoreError::Corrupt { .. })
+    ));
+    other.try_lock().unwrap();
+}

@@ -1,18 +1,35 @@
-//! workers: domain state folded from the journal (being built on its own branch).
+//! Workers: processes started from a synced bundle profile, fed input, watched live.
+//!
+//! - [`request`] reads `workers/*` requests at the boundary (field-precise refusals);
+//! - [`plan`] decides against the current state (idempotency, bundle identity, containment);
+//! - [`state`] is the fold of `worker.*` journal records (workers, transcripts, keys);
+//! - [`backend`] is the execution contract and [`process`] its OS-process implementation;
+//! - [`coalesce`] batches output, [`procinfo`] tells whether a recorded process still exists.
 
-use serde::{Deserialize, Serialize};
+pub mod backend;
+pub mod coalesce;
+pub mod plan;
+pub mod process;
+pub mod procinfo;
+pub mod request;
+pub mod runtime;
+pub mod state;
+pub mod types;
 
-use crate::workspace::{Notice, Record};
+pub use backend::{ExecEvent, ExecResult, ExecutionBackend, Outcome, SpawnRequest, Spawned};
+pub use plan::{CreateCheck, WorkerError};
+pub use process::ProcessBackend;
+pub use request::{CreateRequest, InputRequest};
+pub use runtime::WorkerRuntime;
+pub use state::{StatusChange, WorkerState};
+pub use types::{
+    ExitInfo, Owner, RunState, Segment, Stream, TranscriptEntry, Worker, WorkerStatus,
+};
 
-/// Folded state of the `worker.*` records.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct WorkerState {
-    /// How many records of this domain were folded.
-    pub records: u64,
+/// A new worker id: a UUIDv7, so ids sort by creation time.
+pub fn new_worker_id() -> String {
+    uuid::Uuid::now_v7().hyphenated().to_string()
 }
 
-impl WorkerState {
-    pub fn apply(&mut self, _rec: &Record, _out: &mut Vec<Notice>) {
-        self.records += 1;
-    }
-}
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,333 @@
+//! `workers/create`, `workers/input`, `workers/get`, `workers/list`, `workers/transcript`,
+//! `workers/stop`, and the `workers/changed` / `workers/output` notifications.
+
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::App;
+use super::bundles::{Checked, bundle_error, field_error};
+use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Router, RpcError};
+use crate::workers::request::{self, CreateRequest};
+use crate::workers::{Segment, Stream, TranscriptEntry, Worker, WorkerError, WorkerStatus};
+
+/// Maps a worker refusal to its stable error.
+pub fn worker_error(e: &WorkerError) -> RpcError {
+    match e {
+        WorkerError::Invalid(f) => field_error("", f),
+        WorkerError::Bundle(b) => bundle_error("config_bundle", b),
+        WorkerError::ProfileNotInBundle { profile, bundle_id } => RpcError::invalid_params(
+            "profile",
+            format!("`profile`: {profile} is not part of bundle {bundle_id}"),
+        ),
+        WorkerError::IdempotencyConflict { key, worker_id } => RpcError::app(
+            AppCode::Conflict,
+            "idempotency_conflict",
+            format!("idempotency key {key} was already used for a different request"),
+        )
+        .with_data("worker_id", worker_id.as_str()),
+        WorkerError::BackendUnavailable { profile, message } => RpcError::app(
+            AppCode::Unavailable,
+            "execution_backend_unavailable",
+            format!("no execution backend can run profile {profile}: {message}"),
+        ),
+        WorkerError::SpawnFailed {
+            worker_id,
+            diagnostic,
+        } => RpcError::app(
+            AppCode::Failed,
+            "worker_spawn_failed",
+            format!("worker {worker_id} could not be started: {diagnostic}"),
+        )
+        .with_data("worker_id", worker_id.as_str())
+        .with_data("diagnostic", diagnostic.as_str()),
+        WorkerError::NotFound { worker_id } => RpcError::app(
+            AppCode::NotFound,
+            "worker_not_found",
+            format!("worker {worker_id} not found"),
+        )
+        .with_data("worker_id", worker_id.as_str()),
+        WorkerError::NotInputCapable { worker_id, why } => RpcError::app(
+            AppCode::Conflict,
+            "worker_not_input_capable",
+            format!("worker {worker_id} does not take input: {why}"),
+        )
+        .with_data("worker_id", worker_id.as_str()),
+        WorkerError::Store(_) => RpcError::app(
+            AppCode::Store,
+            "store_unavailable",
+            "the workspace store failed; see the server log",
+        ),
+    }
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WorkerResult {
+    pub worker: Worker,
+}
+
+/// `workers/input` params.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputParams {
+    pub worker_id: String,
+    /// Text, or `{"segments": [...]}` with text, paste and file_ref segments.
+    pub input: InputShape,
+}
+
+/// The accepted shapes of an input (for the schema).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum InputShape {
+    Text(String),
+    Segments { segments: Vec<Segment> },
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct InputResult {
+    pub worker_id: String,
+    /// Transcript seq of the accepted input.
+    pub seq: u64,
+    pub worker: Worker,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetParams {
+    pub worker_id: String,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Only workers in this status.
+    #[serde(default)]
+    pub status: Option<WorkerStatus>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListResult {
+    pub workers: Vec<Worker>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TranscriptParams {
+    pub worker_id: String,
+    /// Entries with a seq greater than this (default 0: from the start).
+    #[serde(default)]
+    pub after_seq: u64,
+    /// Page size (default 200, at most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TranscriptResult {
+    pub worker_id: String,
+    pub entries: Vec<TranscriptEntry>,
+    /// Pass as `after_seq` for the next page.
+    pub next_after_seq: u64,
+    pub has_more: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StopParams {
+    pub worker_id: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `workers/changed` params.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ChangedNotice {
+    pub worker_id: String,
+    pub worker: Worker,
+}
+
+/// `workers/output` params.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct OutputNotice {
+    pub worker_id: String,
+    pub seq: u64,
+    pub stream: Stream,
+    pub text: String,
+}
+
+const TRANSCRIPT_DEFAULT: usize = 200;
+const TRANSCRIPT_MAX: usize = 1000;
+
+pub fn register(r: &mut Router<App>) {
+    r.add(
+        MethodDef {
+            name: "workers/create",
+            doc: "Create a worker from a profile of a synced bundle ({id, digest}); the only way a worker id is issued. The initial input is recorded with the worker in one journal record. Raw paths, cwd, sockets, credentials and session paths are refused.",
+            access: Access::Write,
+            audience: Audience::Anyone,
+            mcp_tool: Some("create_worker"),
+        },
+        create,
+    );
+    r.add(
+        MethodDef {
+            name: "workers/input",
+            doc: "Send input to a running worker. It is journalled and written to the worker by the gaffer process that owns it.",
+            access: Access::Write,
+            audience: Audience::Anyone,
+            mcp_tool: Some("send_worker_input"),
+        },
+        input,
+    );
+    r.add(
+        MethodDef {
+            name: "workers/get",
+            doc: "One worker: status, run state, owner, exit and diagnostics.",
+            access: Access::Read,
+            audience: Audience::Anyone,
+            mcp_tool: Some("get_worker"),
+        },
+        get,
+    );
+    r.add(
+        MethodDef {
+            name: "workers/list",
+            doc: "Workers of this workspace in creation order, optionally by status.",
+            access: Access::Read,
+            audience: Audience::Anyone,
+            mcp_tool: Some("list_workers"),
+        },
+        list,
+    );
+    r.add(
+        MethodDef {
+            name: "workers/transcript",
+            doc: "A worker's input, output and system notes, paged by journal seq.",
+            access: Access::Read,
+            audience: Audience::Anyone,
+            mcp_tool: None,
+        },
+        transcript,
+    );
+    r.add(
+        MethodDef {
+            name: "workers/stop",
+            doc: "Stop a worker (its owner ends the process); waits briefly for the final status.",
+            access: Access::Write,
+            audience: Audience::Anyone,
+            mcp_tool: None,
+        },
+        stop,
+    );
+    r.notification::<ChangedNotice>(
+        "workers/changed",
+        "A worker was created or its status, input or stop request changed.",
+    );
+    r.notification::<OutputNotice>("workers/output", "New worker output (coalesced chunks, in seq order), from any gaffer process on the workspace.");
+}
+
+async fn create(
+    app: Arc<App>,
+    _ctx: CallCtx,
+    p: Checked<CreateRequest>,
+) -> Result<WorkerResult, RpcError> {
+    let req = request::parse_create(&p.value, Some(app.workspace.root()))
+        .map_err(|e| field_error("", &e))?;
+    let worker = app
+        .workers
+        .create(req)
+        .await
+        .map_err(|e| worker_error(&e))?;
+    Ok(WorkerResult { worker })
+}
+
+async fn input(
+    app: Arc<App>,
+    _ctx: CallCtx,
+    p: Checked<InputParams>,
+) -> Result<InputResult, RpcError> {
+    let req = request::parse_input_request(&p.value, Some(app.workspace.root()))
+        .map_err(|e| field_error("", &e))?;
+    let (worker, seq) = app
+        .workers
+        .input(&req.worker_id, req.input)
+        .await
+        .map_err(|e| worker_error(&e))?;
+    Ok(InputResult {
+        worker_id: req.worker_id,
+        seq,
+        worker,
+    })
+}
+
+fn worker_id(raw: &str) -> Result<String, RpcError> {
+    request::parse_worker_id("worker_id", &serde_json::Value::String(raw.to_string()))
+        .map_err(|e| field_error("", &e))
+}
+
+async fn get(app: Arc<App>, _ctx: CallCtx, p: GetParams) -> Result<WorkerResult, RpcError> {
+    let id = worker_id(&p.worker_id)?;
+    app.workers.ready().await;
+    app.workspace
+        .read(|s| s.workers.get(&id).cloned())
+        .map(|worker| WorkerResult { worker })
+        .ok_or_else(|| worker_error(&WorkerError::NotFound { worker_id: id }))
+}
+
+async fn list(app: Arc<App>, _ctx: CallCtx, p: ListParams) -> Result<ListResult, RpcError> {
+    app.workers.ready().await;
+    let workers = app.workspace.read(|s| {
+        s.workers
+            .list()
+            .filter(|w| p.status.is_none_or(|st| w.status == st))
+            .cloned()
+            .collect()
+    });
+    Ok(ListResult { workers })
+}
+
+async fn transcript(
+    app: Arc<App>,
+    _ctx: CallCtx,
+    p: TranscriptParams,
+) -> Result<TranscriptResult, RpcError> {
+    let id = worker_id(&p.worker_id)?;
+    let limit = p.limit.unwrap_or(TRANSCRIPT_DEFAULT);
+    if limit == 0 || limit > TRANSCRIPT_MAX {
+        return Err(RpcError::invalid_params(
+            "limit",
+            format!("`limit` must be between 1 and {TRANSCRIPT_MAX}"),
+        ));
+    }
+    let found = app.workspace.read(|s| {
+        s.workers
+            .get(&id)
+            .map(|_| s.workers.transcript(&id, p.after_seq, limit))
+    });
+    let (entries, has_more) = found.ok_or_else(|| {
+        worker_error(&WorkerError::NotFound {
+            worker_id: id.clone(),
+        })
+    })?;
+    let next_after_seq = entries.last().map(|e| e.seq).unwrap_or(p.after_seq);
+    Ok(TranscriptResult {
+        worker_id: id,
+        entries,
+        next_after_seq,
+        has_more,
+    })
+}
+
+async fn stop(app: Arc<App>, _ctx: CallCtx, p: StopParams) -> Result<WorkerResult, RpcError> {
+    let id = worker_id(&p.worker_id)?;
+    if let Some(r) = &p.reason {
+        crate::bundles::validate::check_text("reason", r).map_err(|e| field_error("", &e))?;
+    }
+    let worker = app
+        .workers
+        .stop(&id, p.reason)
+        .await
+        .map_err(|e| worker_error(&e))?;
+    Ok(WorkerResult { worker })
+}

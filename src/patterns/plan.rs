@@ -1,0 +1,111 @@
+//! Assembles a [`Plan`] from a request: signals → dimensions → decision → lanes → notes →
+//! roster mapping → runtime mapping.
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::lanes::{Lane, SwarmScale, build_lanes};
+use super::notes::{proof_expectations, safety_notes};
+use super::request::PatternRequest;
+use super::roster::{self, RosterLoad, RosterOrigin};
+use super::runtime::{RuntimeMapping, map_runtime};
+use super::select::{Selection, decide, parse_directives};
+use super::signals::{Dimensions, TextSignals};
+use super::{PatternError, SelectContext};
+
+/// The selector's output: an execution shape, never a permission to execute.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan<'a> {
+    pub request: &'a PatternRequest,
+    pub selection: Selection,
+    pub lanes: Vec<Lane>,
+    pub runtime_mapping: RuntimeMapping,
+    pub proof_expectations: Vec<String>,
+    pub safety_notes: Vec<String>,
+    /// Static per policy; pre-encoded (see [`super::policy::Policy::role_rules_json`]).
+    pub role_rules: &'a RawValue,
+    pub profile_mapping: &'a RawValue,
+    pub module_swarm_scale: Option<SwarmScale>,
+}
+
+/// A plan plus diagnostics about its inputs (e.g. a roster that could not be read but was not
+/// needed). Diagnostics are gaffer's addition; they never change the decision.
+#[derive(Debug, Clone)]
+pub struct PlanOutcome<'a> {
+    pub plan: Plan<'a>,
+    pub diagnostics: Vec<String>,
+}
+
+/// Build the plan for a validated request. `roster_param` is the `roster_path` param, if any.
+pub fn build_plan<'a>(
+    req: &'a PatternRequest,
+    roster_param: Option<&str>,
+    ctx: &'a SelectContext,
+) -> Result<PlanOutcome<'a>, PatternError> {
+    req.validate()?;
+    let policy = &*ctx.policy;
+    let (directives, blob_notes) = parse_directives(&req.notes);
+    let text = TextSignals::analyze(req, &blob_notes, policy);
+    let dims = Dimensions::compute(req, &text, policy);
+    let selection = decide(req, &directives, &text, dims, policy);
+    let pattern = selection.selected_pattern;
+    let (mut lanes, scale) = build_lanes(req, pattern, &selection.overlays, &text, &dims, policy);
+    let proof = proof_expectations(req, pattern, &selection.overlays);
+    let mut notes = safety_notes(req, &text, policy);
+
+    let mut diagnostics = Vec::new();
+    if let Some(loc) = roster::locate(roster_param, ctx) {
+        let problem = match roster::load(&loc.path) {
+            RosterLoad::Loaded(entries) => {
+                if req.persistent_workers && !entries.is_empty() {
+                    let mapped =
+                        roster::apply(&mut lanes, &entries, &ctx.env.unavailable(), &loc.shown);
+                    for note in mapped {
+                        if !notes.contains(&note) {
+                            notes.push(note);
+                        }
+                    }
+                }
+                None
+            }
+            RosterLoad::Missing => Some("the configured roster file does not exist".to_owned()),
+            RosterLoad::Broken(reason) => Some(reason),
+        };
+        if let Some(problem) = problem {
+            let origin = match loc.origin {
+                RosterOrigin::Param => "the roster_path param".to_owned(),
+                RosterOrigin::Env(var) => var.to_owned(),
+                RosterOrigin::Workspace => "the workspace default".to_owned(),
+            };
+            if req.persistent_workers {
+                return Err(PatternError::new(
+                    "roster",
+                    format!(
+                        "persistent workers need a readable roster, but {} ({origin}): {problem}",
+                        loc.shown
+                    ),
+                ));
+            }
+            diagnostics.push(format!(
+                "Roster {} ({origin}) was not used: {problem}. Persistent workers were not requested, so the plan is unaffected.",
+                loc.shown
+            ));
+        }
+    }
+
+    let runtime_mapping = map_runtime(req, pattern, &selection.overlays, &lanes);
+    Ok(PlanOutcome {
+        plan: Plan {
+            request: req,
+            selection,
+            lanes,
+            runtime_mapping,
+            proof_expectations: proof,
+            safety_notes: notes,
+            role_rules: &policy.role_rules_json,
+            profile_mapping: &policy.profile_mapping_json,
+            module_swarm_scale: scale,
+        },
+        diagnostics,
+    })
+}

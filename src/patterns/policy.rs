@@ -1,0 +1,601 @@
+//! The selection policy as data: keyword lists, weights, role table and escalation profiles.
+//!
+//! The built-in policy is `default_policy.yaml`, compiled into the binary. A workspace can
+//! override parts of it with `.gaffer/patterns.yaml` (or an explicit file): mappings merge key by
+//! key over the built-in document, lists and scalars replace. The merged document is validated
+//! and every error names the offending key path (e.g. `weights.sequential.positive.speed`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+use super::vocab::{Dimension, LaneRole, Pattern};
+
+const DEFAULT_POLICY_YAML: &str = include_str!("default_policy.yaml");
+
+/// File name of the workspace override, under `<workspace>/.gaffer/`.
+pub const WORKSPACE_POLICY_FILE: &str = "patterns.yaml";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("policy key `{key}`: {message}")]
+pub struct PolicyError {
+    /// Dotted path of the offending key (`<file>` for whole-file problems).
+    pub key: String,
+    pub message: String,
+}
+
+impl PolicyError {
+    fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+// ----- the YAML document ---------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyDoc {
+    selector_version: String,
+    keywords: BTreeMap<String, Phrases>,
+    adjustment_cap: i64,
+    weights: BTreeMap<String, WeightsDoc>,
+    close_score_margin: i64,
+    close_score_patterns: Vec<String>,
+    simpler_pattern_order: Vec<String>,
+    signals: SignalsDoc,
+    roles: BTreeMap<String, RoleRule>,
+    lane_roles: BTreeMap<String, String>,
+    unknown_role_profile: String,
+    escalation: Escalation,
+    default_workstreams: Vec<String>,
+    default_phases: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightsDoc {
+    #[serde(default)]
+    positive: BTreeMap<String, i64>,
+    #[serde(default)]
+    negative: BTreeMap<String, i64>,
+}
+
+/// A list of phrases with prebuilt substring finders (selection runs ~90 substring tests per
+/// request, so the search setup is done once per policy).
+#[derive(Clone, Deserialize)]
+#[serde(from = "Vec<String>")]
+pub struct Phrases {
+    pub words: Vec<String>,
+    finders: Vec<memchr::memmem::Finder<'static>>,
+}
+
+impl From<Vec<String>> for Phrases {
+    fn from(words: Vec<String>) -> Self {
+        let finders = words
+            .iter()
+            .map(|w| memchr::memmem::Finder::new(w.as_bytes()).into_owned())
+            .collect();
+        Self { words, finders }
+    }
+}
+
+impl std::fmt::Debug for Phrases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.words.fmt(f)
+    }
+}
+
+impl Phrases {
+    /// True when `haystack` contains any of the phrases.
+    pub fn any_in(&self, haystack: &str) -> bool {
+        self.finders
+            .iter()
+            .any(|f| f.find(haystack.as_bytes()).is_some())
+    }
+
+    /// The phrases found in `haystack`, in list order.
+    pub fn hits_in<'a>(&'a self, haystack: &'a str) -> impl Iterator<Item = &'a String> + 'a {
+        self.words
+            .iter()
+            .zip(&self.finders)
+            .filter(move |(_, f)| f.find(haystack.as_bytes()).is_some())
+            .map(|(w, _)| w)
+    }
+
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+}
+
+/// Phrase lists used outside the per-pattern keyword lists. All are substring tests on the
+/// lower-cased request text.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signals {
+    /// Raise merge-conflict risk...
+    pub merge_conflict: Phrases,
+    /// ...unless one of these is present.
+    pub merge_conflict_negation: Phrases,
+    /// Keep a separable swarm's merge risk at 0.
+    pub separability_disjoint: Phrases,
+    /// Let a module swarm use its full parallel width.
+    pub swarm_disjoint: Phrases,
+    /// Make a lane code-heavy for patterns other than sequential and phased-assembly.
+    pub code_heavy: Phrases,
+    /// Make a sequential or phased-assembly lane code-heavy (any mention of code counts).
+    pub code_mention: Phrases,
+    pub browser: Phrases,
+    pub safety_sensitive: Phrases,
+    pub packaging: Phrases,
+}
+type SignalsDoc = Signals;
+
+/// One role policy: the profile a lane prefers, what it falls back to, and its tools.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleRule {
+    pub preferred_profile: String,
+    #[serde(default)]
+    pub fallback_profiles: Vec<String>,
+    #[serde(default)]
+    pub disable_reasoning: bool,
+    #[serde(default)]
+    pub toolsets: Vec<String>,
+}
+
+/// Profiles that escalation rules switch lanes to.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Escalation {
+    pub premium_escalation_profile: String,
+    pub module_swarm_default_profile: String,
+    pub code_heavy_profile: String,
+    pub premium_code_cap: i64,
+}
+
+// ----- the compiled policy -------------------------------------------------------------------
+
+/// The `role_rules` entry of a plan (static per policy).
+#[derive(Debug, Clone, Serialize)]
+pub struct RoleRuleView {
+    pub preferred_profile: String,
+    pub fallback_profiles: Vec<String>,
+    pub model_policy: ModelPolicyView,
+    pub toolsets: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ModelPolicyView {
+    pub disable_reasoning: bool,
+}
+
+/// A validated policy, with lookups indexed by the enums so selection does no string work.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub selector_version: String,
+    /// Keyword lists indexed by [`Pattern::index`].
+    pub keywords: [Phrases; 7],
+    pub adjustment_cap: i64,
+    /// Net weight (positive minus negative) of each dimension, indexed by pattern then dimension.
+    pub weights: [[i64; 6]; 7],
+    pub close_score_margin: i64,
+    pub close_score_patterns: Vec<Pattern>,
+    pub simpler_pattern_order: Vec<Pattern>,
+    pub signals: Signals,
+    /// Role policies by name.
+    pub roles: BTreeMap<String, RoleRule>,
+    /// Role-policy name for each lane role, indexed by [`LaneRole::index`].
+    pub lane_roles: [String; 7],
+    pub unknown_role_profile: String,
+    pub escalation: Escalation,
+    pub default_workstreams: Vec<String>,
+    pub default_phases: Vec<String>,
+    /// Precomputed `role_rules` and `profile_mapping` of every plan.
+    pub role_rules_view: BTreeMap<String, RoleRuleView>,
+    pub profile_mapping_view: BTreeMap<String, String>,
+    /// The same two objects, pre-encoded: they are static, and every plan carries them.
+    pub role_rules_json: Box<serde_json::value::RawValue>,
+    pub profile_mapping_json: Box<serde_json::value::RawValue>,
+}
+
+impl Policy {
+    /// The built-in policy (parsed once per process).
+    pub fn builtin() -> Arc<Policy> {
+        static BUILTIN: OnceLock<Arc<Policy>> = OnceLock::new();
+        BUILTIN
+            .get_or_init(|| {
+                // The embedded document is part of the program and covered by a unit test.
+                #[allow(clippy::expect_used)]
+                let policy = Policy::from_yaml_override("").expect("the built-in policy is valid");
+                Arc::new(policy)
+            })
+            .clone()
+    }
+
+    /// The built-in policy with `override_yaml` merged over it (empty text: no override).
+    pub fn from_yaml_override(override_yaml: &str) -> Result<Policy, PolicyError> {
+        let mut base: serde_yaml::Value = serde_yaml::from_str(DEFAULT_POLICY_YAML)
+            .map_err(|e| PolicyError::new("<builtin>", e.to_string()))?;
+        if !override_yaml.trim().is_empty() {
+            let overlay: serde_yaml::Value = serde_yaml::from_str(override_yaml)
+                .map_err(|e| PolicyError::new("<file>", format!("not valid YAML: {e}")))?;
+            match overlay {
+                serde_yaml::Value::Null => {}
+                serde_yaml::Value::Mapping(_) => merge(&mut base, overlay),
+                _ => {
+                    return Err(PolicyError::new(
+                        "<file>",
+                        "the policy must be a YAML mapping",
+                    ));
+                }
+            }
+        }
+        let doc: PolicyDoc = serde_path_to_error::deserialize(base).map_err(|e| {
+            let key = e.path().to_string();
+            PolicyError::new(
+                if key == "." { "<file>".to_owned() } else { key },
+                e.inner().to_string(),
+            )
+        })?;
+        compile(doc)
+    }
+
+    /// Load the policy for a workspace: `explicit` if given (must exist), else
+    /// `<workspace>/.gaffer/patterns.yaml` if present, else the built-in policy.
+    pub fn load(workspace: &Path, explicit: Option<&Path>) -> Result<Arc<Policy>, PolicyError> {
+        let path: PathBuf = match explicit {
+            Some(p) => p.to_path_buf(),
+            None => {
+                let candidate = workspace.join(".gaffer").join(WORKSPACE_POLICY_FILE);
+                if !candidate.is_file() {
+                    return Ok(Policy::builtin());
+                }
+                candidate
+            }
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            PolicyError::new("<file>", format!("cannot read {}: {e}", path.display()))
+        })?;
+        Policy::from_yaml_override(&text).map(Arc::new)
+    }
+
+    pub fn keywords(&self, p: Pattern) -> &Phrases {
+        &self.keywords[p.index()]
+    }
+
+    pub fn weight(&self, p: Pattern, d: Dimension) -> i64 {
+        self.weights[p.index()][d.index()]
+    }
+
+    /// The role policy of a lane role, or `None` when the table has no entry for it.
+    pub fn role_rule(&self, role: LaneRole) -> Option<&RoleRule> {
+        self.roles.get(&self.lane_roles[role.index()])
+    }
+}
+
+/// Merge `overlay` into `base`: mappings key by key, everything else replaced.
+fn merge(base: &mut serde_yaml::Value, overlay: serde_yaml::Value) {
+    match (base, overlay) {
+        (serde_yaml::Value::Mapping(b), serde_yaml::Value::Mapping(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(existing) if existing.is_mapping() && v.is_mapping() => merge(existing, v),
+                    _ => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+fn parse_pattern(key: &str, value: &str) -> Result<Pattern, PolicyError> {
+    Pattern::parse(value).ok_or_else(|| PolicyError::new(key, format!("unknown pattern {value:?}")))
+}
+
+fn parse_base_list(key: &str, values: &[String]) -> Result<Vec<Pattern>, PolicyError> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let p = parse_pattern(&format!("{key}[{i}]"), v)?;
+            if p.is_base() {
+                Ok(p)
+            } else {
+                Err(PolicyError::new(
+                    format!("{key}[{i}]"),
+                    "twin-inspection is an overlay, not a base pattern",
+                ))
+            }
+        })
+        .collect()
+}
+
+fn check_phrases(key: &str, phrases: &[String]) -> Result<(), PolicyError> {
+    for (i, phrase) in phrases.iter().enumerate() {
+        if phrase.trim().is_empty() {
+            return Err(PolicyError::new(
+                format!("{key}[{i}]"),
+                "phrases must not be blank",
+            ));
+        }
+        if phrase.to_lowercase() != *phrase {
+            // The text they are matched against is lower-cased, so this phrase could never hit.
+            return Err(PolicyError::new(
+                format!("{key}[{i}]"),
+                format!("{phrase:?} must be lower-case"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
+    let mut keywords: [Phrases; 7] = std::array::from_fn(|_| Phrases::from(Vec::new()));
+    let mut seen = [false; 7];
+    for (name, list) in doc.keywords {
+        let key = format!("keywords.{name}");
+        let p = parse_pattern(&key, &name)?;
+        check_phrases(&key, &list.words)?;
+        seen[p.index()] = true;
+        keywords[p.index()] = list;
+    }
+    if let Some(p) = Pattern::ALL.into_iter().find(|p| !seen[p.index()]) {
+        return Err(PolicyError::new(
+            format!("keywords.{}", p.as_str()),
+            "missing keyword list",
+        ));
+    }
+    if doc.adjustment_cap < 0 {
+        return Err(PolicyError::new("adjustment_cap", "must not be negative"));
+    }
+
+    let mut weights = [[0i64; 6]; 7];
+    let mut weighted = [false; 7];
+    for (name, w) in doc.weights {
+        let key = format!("weights.{name}");
+        let p = parse_pattern(&key, &name)?;
+        if !p.is_base() {
+            return Err(PolicyError::new(key, "only base patterns are scored"));
+        }
+        for (sign, part, map) in [(1, "positive", &w.positive), (-1, "negative", &w.negative)] {
+            for (dim, value) in map {
+                let dkey = format!("{key}.{part}.{dim}");
+                let d = Dimension::parse(dim)
+                    .ok_or_else(|| PolicyError::new(&dkey, "unknown dimension"))?;
+                if !(0..=1000).contains(value) {
+                    return Err(PolicyError::new(dkey, "weights must be between 0 and 1000"));
+                }
+                weights[p.index()][d.index()] += sign * value;
+            }
+        }
+        weighted[p.index()] = true;
+    }
+    if let Some(p) = Pattern::BASE.into_iter().find(|p| !weighted[p.index()]) {
+        return Err(PolicyError::new(
+            format!("weights.{}", p.as_str()),
+            "missing weights",
+        ));
+    }
+
+    if doc.close_score_margin < 0 {
+        return Err(PolicyError::new(
+            "close_score_margin",
+            "must not be negative",
+        ));
+    }
+    let close_score_patterns = parse_base_list("close_score_patterns", &doc.close_score_patterns)?;
+    let simpler_pattern_order =
+        parse_base_list("simpler_pattern_order", &doc.simpler_pattern_order)?;
+    if let Some(p) = Pattern::BASE
+        .into_iter()
+        .find(|p| !simpler_pattern_order.contains(p))
+    {
+        return Err(PolicyError::new(
+            "simpler_pattern_order",
+            format!("must list {}", p.as_str()),
+        ));
+    }
+
+    let s = &doc.signals;
+    for (name, list) in [
+        ("merge_conflict", &s.merge_conflict),
+        ("merge_conflict_negation", &s.merge_conflict_negation),
+        ("separability_disjoint", &s.separability_disjoint),
+        ("swarm_disjoint", &s.swarm_disjoint),
+        ("code_heavy", &s.code_heavy),
+        ("code_mention", &s.code_mention),
+        ("browser", &s.browser),
+        ("safety_sensitive", &s.safety_sensitive),
+        ("packaging", &s.packaging),
+    ] {
+        check_phrases(&format!("signals.{name}"), &list.words)?;
+    }
+
+    for (name, rule) in &doc.roles {
+        if rule.preferred_profile.trim().is_empty() {
+            return Err(PolicyError::new(
+                format!("roles.{name}.preferred_profile"),
+                "must not be blank",
+            ));
+        }
+    }
+    let mut lane_roles: [String; 7] = Default::default();
+    for (name, target) in &doc.lane_roles {
+        let role = LaneRole::parse(name)
+            .ok_or_else(|| PolicyError::new(format!("lane_roles.{name}"), "unknown lane role"))?;
+        lane_roles[role.index()] = target.clone();
+    }
+    if let Some(role) = LaneRole::ALL
+        .into_iter()
+        .find(|r| lane_roles[r.index()].is_empty())
+    {
+        return Err(PolicyError::new(
+            format!("lane_roles.{}", role.as_str()),
+            "missing role policy name",
+        ));
+    }
+    for (key, value) in [
+        ("unknown_role_profile", &doc.unknown_role_profile),
+        (
+            "escalation.premium_escalation_profile",
+            &doc.escalation.premium_escalation_profile,
+        ),
+        (
+            "escalation.module_swarm_default_profile",
+            &doc.escalation.module_swarm_default_profile,
+        ),
+        (
+            "escalation.code_heavy_profile",
+            &doc.escalation.code_heavy_profile,
+        ),
+    ] {
+        if value.trim().is_empty() {
+            return Err(PolicyError::new(key, "must not be blank"));
+        }
+    }
+    for (key, list) in [
+        ("default_workstreams", &doc.default_workstreams),
+        ("default_phases", &doc.default_phases),
+    ] {
+        if list.is_empty() {
+            return Err(PolicyError::new(key, "must list at least one name"));
+        }
+    }
+
+    let role_rules_view = doc
+        .roles
+        .iter()
+        .map(|(name, r)| {
+            (
+                name.clone(),
+                RoleRuleView {
+                    preferred_profile: r.preferred_profile.clone(),
+                    fallback_profiles: r.fallback_profiles.clone(),
+                    model_policy: ModelPolicyView {
+                        disable_reasoning: r.disable_reasoning,
+                    },
+                    toolsets: r.toolsets.clone(),
+                },
+            )
+        })
+        .collect();
+    let profile_mapping_view = doc
+        .roles
+        .iter()
+        .map(|(name, r)| (name.clone(), r.preferred_profile.clone()))
+        .collect();
+
+    let encode_err =
+        |e: serde_json::Error| PolicyError::new("roles", format!("cannot encode: {e}"));
+    let role_rules_json = serde_json::value::to_raw_value(&role_rules_view).map_err(encode_err)?;
+    let profile_mapping_json =
+        serde_json::value::to_raw_value(&profile_mapping_view).map_err(encode_err)?;
+
+    Ok(Policy {
+        selector_version: doc.selector_version,
+        keywords,
+        adjustment_cap: doc.adjustment_cap,
+        weights,
+        close_score_margin: doc.close_score_margin,
+        close_score_patterns,
+        simpler_pattern_order,
+        signals: doc.signals,
+        roles: doc.roles,
+        lane_roles,
+        unknown_role_profile: doc.unknown_role_profile,
+        escalation: doc.escalation,
+        default_workstreams: doc.default_workstreams,
+        default_phases: doc.default_phases,
+        role_rules_view,
+        profile_mapping_view,
+        role_rules_json,
+        profile_mapping_json,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_policy_loads_with_the_reference_numbers() {
+        let p = Policy::builtin();
+        assert_eq!(p.selector_version, "2026-05-03-policy-port");
+        assert_eq!(p.weight(Pattern::Sequential, Dimension::Singularity), 3);
+        assert_eq!(p.weight(Pattern::ModuleSwarm, Dimension::MergeRisk), -3);
+        assert_eq!(p.keywords(Pattern::BlueprintFanout).len(), 8);
+        assert_eq!(p.role_rules_view.len(), 6);
+        assert!(p.role_rule(LaneRole::RecoveryWorker).is_none());
+        assert_eq!(
+            p.role_rule(LaneRole::Reviewer)
+                .map(|r| r.preferred_profile.as_str()),
+            Some("worker-review-premium")
+        );
+    }
+
+    #[test]
+    fn overrides_merge_and_errors_name_the_key() {
+        let p = Policy::from_yaml_override("keywords:\n  sequential: [tiny]\n").unwrap();
+        assert_eq!(p.keywords(Pattern::Sequential).words, ["tiny"]);
+        assert_eq!(p.keywords(Pattern::ModuleSwarm).len(), 7);
+
+        let key = |y: &str| Policy::from_yaml_override(y).unwrap_err().key;
+        assert_eq!(
+            key("weights:\n  sequential:\n    positive: {speed: 1}\n"),
+            "weights.sequential.positive.speed"
+        );
+        assert_eq!(key("keywords:\n  turbo: [x]\n"), "keywords.turbo");
+        assert_eq!(
+            key("keywords:\n  sequential: [Tiny]\n"),
+            "keywords.sequential[0]"
+        );
+        assert_eq!(key("adjustment_cap: lots\n"), "adjustment_cap");
+        assert_eq!(
+            key("escalation:\n  code_heavy_profile: ''\n"),
+            "escalation.code_heavy_profile"
+        );
+        assert_eq!(
+            key("lane_roles:\n  painter: code-worker\n"),
+            "lane_roles.painter"
+        );
+        assert!(
+            key("surprise: 1\n").contains("<file>") || key("surprise: 1\n").contains("surprise")
+        );
+        assert_eq!(key("- 1\n"), "<file>");
+    }
+
+    #[test]
+    fn workspace_override_file_is_used_when_present() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            Policy::load(dir.path(), None).unwrap().close_score_margin,
+            2
+        );
+        std::fs::create_dir_all(dir.path().join(".gaffer")).unwrap();
+        std::fs::write(
+            dir.path().join(".gaffer/patterns.yaml"),
+            "close_score_margin: 5\n",
+        )
+        .unwrap();
+        assert_eq!(
+            Policy::load(dir.path(), None).unwrap().close_score_margin,
+            5
+        );
+        let missing = dir.path().join("nope.yaml");
+        assert_eq!(
+            Policy::load(dir.path(), Some(&missing)).unwrap_err().key,
+            "<file>"
+        );
+    }
+}

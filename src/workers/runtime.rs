@@ -1,0 +1,740 @@
+//! The worker runtime of one gaffer process.
+//!
+//! It owns the OS processes this gaffer process started and is the only writer of their
+//! output and exit records. Several gaffer processes may serve one workspace; each sees every
+//! worker through the journal, but only the owner (recorded in the worker) touches the process:
+//! - input accepted by any process is journalled (`worker.input`); the owner notices it while
+//!   folding and writes it to the process;
+//! - a stop asked through a non-owner is journalled (`worker.stop_requested`) and carried out
+//!   by the owner;
+//! - output is batched per worker and committed at most every [`FLUSH_INTERVAL`], so every
+//!   process's clients get `workers/output` in order.
+//!
+//! Create spawns first and then commits the worker and its initial input as one record: a
+//! crash in between leaves no worker (the orphaned process is ended when its pipes close or by
+//! the next startup), never half of one. Startup (`restore`) marks running workers whose
+//! owning process is gone as stopped; nothing is respawned.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+
+use super::backend::{ExecEvent, ExecutionBackend, Outcome, SpawnRequest};
+use super::coalesce::OutputBuffer;
+use super::plan::{CreateCheck, WorkerError, check_create, check_input};
+use super::procinfo;
+use super::request::CreateRequest;
+use super::state::{CHANGED_NOTIFICATION, StatusChange, records};
+use super::types::{Owner, RunState, Segment, Worker, WorkerStatus};
+use crate::bundles;
+use crate::workspace::{CommitError, NewRecord, Notice, State, Workspace};
+
+/// Longest time output waits before it is journalled.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+/// How often live workers are re-checked for input or stop requests missed as notices.
+const RESCAN_INTERVAL: Duration = Duration::from_millis(500);
+/// How long `stop` waits for the worker's final status.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// A worker whose OS process this gaffer process holds.
+#[derive(Default)]
+struct LiveWorker {
+    /// Its `worker.created` record is durable; output may be journalled.
+    committed: bool,
+    buffer: OutputBuffer,
+    /// Transcript seq of the last input written to the process.
+    delivered_seq: u64,
+    ended: Option<StatusChange>,
+    stop_sent: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    live: HashMap<String, LiveWorker>,
+    started: bool,
+}
+
+pub struct WorkerRuntime {
+    workspace: Arc<Workspace>,
+    backends: Vec<Arc<dyn ExecutionBackend>>,
+    me: Owner,
+    inner: Mutex<Inner>,
+    events_tx: mpsc::UnboundedSender<ExecEvent>,
+    events_rx: Mutex<Option<mpsc::UnboundedReceiver<ExecEvent>>>,
+    /// Becomes true once the startup restore has run, so answers never show a stale owner.
+    restored: tokio::sync::watch::Sender<bool>,
+}
+
+fn store_err<E>(e: CommitError<E>) -> Result<E, WorkerError> {
+    match e {
+        CommitError::Rejected(e) => Ok(e),
+        CommitError::Store(e) => {
+            tracing::error!(error = %e, "worker runtime: store failure");
+            Err(WorkerError::Store(e.to_string()))
+        }
+    }
+}
+
+fn commit_error(e: CommitError<WorkerError>) -> WorkerError {
+    match store_err(e) {
+        Ok(e) | Err(e) => e,
+    }
+}
+
+fn new_record((kind, payload): (&'static str, serde_json::Value)) -> NewRecord {
+    NewRecord {
+        kind: kind.to_string(),
+        payload,
+    }
+}
+
+impl WorkerRuntime {
+    /// A runtime with the process backend. Background work starts with [`Self::start`].
+    pub fn new(workspace: Arc<Workspace>) -> Arc<Self> {
+        Self::with_backends(workspace, vec![Arc::new(super::ProcessBackend::new())])
+    }
+
+    pub fn with_backends(
+        workspace: Arc<Workspace>,
+        backends: Vec<Arc<dyn ExecutionBackend>>,
+    ) -> Arc<Self> {
+        let (pid, start_ticks) = procinfo::current();
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        Arc::new(WorkerRuntime {
+            workspace,
+            backends,
+            me: Owner {
+                process_id: super::new_worker_id(),
+                pid,
+                start_ticks,
+                child_pid: None,
+                child_start_ticks: None,
+            },
+            inner: Mutex::new(Inner::default()),
+            events_tx,
+            events_rx: Mutex::new(Some(events_rx)),
+            restored: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts the background tasks (once) and restores the workspace's workers. Needs a Tokio
+    /// runtime; without one it does nothing and is retried on the next call.
+    pub fn start(self: &Arc<Self>) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        {
+            let mut inner = self.lock();
+            if inner.started {
+                return;
+            }
+            inner.started = true;
+        }
+        let Some(rx) = self
+            .events_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let notices = self.workspace.subscribe();
+        let me = Arc::downgrade(self);
+        tokio::spawn(run_loop(me, rx, notices));
+        let rt = Arc::clone(self);
+        tokio::spawn(async move {
+            rt.restore().await;
+            rt.restored.send_replace(true);
+        });
+    }
+
+    /// Starts the runtime if needed and waits (briefly) for the startup restore.
+    pub async fn ready(self: &Arc<Self>) {
+        self.start();
+        let mut rx = self.restored.subscribe();
+        let _ = tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|done| *done)).await;
+    }
+
+    pub fn workspace(&self) -> &Arc<Workspace> {
+        &self.workspace
+    }
+
+    /// The identity this process records as owner.
+    pub fn owner_identity(&self) -> &Owner {
+        &self.me
+    }
+
+    fn owns(&self, w: &Worker) -> bool {
+        w.owner
+            .as_ref()
+            .is_some_and(|o| o.process_id == self.me.process_id)
+    }
+
+    /// Whether the process recorded as owner of `w` is still running.
+    fn owner_alive(&self, w: &Worker) -> bool {
+        match &w.owner {
+            Some(o) if o.process_id == self.me.process_id => self.lock().live.contains_key(&w.id),
+            Some(o) => procinfo::is_alive(o.pid, o.start_ticks),
+            None => false,
+        }
+    }
+
+    /// Marks running workers whose owning process is gone as stopped. Their OS process, if it
+    /// somehow survived, is ended: a worker nobody can feed or watch must not keep running.
+    pub async fn restore(&self) {
+        // Read first, judge after: `owner_alive` takes the runtime lock, which must never be
+        // taken inside a workspace read (deliver_pending nests them the other way round).
+        let running: Vec<Worker> = self.workspace.read(|s| {
+            s.workers
+                .list()
+                .filter(|w| w.status == WorkerStatus::Running)
+                .cloned()
+                .collect()
+        });
+        for w in running.into_iter().filter(|w| !self.owner_alive(w)) {
+            if let Some(o) = &w.owner
+                && let Some(child) = o.child_pid
+                && procinfo::is_alive(child, o.child_start_ticks)
+            {
+                procinfo::kill_group(child, libc::SIGKILL);
+            }
+            let pid = w.owner.as_ref().map(|o| o.pid).unwrap_or(0);
+            let reason = format!("its gaffer process (pid {pid}) ended; workers are not restarted");
+            if let Err(e) = self
+                .record_final(
+                    &w.id,
+                    StatusChange::ended(&w.id, WorkerStatus::Stopped, reason),
+                )
+                .await
+            {
+                tracing::warn!(worker = %w.id, error = %e, "could not record a stopped orphan worker");
+            }
+        }
+    }
+
+    /// Records a final status unless one is already there.
+    async fn record_final(&self, id: &str, change: StatusChange) -> Result<(), WorkerError> {
+        let id = id.to_string();
+        self.workspace
+            .commit(move |s: &State| {
+                let still_running = s
+                    .workers
+                    .get(&id)
+                    .is_some_and(|w| w.status == WorkerStatus::Running);
+                let recs = if still_running {
+                    vec![new_record(records::status(&change))]
+                } else {
+                    vec![]
+                };
+                Ok::<_, WorkerError>((recs, ()))
+            })
+            .await
+            .map_err(commit_error)
+    }
+
+    fn backend_for(
+        &self,
+        profile: &bundles::Profile,
+        decls: &[bundles::Declaration],
+    ) -> Result<Arc<dyn ExecutionBackend>, String> {
+        let mut why = Vec::new();
+        for b in &self.backends {
+            match b.can_run(profile, decls) {
+                Ok(()) => return Ok(Arc::clone(b)),
+                Err(e) => why.push(format!("{}: {e}", b.id())),
+            }
+        }
+        if why.is_empty() {
+            why.push("no execution backend is configured".to_string());
+        }
+        Err(why.join("; "))
+    }
+
+    fn backend_named(&self, id: &str) -> Option<Arc<dyn ExecutionBackend>> {
+        self.backends.iter().find(|b| b.id() == id).cloned()
+    }
+
+    /// `workers/create`: the only place a worker id is issued.
+    pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<Worker, WorkerError> {
+        self.ready().await;
+        let fingerprint = req.fingerprint();
+
+        let (check, blob) = self.workspace.read(|s| {
+            check_create(&s.workers, &s.bundles, &req, &fingerprint).map(|c| {
+                (
+                    c,
+                    s.bundles
+                        .bundles
+                        .get(&req.config_bundle.id)
+                        .map(|b| b.blob.clone()),
+                )
+            })
+        })?;
+        if let CreateCheck::Replay(w) = check {
+            return replay_answer(*w);
+        }
+        let blob = blob.ok_or_else(|| bundles::BundleError::Missing {
+            id: req.config_bundle.id.clone(),
+        })?;
+        let bytes = self.workspace.get_blob(&blob).map_err(|e| {
+            tracing::error!(error = %e, bundle = %req.config_bundle.id, "bundle blob unreadable");
+            WorkerError::Store(format!(
+                "bundle {} could not be read from the store",
+                req.config_bundle.id
+            ))
+        })?;
+        let bundle = bundles::from_blob(&bytes)?;
+        let profile = bundle
+            .profiles
+            .iter()
+            .find(|p| p.selector == req.profile)
+            .cloned()
+            .ok_or_else(|| WorkerError::ProfileNotInBundle {
+                profile: req.profile.clone(),
+                bundle_id: req.config_bundle.id.clone(),
+            })?;
+        let backend = self
+            .backend_for(&profile, &bundle.declarations)
+            .map_err(|message| WorkerError::BackendUnavailable {
+                profile: req.profile.clone(),
+                message,
+            })?;
+
+        let id = super::new_worker_id();
+        self.lock().live.insert(id.clone(), LiveWorker::default());
+        let spawned = backend.spawn(
+            SpawnRequest {
+                worker_id: &id,
+                profile: &profile,
+                declarations: &bundle.declarations,
+                initial_input: req.initial_input.as_deref(),
+                workspace_root: self.workspace.root(),
+            },
+            self.events_tx.clone(),
+        );
+        let mut worker = Worker {
+            id: id.clone(),
+            profile: req.profile.clone(),
+            config_bundle: req.config_bundle.clone(),
+            display_name: req.display_name.clone(),
+            status: WorkerStatus::Running,
+            run_state: RunState::Idle,
+            input_capable: false,
+            input_mode: profile.input_mode,
+            backend: backend.id().to_string(),
+            owner: None,
+            reason: None,
+            diagnostic: None,
+            exit: None,
+            stop_requested: false,
+            idempotency_key: req.idempotency_key.clone(),
+            request_fingerprint: fingerprint.clone(),
+            created_seq: 0,
+            created_ms: 0,
+            updated_ms: 0,
+            last_seq: 0,
+            input_count: 0,
+            output_bytes: 0,
+        };
+        let spawn_error = match &spawned {
+            Ok(s) => {
+                worker.run_state = s.run_state;
+                worker.input_capable = s.input_capable;
+                worker.owner = Some(Owner {
+                    child_pid: s.child_pid,
+                    child_start_ticks: s.child_start_ticks,
+                    ..self.me.clone()
+                });
+                None
+            }
+            Err(diag) => {
+                self.lock().live.remove(&id);
+                worker.status = WorkerStatus::Failed;
+                worker.run_state = RunState::Errored;
+                worker.reason = Some("could not be started".to_string());
+                worker.diagnostic = Some(diag.clone());
+                Some(diag.clone())
+            }
+        };
+
+        let record = new_record(records::created(&worker, req.initial_input.as_deref()));
+        let (req2, fp2) = (req.clone(), fingerprint.clone());
+        let committed = self
+            .workspace
+            .commit(
+                move |s: &State| match check_create(&s.workers, &s.bundles, &req2, &fp2)? {
+                    CreateCheck::Replay(w) => Ok((vec![], Some(*w))),
+                    CreateCheck::Fresh => Ok((vec![record], None)),
+                },
+            )
+            .await;
+
+        match committed {
+            Ok(None) => {}
+            other => {
+                // Lost a race to an identical request, or the commit failed: this process must
+                // not outlive the decision.
+                if self.lock().live.remove(&id).is_some() {
+                    backend.stop(&id, "creation was not recorded");
+                }
+                return match other {
+                    Ok(Some(w)) => replay_answer(w),
+                    Err(e) => Err(commit_error(e)),
+                    Ok(None) => unreachable!("handled above"),
+                };
+            }
+        }
+        if let Some(diagnostic) = spawn_error {
+            return Err(WorkerError::SpawnFailed {
+                worker_id: id,
+                diagnostic,
+            });
+        }
+        {
+            let mut inner = self.lock();
+            if let Some(l) = inner.live.get_mut(&id) {
+                l.committed = true;
+                if profile.input_mode == bundles::InputMode::Argument {
+                    // The initial input went in as an argument; nothing to deliver on stdin.
+                    l.delivered_seq = u64::MAX;
+                }
+            }
+        }
+        self.deliver_pending(&id);
+        self.workspace
+            .read(|s| s.workers.get(&id).cloned())
+            .ok_or(WorkerError::NotFound { worker_id: id })
+    }
+
+    /// `workers/input`: journals the input; the owning process writes it to the worker.
+    pub async fn input(
+        self: &Arc<Self>,
+        worker_id: &str,
+        segments: Vec<Segment>,
+    ) -> Result<(Worker, u64), WorkerError> {
+        self.ready().await;
+        // A worker whose owner vanished cannot take input; say so truthfully and record it.
+        let stale = self.workspace.read(|s| s.workers.get(worker_id).cloned());
+        if let Some(w) = &stale
+            && w.status == WorkerStatus::Running
+            && !self.owner_alive(w)
+        {
+            self.restore().await;
+        }
+        let id = worker_id.to_string();
+        let record = new_record(records::input(worker_id, &segments));
+        let seq = self
+            .workspace
+            .commit(move |s: &State| {
+                check_input(&s.workers, &id)?;
+                Ok::<_, WorkerError>((vec![record], s.last_seq + 1))
+            })
+            .await
+            .map_err(commit_error)?;
+        self.deliver_pending(worker_id);
+        let w = self
+            .workspace
+            .read(|s| s.workers.get(worker_id).cloned())
+            .ok_or_else(|| WorkerError::NotFound {
+                worker_id: worker_id.to_string(),
+            })?;
+        Ok((w, seq))
+    }
+
+    /// Writes journalled input this process has not yet given to its worker.
+    fn deliver_pending(&self, worker_id: &str) {
+        let mut inner = self.lock();
+        let Some(live) = inner.live.get_mut(worker_id) else {
+            return;
+        };
+        if !live.committed || live.ended.is_some() {
+            return;
+        }
+        let after = live.delivered_seq;
+        let (pending, backend) = self.workspace.read(|s| {
+            let backend = s
+                .workers
+                .get(worker_id)
+                .and_then(|w| self.backend_named(&w.backend));
+            (s.workers.inputs_after(worker_id, after), backend)
+        });
+        let Some(backend) = backend else { return };
+        for entry in pending {
+            let segments = entry.segments.clone().unwrap_or_else(|| {
+                vec![Segment::Text {
+                    content: entry.text.clone(),
+                }]
+            });
+            let result = backend.input(worker_id, &segments);
+            if result.outcome != Outcome::Accepted {
+                tracing::warn!(worker = worker_id, seq = entry.seq, outcome = ?result.outcome, "input not delivered");
+            }
+            live.delivered_seq = entry.seq;
+        }
+    }
+
+    /// Carries out a stop requested through another process.
+    fn honour_stop_request(&self, worker_id: &str) {
+        let requested = self.workspace.read(|s| {
+            s.workers
+                .get(worker_id)
+                .map(|w| (w.stop_requested, w.backend.clone()))
+        });
+        let Some((true, backend_id)) = requested else {
+            return;
+        };
+        let mut inner = self.lock();
+        let Some(live) = inner.live.get_mut(worker_id) else {
+            return;
+        };
+        if live.stop_sent || !live.committed {
+            return;
+        }
+        live.stop_sent = true;
+        drop(inner);
+        if let Some(b) = self.backend_named(&backend_id) {
+            b.stop(worker_id, "requested through another gaffer process");
+        }
+    }
+
+    /// `workers/stop`: ends the worker (here, or by asking its owner) and waits briefly for
+    /// the final status.
+    pub async fn stop(
+        self: &Arc<Self>,
+        worker_id: &str,
+        reason: Option<String>,
+    ) -> Result<Worker, WorkerError> {
+        self.ready().await;
+        let w = self
+            .workspace
+            .read(|s| s.workers.get(worker_id).cloned())
+            .ok_or_else(|| WorkerError::NotFound {
+                worker_id: worker_id.to_string(),
+            })?;
+        if w.status.is_final() {
+            return Ok(w);
+        }
+        let reason = reason.unwrap_or_default();
+        if self.owns(&w) && self.lock().live.contains_key(worker_id) {
+            if let Some(l) = self.lock().live.get_mut(worker_id) {
+                l.stop_sent = true;
+            }
+            if let Some(b) = self.backend_named(&w.backend) {
+                b.stop(worker_id, &reason);
+            }
+        } else if self.owner_alive(&w) {
+            let id = worker_id.to_string();
+            let rec = new_record(records::stop_requested(worker_id, Some(&reason)));
+            self.workspace
+                .commit(move |s: &State| {
+                    let running = s
+                        .workers
+                        .get(&id)
+                        .is_some_and(|w| w.status == WorkerStatus::Running);
+                    Ok::<_, WorkerError>((if running { vec![rec] } else { vec![] }, ()))
+                })
+                .await
+                .map_err(commit_error)?;
+        } else {
+            let why = if reason.is_empty() {
+                "stopped on request; its gaffer process had already ended".to_string()
+            } else {
+                format!("stopped on request: {reason}; its gaffer process had already ended")
+            };
+            self.record_final(
+                worker_id,
+                StatusChange::ended(worker_id, WorkerStatus::Stopped, why),
+            )
+            .await?;
+        }
+        self.wait_final(worker_id, STOP_WAIT).await
+    }
+
+    /// Waits until the worker has a final status (or the time is up) and returns it.
+    async fn wait_final(&self, worker_id: &str, limit: Duration) -> Result<Worker, WorkerError> {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut notices = self.workspace.subscribe();
+        loop {
+            let w = self
+                .workspace
+                .read(|s| s.workers.get(worker_id).cloned())
+                .ok_or_else(|| WorkerError::NotFound {
+                    worker_id: worker_id.to_string(),
+                })?;
+            if w.status.is_final() || tokio::time::Instant::now() >= deadline {
+                return Ok(w);
+            }
+            let wake = deadline.min(tokio::time::Instant::now() + Duration::from_millis(50));
+            let _ = tokio::time::timeout_at(wake, notices.recv()).await;
+        }
+    }
+
+    /// Number of workers whose process this gaffer process holds.
+    pub fn live_count(&self) -> usize {
+        self.lock().live.len()
+    }
+
+    fn on_event(&self, ev: ExecEvent) {
+        let mut inner = self.lock();
+        match ev {
+            ExecEvent::Output {
+                worker_id,
+                stream,
+                bytes,
+            } => {
+                if let Some(l) = inner.live.get_mut(&worker_id) {
+                    l.buffer.push(stream, &bytes);
+                }
+            }
+            ExecEvent::Ended {
+                worker_id,
+                status,
+                reason,
+                exit,
+            } => {
+                if let Some(l) = inner.live.get_mut(&worker_id) {
+                    let mut change = StatusChange::ended(&worker_id, status, reason);
+                    change.exit = exit;
+                    l.ended = Some(change);
+                }
+            }
+        }
+    }
+
+    /// Journals buffered output and final statuses of committed workers (one commit).
+    async fn flush(&self) {
+        let mut recs = Vec::new();
+        let mut finished = Vec::new();
+        {
+            let mut inner = self.lock();
+            for (id, l) in inner.live.iter_mut() {
+                if !l.committed {
+                    continue;
+                }
+                let chunks = if l.ended.is_some() {
+                    l.buffer.finish()
+                } else {
+                    l.buffer.take()
+                };
+                for (stream, text) in chunks {
+                    recs.push(new_record(records::output(id, stream, &text)));
+                }
+                if let Some(change) = &l.ended {
+                    recs.push(new_record(records::status(change)));
+                    finished.push(id.clone());
+                }
+            }
+            for id in &finished {
+                inner.live.remove(id);
+            }
+        }
+        if recs.is_empty() {
+            return;
+        }
+        let result = self
+            .workspace
+            .commit(move |s: &State| {
+                // Status records for a worker that is already final are dropped by the fold;
+                // filtering here keeps them out of the journal too.
+                let keep: Vec<NewRecord> = recs
+                    .into_iter()
+                    .filter(|r| {
+                        r.kind != super::state::STATUS_KIND
+                            || r.payload
+                                .get("worker_id")
+                                .and_then(|v| v.as_str())
+                                .and_then(|id| s.workers.get(id))
+                                .is_some_and(|w| w.status == WorkerStatus::Running)
+                    })
+                    .collect();
+                Ok::<_, WorkerError>((keep, ()))
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %commit_error(e), "worker output could not be journalled");
+        }
+    }
+
+    /// Reacts to a folded notice: input or a stop request for a worker this process holds.
+    fn on_notice(&self, n: &Notice) {
+        if n.method != CHANGED_NOTIFICATION {
+            return;
+        }
+        let Some(id) = n.params.get("worker_id").and_then(|v| v.as_str()) else {
+            return;
+        };
+        if !self.lock().live.contains_key(id) {
+            return;
+        }
+        self.deliver_pending(id);
+        self.honour_stop_request(id);
+    }
+
+    fn rescan(&self) {
+        let ids: Vec<String> = self.lock().live.keys().cloned().collect();
+        for id in ids {
+            self.deliver_pending(&id);
+            self.honour_stop_request(&id);
+        }
+    }
+}
+
+/// A replayed create answers as the original did.
+fn replay_answer(w: Worker) -> Result<Worker, WorkerError> {
+    if w.status == WorkerStatus::Failed && w.owner.is_none() {
+        return Err(WorkerError::SpawnFailed {
+            diagnostic: w
+                .diagnostic
+                .clone()
+                .unwrap_or_else(|| "could not be started".to_string()),
+            worker_id: w.id,
+        });
+    }
+    Ok(w)
+}
+
+async fn run_loop(
+    rt: std::sync::Weak<WorkerRuntime>,
+    mut events: mpsc::UnboundedReceiver<ExecEvent>,
+    mut notices: broadcast::Receiver<Notice>,
+) {
+    let mut flush = tokio::time::interval(FLUSH_INTERVAL);
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            ev = events.recv() => {
+                let Some(ev) = ev else { return };
+                let Some(rt) = rt.upgrade() else { return };
+                rt.on_event(ev);
+                // Take whatever else is already queued before the next flush.
+                while let Ok(ev) = events.try_recv() {
+                    rt.on_event(ev);
+                }
+            }
+            n = notices.recv() => {
+                let Some(rt) = rt.upgrade() else { return };
+                match n {
+                    Ok(n) => rt.on_notice(&n),
+                    Err(broadcast::error::RecvError::Lagged(_)) => rt.rescan(),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+            _ = flush.tick() => {
+                let Some(rt) = rt.upgrade() else { return };
+                rt.flush().await;
+            }
+            _ = rescan.tick() => {
+                let Some(rt) = rt.upgrade() else { return };
+                rt.rescan();
+            }
+        }
+    }
+}
