@@ -286,6 +286,10 @@ fn deny_and_no_match_end_denied_and_nothing_runs() {
     .clone();
     assert_eq!(d["state"], "denied");
     assert_eq!(d["error"]["code"], "operation_policy_denied");
+    assert!(
+        d.get("retry_after_seconds").is_none(),
+        "terminal answers carry no retry hint"
+    );
     assert_eq!(d["created"], true);
     let n = ok(&submit(
         &mut a,
@@ -324,6 +328,7 @@ fn without_a_policy_file_every_operation_waits_for_a_human() {
     ))
     .clone();
     assert_eq!(p["state"], "pending");
+    assert_eq!(p["retry_after_seconds"], 2);
     assert!(p["approval_id"].as_str().unwrap().starts_with("ap_"));
     assert!(!env.root().join("docs/a.md").exists());
 }
@@ -623,6 +628,8 @@ fn partial_errors_are_reconciled_proven_and_unproven() {
             Some("upstream_result_unknown"),
         ),
         ("definitive", "failed", Some("kv_refused")),
+        ("huge", "failed", Some("operation_store_unavailable")),
+        ("empty", "succeeded", None),
     ];
     for (mode, state, code) in cases {
         let p = ok(&submit(
@@ -639,6 +646,11 @@ fn partial_errors_are_reconciled_proven_and_unproven() {
         assert_eq!(v["state"], state, "{mode}: {v}");
         if let Some(c) = code {
             assert_eq!(v["error"]["code"], c, "{mode}");
+        } else if mode == "empty" {
+            assert_eq!(
+                v["result"],
+                json!({"operation": "kv.set", "reconciled": true})
+            );
         } else {
             assert_eq!(v["result"]["read_back"], true, "{mode}: {v}");
             assert_eq!(v["upstream_status"], 200);
@@ -657,7 +669,7 @@ fn partial_errors_are_reconciled_proven_and_unproven() {
     // Unknown outcome keeps the use reserved (retained); a definitive refusal spends it.
     assert_eq!(by_op("partial_unproven")["retained"], true);
     assert_eq!(by_op("definitive")["status"], "consumed");
-    assert_eq!(lines(&env.root().join("kv-exec.log")), 4);
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 6);
 }
 
 #[test]
