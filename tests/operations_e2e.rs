@@ -49,6 +49,8 @@ rules:
     grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 2, max_uses: 2}
 "#;
 
+static LOGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 struct Env {
     ws: tempfile::TempDir,
     _cfg: tempfile::TempDir,
@@ -81,6 +83,20 @@ impl Env {
         }
     }
 
+    /// Every server log written so far (printed when a test fails).
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(self.key_file.parent().unwrap())
+            .unwrap()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().ends_with(".log") {
+                out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+            }
+        }
+        out
+    }
+
     fn root(&self) -> &Path {
         self.ws.path()
     }
@@ -96,7 +112,18 @@ impl Env {
         let key = self.key_file.display().to_string();
         let mut env: Vec<(&str, &str)> = vec![("GAFFER_OPERATOR_KEY_FILE", key.as_str())];
         env.extend_from_slice(extra);
-        Server::start_env(self.root(), Wire::Ndjson, &[], &env)
+        // Server logs go next to the key (outside the workspace) for post-mortems.
+        let log = self.key_file.with_file_name(format!(
+            "gaffer-{}.log",
+            LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let log = log.display().to_string();
+        Server::start_env(
+            self.root(),
+            Wire::Ndjson,
+            &["--log-file", log.as_str(), "--log-level", "warn"],
+            &env,
+        )
     }
 
     fn agent(&self, name: &str) -> Server {
@@ -754,6 +781,7 @@ fn twelve_concurrent_identical_submissions_make_one_operation_and_one_execution(
     let mut created = 0;
     for (i, rid) in pending {
         let r = servers[i].response(rid);
+        assert!(r.get("result").is_some(), "{r}\n{}", env.logs());
         let r = ok(&r);
         ids.insert(r["id"].as_str().unwrap().to_string());
         if r["created"] == true {

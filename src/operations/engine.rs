@@ -259,6 +259,31 @@ impl OperationRuntime {
         })
     }
 
+    /// `Workspace::commit`, retried a few times when the store reports a lost race with
+    /// another process (the closure re-validates against the fresh state on every attempt).
+    async fn commit<T, F>(&self, f: F) -> Result<T, CommitError<OpError>>
+    where
+        F: FnOnce(&crate::workspace::State) -> Result<(Vec<NewRecord>, T), OpError>
+            + Clone
+            + Send
+            + 'static,
+        T: Send + 'static,
+    {
+        let mut attempt = 0;
+        loop {
+            match self.ws.commit(f.clone()).await {
+                Err(CommitError::Store(crate::workspace::WorkspaceError::Unavailable(m)))
+                    if attempt < 5 =>
+                {
+                    attempt += 1;
+                    tracing::debug!(reason = %m, attempt, "store busy; retrying the commit");
+                    tokio::time::sleep(Duration::from_millis(5 * attempt)).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
@@ -557,7 +582,6 @@ impl OperationRuntime {
         let executor = self.executor.clone();
         let created_at = now;
         let (view, created, claimed) = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 if let Some(existing) = s.operations.by_idempotency(&client_s, &key) {
                     // Another process created it while we resolved.
@@ -723,7 +747,6 @@ impl OperationRuntime {
         let id_s = id.to_string();
         let now = crate::util::now_ms();
         let view = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
                 let op = ops
@@ -806,7 +829,6 @@ impl OperationRuntime {
         let key = key.clone();
         let now = crate::util::now_ms();
         let (view, approved_op, expired) = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
                 let aid = Self::approval_id_for(ops, &id).ok_or_else(|| {
@@ -947,80 +969,79 @@ impl OperationRuntime {
         let id = id.to_string();
         let idem = idempotency_key.map(|k| k.trim().to_string());
         let now = crate::util::now_ms();
-        self.ws
-            .commit(move |s: &crate::workspace::State| {
-                let ops = &s.operations;
-                let aid = Self::approval_id_for(ops, &id).ok_or_else(|| {
-                    OpError::new(ErrorKind::NotFound, codes::NOT_FOUND, "no such approval")
-                })?;
-                let a = &ops.approvals[&aid];
-                let digest = crate::util::sha256_hex(b"revoke");
-                if let Some(k) = &idem
-                    && let Some(prev) = a.decision_keys.get(k)
-                {
-                    if *prev == digest {
-                        return Ok((vec![], ApprovalView::of(a, ops.get(&a.operation_id))));
-                    }
-                    return Err(conflict());
+        self.commit(move |s: &crate::workspace::State| {
+            let ops = &s.operations;
+            let aid = Self::approval_id_for(ops, &id).ok_or_else(|| {
+                OpError::new(ErrorKind::NotFound, codes::NOT_FOUND, "no such approval")
+            })?;
+            let a = &ops.approvals[&aid];
+            let digest = crate::util::sha256_hex(b"revoke");
+            if let Some(k) = &idem
+                && let Some(prev) = a.decision_keys.get(k)
+            {
+                if *prev == digest {
+                    return Ok((vec![], ApprovalView::of(a, ops.get(&a.operation_id))));
                 }
-                if let Some(r) = expected_revision
-                    && r != a.revision
-                {
-                    return Err(OpError::new(
-                        ErrorKind::Conflict,
-                        codes::REVISION_CONFLICT,
-                        format!("the approval is at revision {}, not {r}", a.revision),
-                    ));
-                }
-                let op = ops.get(&a.operation_id);
-                match a.status {
-                    ApprovalStatus::Active => {
-                        let mut recs = vec![rec(
-                            KIND_REVOKED,
-                            &Revoked {
-                                approval_id: a.id.clone(),
-                                revision: a.revision + 1,
-                                at_ms: now,
-                                idempotency_key: idem.clone(),
-                                command_digest: idem.as_ref().map(|_| digest.clone()),
-                            },
-                        )?];
-                        let mut after = a.clone();
-                        after.status = ApprovalStatus::Revoked;
-                        after.revision += 1;
-                        if let Some(op) = op.filter(|o| o.state == OpState::Approved) {
-                            let t = transition(op, OpState::Canceled, now)
-                                .error(codes::CANCELED, "the operator revoked the approval");
-                            recs.push(rec(KIND_TRANSITIONED, &t)?);
-                        }
-                        Ok((recs, ApprovalView::of(&after, op)))
-                    }
-                    ApprovalStatus::Pending => {
-                        // Revoking a request nobody decided yet cancels it.
-                        let op = op.ok_or_else(OpError::not_found)?;
+                return Err(conflict());
+            }
+            if let Some(r) = expected_revision
+                && r != a.revision
+            {
+                return Err(OpError::new(
+                    ErrorKind::Conflict,
+                    codes::REVISION_CONFLICT,
+                    format!("the approval is at revision {}, not {r}", a.revision),
+                ));
+            }
+            let op = ops.get(&a.operation_id);
+            match a.status {
+                ApprovalStatus::Active => {
+                    let mut recs = vec![rec(
+                        KIND_REVOKED,
+                        &Revoked {
+                            approval_id: a.id.clone(),
+                            revision: a.revision + 1,
+                            at_ms: now,
+                            idempotency_key: idem.clone(),
+                            command_digest: idem.as_ref().map(|_| digest.clone()),
+                        },
+                    )?];
+                    let mut after = a.clone();
+                    after.status = ApprovalStatus::Revoked;
+                    after.revision += 1;
+                    if let Some(op) = op.filter(|o| o.state == OpState::Approved) {
                         let t = transition(op, OpState::Canceled, now)
-                            .error(codes::CANCELED, "the operator withdrew the request")
-                            .approval(Some(ApprovalChange {
-                                approval_id: a.id.clone(),
-                                effect: ApprovalEffect::Cancel,
-                            }));
-                        let mut after = a.clone();
-                        after.status = ApprovalStatus::Canceled;
-                        after.revision += 1;
-                        Ok((
-                            vec![rec(KIND_TRANSITIONED, &t)?],
-                            ApprovalView::of(&after, Some(op)),
-                        ))
+                            .error(codes::CANCELED, "the operator revoked the approval");
+                        recs.push(rec(KIND_TRANSITIONED, &t)?);
                     }
-                    other => Err(OpError::new(
-                        ErrorKind::Conflict,
-                        codes::APPROVAL_NOT_PENDING,
-                        format!("the approval is {other:?} and cannot be revoked").to_lowercase(),
-                    )),
+                    Ok((recs, ApprovalView::of(&after, op)))
                 }
-            })
-            .await
-            .map_err(commit_err)
+                ApprovalStatus::Pending => {
+                    // Revoking a request nobody decided yet cancels it.
+                    let op = op.ok_or_else(OpError::not_found)?;
+                    let t = transition(op, OpState::Canceled, now)
+                        .error(codes::CANCELED, "the operator withdrew the request")
+                        .approval(Some(ApprovalChange {
+                            approval_id: a.id.clone(),
+                            effect: ApprovalEffect::Cancel,
+                        }));
+                    let mut after = a.clone();
+                    after.status = ApprovalStatus::Canceled;
+                    after.revision += 1;
+                    Ok((
+                        vec![rec(KIND_TRANSITIONED, &t)?],
+                        ApprovalView::of(&after, Some(op)),
+                    ))
+                }
+                other => Err(OpError::new(
+                    ErrorKind::Conflict,
+                    codes::APPROVAL_NOT_PENDING,
+                    format!("the approval is {other:?} and cannot be revoked").to_lowercase(),
+                )),
+            }
+        })
+        .await
+        .map_err(commit_err)
     }
 
     // ---------- execution ----------
@@ -1074,7 +1095,6 @@ impl OperationRuntime {
         let registry = self.registry.clone();
         let now = crate::util::now_ms();
         let claim = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 claim_records(
                     &s.operations,
@@ -1173,62 +1193,61 @@ impl OperationRuntime {
         let id = op.id.clone();
         let operation = op.operation.clone();
         let now = crate::util::now_ms();
-        self.ws
-            .commit(move |s: &crate::workspace::State| {
-                let ops = &s.operations;
-                let Some(op) = ops.get(&id) else {
-                    return Ok((vec![], ()));
-                };
-                if op.state != OpState::Executing {
-                    return Ok((vec![], ()));
-                }
-                // Only an approval holding a reservation for this operation is settled.
-                let reserved = approval_id
-                    .as_ref()
-                    .and_then(|a| ops.approvals.get(a))
-                    .filter(|a| a.uses.get(&id) == Some(&UseState::Reserved))
-                    .map(|a| a.id.clone());
-                let change = |effect| {
-                    reserved.clone().map(|approval_id| ApprovalChange {
-                        approval_id,
-                        effect,
-                    })
-                };
-                let t = match settle {
-                    Settle::Succeeded(o) => {
-                        let result = o.result.unwrap_or_else(
-                            || serde_json::json!({"operation": operation, "reconciled": true}),
-                        );
-                        let size = serde_json::to_string(&result)
-                            .map(|t| t.len())
-                            .unwrap_or(usize::MAX);
-                        if !result.is_object() || size > MAX_RESULT_BYTES {
-                            transition(op, OpState::Failed, now)
-                                .error(
-                                    codes::STORE_UNAVAILABLE,
-                                    "the operation ran but its result could not be stored",
-                                )
-                                .approval(change(ApprovalEffect::Commit))
-                        } else {
-                            let mut t = transition(op, OpState::Succeeded, now)
-                                .approval(change(ApprovalEffect::Commit));
-                            t.result = Some(result);
-                            t.upstream_status = o.upstream_status;
-                            t
-                        }
+        self.commit(move |s: &crate::workspace::State| {
+            let ops = &s.operations;
+            let Some(op) = ops.get(&id) else {
+                return Ok((vec![], ()));
+            };
+            if op.state != OpState::Executing {
+                return Ok((vec![], ()));
+            }
+            // Only an approval holding a reservation for this operation is settled.
+            let reserved = approval_id
+                .as_ref()
+                .and_then(|a| ops.approvals.get(a))
+                .filter(|a| a.uses.get(&id) == Some(&UseState::Reserved))
+                .map(|a| a.id.clone());
+            let change = |effect| {
+                reserved.clone().map(|approval_id| ApprovalChange {
+                    approval_id,
+                    effect,
+                })
+            };
+            let t = match settle {
+                Settle::Succeeded(o) => {
+                    let result = o.result.unwrap_or_else(
+                        || serde_json::json!({"operation": operation, "reconciled": true}),
+                    );
+                    let size = serde_json::to_string(&result)
+                        .map(|t| t.len())
+                        .unwrap_or(usize::MAX);
+                    if !result.is_object() || size > MAX_RESULT_BYTES {
+                        transition(op, OpState::Failed, now)
+                            .error(
+                                codes::STORE_UNAVAILABLE,
+                                "the operation ran but its result could not be stored",
+                            )
+                            .approval(change(ApprovalEffect::Commit))
+                    } else {
+                        let mut t = transition(op, OpState::Succeeded, now)
+                            .approval(change(ApprovalEffect::Commit));
+                        t.result = Some(result);
+                        t.upstream_status = o.upstream_status;
+                        t
                     }
-                    Settle::Failed {
-                        code,
-                        message,
-                        effect,
-                    } => transition(op, OpState::Failed, now)
-                        .error(&code, message)
-                        .approval(change(effect)),
-                };
-                Ok((vec![rec(KIND_TRANSITIONED, &t)?], ()))
-            })
-            .await
-            .map_err(commit_err)
+                }
+                Settle::Failed {
+                    code,
+                    message,
+                    effect,
+                } => transition(op, OpState::Failed, now)
+                    .error(&code, message)
+                    .approval(change(effect)),
+            };
+            Ok((vec![rec(KIND_TRANSITIONED, &t)?], ()))
+        })
+        .await
+        .map_err(commit_err)
     }
 
     // ---------- recovery, expiry, retention ----------
@@ -1374,7 +1393,6 @@ impl OperationRuntime {
     pub async fn expire_due(&self) {
         let now = crate::util::now_ms();
         let r = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
                 let mut recs = vec![];
@@ -1419,7 +1437,6 @@ impl OperationRuntime {
     pub async fn prune(&self) {
         let before = crate::util::now_ms().saturating_sub(self.config.retention_ms);
         let r = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 let due = s
                     .operations
@@ -1438,6 +1455,7 @@ impl OperationRuntime {
     }
 }
 
+#[derive(Clone)]
 enum Settle {
     Succeeded(Outcome),
     Failed {
