@@ -1178,3 +1178,78 @@ fn terminal_operations_are_pruned_after_the_configured_retention() {
     assert_eq!(again["created"], true);
     assert_ne!(again["id"], d["id"]);
 }
+
+#[test]
+fn approved_work_waits_for_a_server_and_a_revoke_before_it_runs_cancels_it() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let key = env.key_file.display().to_string();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(common::BIN)
+            .arg("--workspace")
+            .arg(env.root())
+            .args(args)
+            .env("GAFFER_OPERATOR_KEY_FILE", &key)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let mut a = env.agent("agent-1");
+    let run = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "later"}),
+        json!({"value": 1}),
+        "r1",
+    ))
+    .clone();
+    let revoked = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "never"}),
+        json!({"value": 1}),
+        "r2",
+    ))
+    .clone();
+    drop(a);
+    // No server is running: the approvals are recorded, nothing executes yet.
+    assert_eq!(
+        cli(&["approve", run["id"].as_str().unwrap()])["status"],
+        "active"
+    );
+    assert_eq!(
+        cli(&["approve", revoked["id"].as_str().unwrap()])["status"],
+        "active"
+    );
+    assert_eq!(
+        cli(&["op", "get", run["id"].as_str().unwrap()])["state"],
+        "approved"
+    );
+    assert_eq!(
+        cli(&["revoke", revoked["id"].as_str().unwrap()])["status"],
+        "revoked"
+    );
+    assert_eq!(
+        cli(&["op", "get", revoked["id"].as_str().unwrap()])["state"],
+        "canceled"
+    );
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 0);
+    // A server starting later runs what is approved, and only that.
+    let mut b = env.agent("agent-1");
+    let v = wait_state(
+        &mut b,
+        run["id"].as_str().unwrap(),
+        &["succeeded", "failed"],
+    );
+    assert_eq!(v["state"], "succeeded", "{v}");
+    assert_eq!(
+        b.call("operations/get", json!({"id": revoked["id"]}))["state"],
+        "canceled"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 1);
+}

@@ -200,6 +200,12 @@ async fn run_inner(cmd: OpsCommand, root: &Path) -> Result<ExitCode, ExitCode> {
         OpsCommand::Op(op) => {
             let app = open(root)?;
             let role = Role::Agent;
+            // A user holding the operator key sees (and may cancel) every client's operations.
+            let viewer = if OperatorKey::load().is_ok() {
+                Role::Operator
+            } else {
+                Role::Agent
+            };
             let v = match op {
                 OpCmd::Submit {
                     operation,
@@ -233,7 +239,7 @@ async fn run_inner(cmd: OpsCommand, root: &Path) -> Result<ExitCode, ExitCode> {
                     }
                 }
                 OpCmd::Get { id } => {
-                    call(&app, role, "operations/get", json!({ "id": id })).await?
+                    call(&app, viewer, "operations/get", json!({ "id": id })).await?
                 }
                 OpCmd::List {
                     states,
@@ -242,7 +248,7 @@ async fn run_inner(cmd: OpsCommand, root: &Path) -> Result<ExitCode, ExitCode> {
                 } => {
                     call(
                         &app,
-                        role,
+                        viewer,
                         "operations/list",
                         json!({"states": states, "operation": operation, "limit": limit}),
                     )
@@ -251,9 +257,9 @@ async fn run_inner(cmd: OpsCommand, root: &Path) -> Result<ExitCode, ExitCode> {
                 OpCmd::Wait {
                     id,
                     timeout_seconds,
-                } => wait_terminal(&app, role, &id, timeout_seconds).await?,
+                } => wait_terminal(&app, viewer, &id, timeout_seconds).await?,
                 OpCmd::Cancel { id } => {
-                    call(&app, role, "operations/cancel", json!({ "id": id })).await?
+                    call(&app, viewer, "operations/cancel", json!({ "id": id })).await?
                 }
                 OpCmd::Catalog => call(&app, role, "operations/catalog", json!({})).await?,
             };
