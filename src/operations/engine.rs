@@ -386,6 +386,8 @@ impl OperationRuntime {
             ("arguments".to_string(), args_ex),
         ]))
         .exact_text();
+        // Only the digest is kept: equal digests mean byte-equal exact forms.
+        let submitted = crate::util::sha256_hex(submitted.as_bytes());
 
         // Replays never resolve, decide or write anything.
         if let Some(v) = self.replay(client, &key, &submitted)? {

@@ -43,7 +43,8 @@ pub struct Operation {
     pub idempotency_key: String,
     pub operation: String,
     pub provider: String,
-    /// Exact form (token-exact numbers) of the submission, compared on replay.
+    /// sha256 of the exact form (token-exact numbers, canonical key order) of the submission,
+    /// compared on replay.
     pub submitted: String,
     pub reason: String,
     pub target: Value,
@@ -378,8 +379,10 @@ impl OperationState {
             .entry(op.client_id.clone())
             .or_default()
             .insert(op.idempotency_key.clone(), op.id.clone());
+        let mut op = op;
         if let Some(t) = op.terminal_at_ms {
             self.terminal.insert((t, op.id.clone()));
+            op.plan = None;
         }
         self.operations.insert(op.id.clone(), op);
         Ok(())
@@ -432,6 +435,8 @@ impl OperationState {
             op.executor = t.executor;
         }
         if t.to.is_terminal() {
+            // The plan is needed only until the operation ends; the journal keeps it for audit.
+            op.plan = None;
             op.terminal_at_ms = Some(op.updated_at_ms);
             self.terminal.insert((op.updated_at_ms, op.id.clone()));
         }
@@ -793,6 +798,11 @@ pub(crate) mod tests {
             (o.state, o.revision, o.terminal_at_ms),
             (OpState::Succeeded, 4, Some(80))
         );
+        assert!(
+            o.plan.is_none(),
+            "a finished operation drops its plan text from state"
+        );
+        assert!(o.plan_digest.is_some());
         let a = &s.approvals["ap_1"];
         assert_eq!(a.status, ApprovalStatus::Consumed);
         assert_eq!(a.uses["op_1"], UseState::Committed);
