@@ -1,20 +1,34 @@
-//! In-process selection benchmark. Prints µs per call and the speed-up over the reference
-//! selector's 6.3 ms per call. Run with `cargo bench --bench patterns`.
+//! Worker-pattern selection benchmarks against the reference selector's numbers: in process
+//! (6.3 ms per call), `patterns/select` round trip over stdio (7.1 ms per MCP round trip) and
+//! the one-shot CLI (184 ms). Prints tables; asserts nothing.
+//! Run with `cargo bench --bench patterns`.
 
 use std::hint::black_box;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gaffer::patterns::{SelectContext, build_plan, parse_params, render::render_output, select};
 use serde_json::{Value, json};
 
 const REFERENCE_MS_PER_CALL: f64 = 6.3;
+const REFERENCE_MS_PER_ROUND_TRIP: f64 = 7.1;
+const REFERENCE_MS_PER_CLI_RUN: f64 = 184.0;
+const BIN: &str = env!("CARGO_BIN_EXE_gaffer");
 
 fn scopes(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("pkg-{i:04}")).collect()
 }
 
-/// Median of several timed batches, in µs per call.
-fn measure(mut f: impl FnMut()) -> f64 {
+/// CPU time this thread has run, from `/proc/thread-self/schedstat` (Linux). Unlike wall time
+/// it does not count time spent waiting for a core, so it stays meaningful on a busy machine.
+fn thread_cpu_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// Median of several timed batches: (wall µs per call, CPU µs per call if known).
+fn measure(mut f: impl FnMut()) -> (f64, Option<f64>) {
     let start = Instant::now();
     let mut calls = 0u64;
     while start.elapsed() < Duration::from_millis(200) {
@@ -22,17 +36,29 @@ fn measure(mut f: impl FnMut()) -> f64 {
         calls += 1;
     }
     let per_batch = (calls / 5).max(1);
-    let mut samples: Vec<f64> = (0..9)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..per_batch {
-                f();
-            }
-            t.elapsed().as_secs_f64() * 1e6 / per_batch as f64
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    let mut wall = Vec::new();
+    let mut cpu = Vec::new();
+    for _ in 0..9 {
+        let c = thread_cpu_ns();
+        let t = Instant::now();
+        for _ in 0..per_batch {
+            f();
+        }
+        wall.push(t.elapsed().as_secs_f64() * 1e6 / per_batch as f64);
+        if let (Some(before), Some(after)) = (c, thread_cpu_ns()) {
+            cpu.push(after.saturating_sub(before) as f64 / 1e3 / per_batch as f64);
+        }
+    }
+    wall.sort_by(f64::total_cmp);
+    cpu.sort_by(f64::total_cmp);
+    (wall[wall.len() / 2], cpu.get(cpu.len() / 2).copied())
+}
+
+fn show((wall, cpu): (f64, Option<f64>)) -> String {
+    match cpu {
+        Some(c) => format!("{wall:.2} ({c:.2})"),
+        None => format!("{wall:.2}"),
+    }
 }
 
 fn main() {
@@ -53,10 +79,12 @@ fn main() {
         ),
     ];
     println!("patterns: in-process selection (reference: {REFERENCE_MS_PER_CALL} ms/call)");
+    println!("µs per call, wall (CPU); speed-up from the CPU time of the bytes column");
     println!(
-        "{:<32} {:>14} {:>14} {:>14} {:>10}",
-        "request", "decide µs", "to Value µs", "to bytes µs", "speed-up"
+        "{:<30} {:>18} {:>18} {:>18} {:>9}",
+        "request", "decide", "to Value", "to bytes", "speed-up"
     );
+    let mut buf = Vec::with_capacity(64 * 1024);
     for (name, params) in &cases {
         // Decision only: parse + plan (no rendering of the output wrapper).
         let decide = measure(|| {
@@ -68,13 +96,136 @@ fn main() {
         let value = measure(|| {
             black_box(select(black_box(params), &ctx).unwrap());
         });
-        // What a server does: params in, JSON bytes out (no intermediate Value).
+        // What a server writing a reply does: params in, JSON bytes out (no intermediate Value).
         let bytes = measure(|| {
             let p = parse_params(black_box(params)).unwrap();
             let outcome = build_plan(&p.request, p.roster_path.as_deref(), &ctx).unwrap();
-            black_box(serde_json::to_vec(&render_output(&outcome, p.output)).unwrap());
+            buf.clear();
+            serde_json::to_writer(&mut buf, &render_output(&outcome, p.output)).unwrap();
+            black_box(buf.len());
         });
-        let speedup = REFERENCE_MS_PER_CALL * 1000.0 / bytes;
-        println!("{name:<32} {decide:>14.2} {value:>14.2} {bytes:>14.2} {speedup:>9.0}×");
+        let speedup = REFERENCE_MS_PER_CALL * 1000.0 / bytes.1.unwrap_or(bytes.0);
+        println!(
+            "{name:<30} {:>18} {:>18} {:>18} {speedup:>8.0}×",
+            show(decide),
+            show(value),
+            show(bytes)
+        );
     }
+    stdio_round_trip(&cases);
+    one_shot_cli();
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Sequential `patterns/select` requests to one `gaffer serve --jsonl` process.
+fn stdio_round_trip(cases: &[(&str, Value)]) {
+    let ws = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(BIN)
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["serve", "--jsonl"])
+        .env_remove("WORKER_PATTERNS_ROSTER_PATH")
+        .env_remove("HERMES_SWARM_ROSTER_PATH")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn gaffer");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    println!();
+    println!(
+        "patterns/select over stdio NDJSON, sequential (reference: {REFERENCE_MS_PER_ROUND_TRIP} ms per MCP round trip)"
+    );
+    println!(
+        "{:<32} {:>10} {:>10} {:>10} {:>10}",
+        "request", "p50 µs", "p90 µs", "p99 µs", "speed-up"
+    );
+    let mut id = 0u64;
+    for (name, params) in cases {
+        let body = serde_json::to_string(params).expect("json");
+        let mut once = |id: u64| {
+            writeln!(
+                stdin,
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"patterns/select","params":{body}}}"#
+            )
+            .expect("write");
+            stdin.flush().expect("flush");
+            line.clear();
+            stdout.read_line(&mut line).expect("read");
+            assert!(line.contains("\"result\""), "unexpected reply {line}");
+        };
+        let n = if params["scopes"].as_array().is_some_and(|s| s.len() > 100) {
+            200
+        } else {
+            3_000
+        };
+        for _ in 0..n / 10 {
+            id += 1;
+            once(id);
+        }
+        let mut samples: Vec<f64> = (0..n)
+            .map(|_| {
+                id += 1;
+                let t = Instant::now();
+                once(id);
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        samples.sort_by(f64::total_cmp);
+        let p50 = percentile(&samples, 0.5);
+        println!(
+            "{name:<32} {p50:>10.1} {:>10.1} {:>10.1} {:>9.0}×",
+            percentile(&samples, 0.9),
+            percentile(&samples, 0.99),
+            REFERENCE_MS_PER_ROUND_TRIP * 1000.0 / p50
+        );
+    }
+    drop(stdin);
+    let _ = child.wait();
+}
+
+/// `gaffer patterns select … --json` as a fresh process each time, next to `gaffer --version`
+/// (process start and exit alone) for scale.
+fn one_shot_cli() {
+    let ws = tempfile::tempdir().expect("tempdir");
+    let time_runs = |args: &[&str]| {
+        let run = || {
+            let out = Command::new(BIN)
+                .arg("--workspace")
+                .arg(ws.path())
+                .args(args)
+                .env_remove("WORKER_PATTERNS_ROSTER_PATH")
+                .env_remove("HERMES_SWARM_ROSTER_PATH")
+                .stderr(Stdio::null())
+                .output()
+                .expect("run gaffer");
+            assert!(out.status.success());
+        };
+        for _ in 0..10 {
+            run();
+        }
+        let mut samples: Vec<f64> = (0..200)
+            .map(|_| {
+                let t = Instant::now();
+                run();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        samples.sort_by(f64::total_cmp);
+        (percentile(&samples, 0.5), percentile(&samples, 0.9))
+    };
+    let (base50, base90) = time_runs(&["--version"]);
+    let (p50, p90) = time_runs(&["patterns", "select", "small docs update", "--json"]);
+    println!();
+    println!("one-shot CLI (reference: {REFERENCE_MS_PER_CLI_RUN} ms)");
+    println!("gaffer --version (process start only): p50 {base50:.2} ms, p90 {base90:.2} ms");
+    println!(
+        "gaffer patterns select --json:         p50 {p50:.2} ms, p90 {p90:.2} ms, speed-up {:.0}×",
+        REFERENCE_MS_PER_CLI_RUN / p50
+    );
 }

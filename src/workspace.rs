@@ -433,13 +433,12 @@ fn writer_loop(
     }
 }
 
+/// Records staged by a batch, their notices, and the completions to call once durable.
+type Staged = (Vec<Record>, Vec<Notice>, Vec<Completion>);
+
 /// Runs queued commits against the state, staging their records (each sees those before it).
 /// Returns the staged records, their notices and the completions to call once durable.
-fn stage_jobs(
-    state: &mut State,
-    next_seq: u64,
-    jobs: Vec<Job>,
-) -> Result<(Vec<Record>, Vec<Notice>, Vec<Completion>), WorkspaceError> {
+fn stage_jobs(state: &mut State, next_seq: u64, jobs: Vec<Job>) -> Result<Staged, WorkspaceError> {
     let mut stage = Stage {
         next_seq,
         state,

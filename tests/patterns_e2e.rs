@@ -510,3 +510,50 @@ fn cli_commands_mirror_the_reference() {
     );
     assert_eq!(code, 1);
 }
+
+#[test]
+fn wrong_types_are_invalid_params_naming_the_field_and_the_server_survives() {
+    assert_clean_env();
+    let ws = workspace();
+    let mut s = Server::start(ws.path(), Wire::Ndjson, &[]);
+    let huge_scopes: Vec<String> = (0..10_000).map(|i| format!("s{i}")).collect();
+    for (params, field) in [
+        (
+            json!({"objective": "x", "max_parallel_lanes": [1]}),
+            "max_parallel_lanes",
+        ),
+        (
+            json!({"objective": "x", "max_parallel_lanes": 1e300}),
+            "max_parallel_lanes",
+        ),
+        (json!({"objective": "x", "scopes": 7}), "scopes"),
+        (
+            json!({"objective": "x", "variant_count": "2.5"}),
+            "variant_count",
+        ),
+        (json!({"objective": "x", "output": {"a": 1}}), "output"),
+        (
+            json!({"objective": "x", "roster_path": "../../etc/passwd"}),
+            "roster_path",
+        ),
+        (json!({"objective": ["   "]}), ""),
+    ] {
+        let r = s.request("patterns/select", params.clone());
+        if field.is_empty() {
+            // `["   "]` is a non-blank string after Python's str(): accepted, like the reference.
+            assert!(r.get("result").is_some(), "{params}: {r}");
+        } else {
+            assert_eq!(r["error"]["code"], -32602, "{params}: {r}");
+            assert_eq!(r["error"]["data"]["field"], field, "{params}: {r}");
+        }
+    }
+    let big = s.call(
+        "patterns/select",
+        json!({"objective": "x", "scopes": huge_scopes, "output": "select"}),
+    );
+    assert_eq!(
+        big["plan"]["module_swarm_scale"]["requested_lane_count"],
+        10_000
+    );
+    assert_eq!(s.finish(), 0);
+}

@@ -104,7 +104,8 @@ pub async fn call_local(
         role,
         profile: Profile::Raw,
     });
-    router().call(app, ctx, method, params).await
+    let raw = router().call(app, ctx, method, params).await?;
+    serde_json::from_str(raw.get()).map_err(|_| RpcError::internal("decoding a local result"))
 }
 
 /// The host the session talks to: opens the workspace when the client says which one.

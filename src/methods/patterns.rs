@@ -16,6 +16,7 @@ use std::time::SystemTime;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::App;
 use crate::patterns::request::{PatternRequestSchema, SelectParamsSchema};
@@ -174,9 +175,10 @@ pub struct RenderResult {
     pub diagnostics: Vec<String>,
 }
 
-/// A selection result: one of the reference's wrappers.
+/// A selection result: one of the reference's wrappers, already encoded (the typed plan is
+/// written straight to JSON text rather than built up as a `Value` tree).
 #[derive(Debug)]
-pub struct PatternsResult(pub Value);
+pub struct PatternsResult(pub Box<RawValue>);
 
 impl Serialize for PatternsResult {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -294,12 +296,12 @@ async fn validate(
     }
 }
 
-/// Parse, select and render `params` for the workspace of `app`.
+/// Parse, select and render `params` for the workspace of `app`, as encoded JSON.
 pub fn run_select(
     app: &App,
     params: &Value,
     forced: Option<OutputKind>,
-) -> Result<Value, RpcError> {
+) -> Result<Box<RawValue>, RpcError> {
     let root = app.workspace.root();
     let sctx = context(root, app.config.patterns_policy.as_deref())?;
     let mut parsed = patterns::parse_params(params).map_err(invalid)?;
@@ -308,7 +310,8 @@ pub fn run_select(
     }
     let roster_path = confined_param(root, parsed.roster_path.as_deref())?;
     let outcome = build_plan(&parsed.request, roster_path.as_deref(), &sctx).map_err(invalid)?;
-    serde_json::to_value(patterns::render::render_output(&outcome, parsed.output)).map_err(|e| {
+    let rendered = patterns::render::render_output(&outcome, parsed.output);
+    serde_json::value::to_raw_value(&rendered).map_err(|e| {
         tracing::error!(error = %e, "selection result did not serialize");
         RpcError::internal("encoding the selection")
     })

@@ -2,9 +2,11 @@
 //! the escalation rules, plus the module-swarm scale (how many lanes run at once, in how many
 //! waves).
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
-use super::policy::{ModelPolicyView, Policy};
+use super::policy::{ModelPolicyView, Policy, SharedList};
 use super::request::PatternRequest;
 use super::signals::{Dimensions, TextSignals};
 use super::vocab::{Dimension, LaneRole, Pattern};
@@ -15,11 +17,11 @@ pub struct Lane {
     pub role: LaneRole,
     pub count: u64,
     pub scope: Vec<String>,
-    pub purpose: String,
-    pub runtime_hint: String,
+    pub purpose: Cow<'static, str>,
+    pub runtime_hint: Cow<'static, str>,
     pub selected_profile: String,
     pub fallback_profiles: Vec<String>,
-    pub toolsets: Vec<String>,
+    pub toolsets: SharedList,
     pub model_policy: LaneModelPolicy,
 }
 
@@ -114,27 +116,22 @@ struct Flags {
 struct Profile {
     selected: String,
     fallbacks: Vec<String>,
-    toolsets: Vec<String>,
+    toolsets: SharedList,
     disable_reasoning: bool,
 }
 
 /// Resolve a lane's profile: module swarm beats premium beats code-heavy beats the role default.
 fn resolve_profile(role: LaneRole, flags: Flags, policy: &Policy) -> Profile {
     let rule = policy.role_rule(role);
-    let (preferred, role_fallbacks, toolsets, role_reasoning_off) = match rule {
+    let toolsets = policy.lane_toolsets[role.index()].clone();
+    let (preferred, role_fallbacks, role_reasoning_off) = match rule {
         Some(r) => (
             r.preferred_profile.as_str(),
             &r.fallback_profiles[..],
-            r.toolsets.clone(),
             r.disable_reasoning,
         ),
         // A role without a policy entry (recovery-worker) gets the bare default profile.
-        None => (
-            policy.unknown_role_profile.as_str(),
-            &[][..],
-            Vec::new(),
-            false,
-        ),
+        None => (policy.unknown_role_profile.as_str(), &[][..], false),
     };
     let esc = &policy.escalation;
     let (selected, mut fallbacks, disable_reasoning) = if flags.module_swarm {
@@ -180,8 +177,8 @@ fn lane(
     role: LaneRole,
     count: u64,
     scope: Vec<String>,
-    purpose: String,
-    runtime_hint: String,
+    purpose: impl Into<Cow<'static, str>>,
+    runtime_hint: impl Into<Cow<'static, str>>,
     flags: Flags,
     policy: &Policy,
 ) -> Lane {
@@ -190,8 +187,8 @@ fn lane(
         role,
         count,
         scope,
-        purpose,
-        runtime_hint,
+        purpose: purpose.into(),
+        runtime_hint: runtime_hint.into(),
         selected_profile: profile.selected,
         fallback_profiles: profile.fallbacks,
         toolsets: profile.toolsets,
@@ -269,8 +266,8 @@ pub fn build_lanes(
                 LaneRole::Integrator,
                 count,
                 scopes.to_vec(),
-                purpose.to_owned(),
-                "A lane in the calling runtime, or a managed continuation.".to_owned(),
+                purpose,
+                "A lane in the calling runtime, or a managed continuation.",
                 swarm,
                 policy,
             ));
@@ -289,7 +286,7 @@ pub fn build_lanes(
                     1,
                     Vec::new(),
                     format!("Design variant {i} as an independent alternative to the others."),
-                    "One worker in a batch of ephemeral workers.".to_owned(),
+                    "One worker in a batch of ephemeral workers.",
                     escalated,
                     policy,
                 ));
@@ -298,8 +295,8 @@ pub fn build_lanes(
                 LaneRole::Curator,
                 1,
                 Vec::new(),
-                "Compare the variants, then pick one or merge their strongest parts.".to_owned(),
-                "A lane in the calling runtime once every variant is in.".to_owned(),
+                "Compare the variants, then pick one or merge their strongest parts.",
+                "A lane in the calling runtime once every variant is in.",
                 escalated,
                 policy,
             ));
@@ -318,8 +315,7 @@ pub fn build_lanes(
                     format!(
                         "Finish the {dep} step of its wave and hand off to the work it unlocks."
                     ),
-                    "A child task in a task graph, or one step of a managed continuation."
-                        .to_owned(),
+                    "A child task in a task graph, or one step of a managed continuation.",
                     escalated,
                     policy,
                 ));
@@ -330,8 +326,8 @@ pub fn build_lanes(
                 LaneRole::RecoveryWorker,
                 1,
                 req.scopes.clone(),
-                "Repair or resume the failed work, and nothing beyond it.".to_owned(),
-                "One strong worker or profile, with no parallel edits.".to_owned(),
+                "Repair or resume the failed work, and nothing beyond it.",
+                "One strong worker or profile, with no parallel edits.",
                 escalated,
                 policy,
             ));
@@ -341,9 +337,8 @@ pub fn build_lanes(
                 LaneRole::Builder,
                 1,
                 req.scopes.clone(),
-                "Implement the change as the single build lane, within its scope.".to_owned(),
-                "One turn in the current runtime, or a managed continuation if it spans turns."
-                    .to_owned(),
+                "Implement the change as the single build lane, within its scope.",
+                "One turn in the current runtime, or a managed continuation if it spans turns.",
                 escalated,
                 policy,
             ));
@@ -360,8 +355,8 @@ pub fn build_lanes(
             LaneRole::Reviewer,
             1,
             req.scopes.clone(),
-            "Review the work independently and verify its tests and evidence.".to_owned(),
-            "An ephemeral reviewer, or an independent review worker.".to_owned(),
+            "Review the work independently and verify its tests and evidence.",
+            "An ephemeral reviewer, or an independent review worker.",
             flags,
             policy,
         ));

@@ -20,6 +20,7 @@
 
 pub mod lanes;
 pub mod notes;
+pub mod phrases;
 pub mod plan;
 pub mod policy;
 pub mod render;

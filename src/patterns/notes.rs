@@ -2,6 +2,8 @@
 //! preserve). Only the number and order of lines is part of the reference contract; the
 //! wording is gaffer's.
 
+use std::borrow::Cow;
+
 use super::policy::Policy;
 use super::request::PatternRequest;
 use super::signals::TextSignals;
@@ -46,7 +48,7 @@ fn pattern_proof(p: Pattern) -> &'static [&'static str] {
 const TESTS_PROOF: &str =
     "The test command and its output are attached, or the reason tests were not run is given.";
 
-fn push_unique(list: &mut Vec<String>, line: String) {
+fn push_unique(list: &mut Vec<Cow<'static, str>>, line: Cow<'static, str>) {
     if !list.contains(&line) {
         list.push(line);
     }
@@ -57,49 +59,53 @@ pub fn proof_expectations(
     req: &PatternRequest,
     pattern: Pattern,
     overlays: &[Pattern],
-) -> Vec<String> {
+) -> Vec<Cow<'static, str>> {
     let mut out = Vec::with_capacity(8);
     for p in std::iter::once(pattern).chain(overlays.iter().copied()) {
         for line in pattern_proof(p) {
-            push_unique(&mut out, (*line).to_owned());
+            push_unique(&mut out, Cow::Borrowed(*line));
         }
     }
     if req.tests_required {
-        push_unique(&mut out, TESTS_PROOF.to_owned());
+        push_unique(&mut out, Cow::Borrowed(TESTS_PROOF));
     }
     if !req.scopes.is_empty() {
         push_unique(
             &mut out,
-            format!(
+            Cow::Owned(format!(
                 "The summary names the scopes touched: {}.",
                 req.scopes.join(", ")
-            ),
+            )),
         );
     }
     out
 }
 
 /// Safety notes 1-4 (roster notes are appended later by the roster mapping).
-pub fn safety_notes(req: &PatternRequest, text: &TextSignals, policy: &Policy) -> Vec<String> {
+pub fn safety_notes(
+    req: &PatternRequest,
+    text: &TextSignals,
+    policy: &Policy,
+) -> Vec<Cow<'static, str>> {
     let s = &policy.signals;
     let risk = req.risk();
     let mut out = vec![
         "This is a plan, not a permission: the runtime owns execution, and the selector only picked and shaped the pattern."
-            .to_owned(),
+            .into(),
     ];
     if text.any(&s.browser) {
         out.push(
             "Browser work belongs to a browser-capable tool in a later, explicitly approved step; the selector never drives a browser or handles credentials."
-                .to_owned(),
+                .into(),
         );
     }
     if text.any(&s.safety_sensitive) || risk == "high" || risk == "critical" {
-        out.push("Sensitive work: require an explicit review and inspect the dry run before anything executes.".to_owned());
+        out.push("Sensitive work: require an explicit review and inspect the dry run before anything executes.".into());
     }
     if text.any(&s.packaging) {
         out.push(
             "Packaging and release stay at the planning stage; publishing or pushing to a remote needs explicit human approval."
-                .to_owned(),
+                .into(),
         );
     }
     out

@@ -1,6 +1,8 @@
 //! Assembles a [`Plan`] from a request: signals → dimensions → decision → lanes → notes →
 //! roster mapping → runtime mapping.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -20,8 +22,8 @@ pub struct Plan<'a> {
     pub selection: Selection,
     pub lanes: Vec<Lane>,
     pub runtime_mapping: RuntimeMapping,
-    pub proof_expectations: Vec<String>,
-    pub safety_notes: Vec<String>,
+    pub proof_expectations: Vec<Cow<'static, str>>,
+    pub safety_notes: Vec<Cow<'static, str>>,
     /// Static per policy; pre-encoded (see [`super::policy::Policy::role_rules_json`]).
     pub role_rules: &'a RawValue,
     pub profile_mapping: &'a RawValue,
@@ -61,6 +63,7 @@ pub fn build_plan<'a>(
                     let mapped =
                         roster::apply(&mut lanes, &entries, &ctx.env.unavailable(), &loc.shown);
                     for note in mapped {
+                        let note = Cow::Owned(note);
                         if !notes.contains(&note) {
                             notes.push(note);
                         }

@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::phrases::{PhraseHits, PhraseIndex, Phrases};
 use super::vocab::{Dimension, LaneRole, Pattern};
 
 const DEFAULT_POLICY_YAML: &str = include_str!("default_policy.yaml");
@@ -65,57 +66,6 @@ struct WeightsDoc {
     negative: BTreeMap<String, i64>,
 }
 
-/// A list of phrases with prebuilt substring finders (selection runs ~90 substring tests per
-/// request, so the search setup is done once per policy).
-#[derive(Clone, Deserialize)]
-#[serde(from = "Vec<String>")]
-pub struct Phrases {
-    pub words: Vec<String>,
-    finders: Vec<memchr::memmem::Finder<'static>>,
-}
-
-impl From<Vec<String>> for Phrases {
-    fn from(words: Vec<String>) -> Self {
-        let finders = words
-            .iter()
-            .map(|w| memchr::memmem::Finder::new(w.as_bytes()).into_owned())
-            .collect();
-        Self { words, finders }
-    }
-}
-
-impl std::fmt::Debug for Phrases {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.words.fmt(f)
-    }
-}
-
-impl Phrases {
-    /// True when `haystack` contains any of the phrases.
-    pub fn any_in(&self, haystack: &str) -> bool {
-        self.finders
-            .iter()
-            .any(|f| f.find(haystack.as_bytes()).is_some())
-    }
-
-    /// The phrases found in `haystack`, in list order.
-    pub fn hits_in<'a>(&'a self, haystack: &'a str) -> impl Iterator<Item = &'a String> + 'a {
-        self.words
-            .iter()
-            .zip(&self.finders)
-            .filter(move |(_, f)| f.find(haystack.as_bytes()).is_some())
-            .map(|(w, _)| w)
-    }
-
-    pub fn len(&self) -> usize {
-        self.words.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.words.is_empty()
-    }
-}
-
 /// Phrase lists used outside the per-pattern keyword lists. All are substring tests on the
 /// lower-cased request text.
 #[derive(Debug, Clone, Deserialize)]
@@ -164,6 +114,23 @@ pub struct Escalation {
 
 // ----- the compiled policy -------------------------------------------------------------------
 
+/// A list shared by every lane that uses it (toolsets are the same for a role in every plan).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SharedList(pub Arc<[String]>);
+
+impl std::ops::Deref for SharedList {
+    type Target = [String];
+    fn deref(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl Serialize for SharedList {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter())
+    }
+}
+
 /// The `role_rules` entry of a plan (static per policy).
 #[derive(Debug, Clone, Serialize)]
 pub struct RoleRuleView {
@@ -191,10 +158,14 @@ pub struct Policy {
     pub close_score_patterns: Vec<Pattern>,
     pub simpler_pattern_order: Vec<Pattern>,
     pub signals: Signals,
+    /// Every keyword and signal phrase, for one-pass matching.
+    pub phrase_index: PhraseIndex,
     /// Role policies by name.
     pub roles: BTreeMap<String, RoleRule>,
     /// Role-policy name for each lane role, indexed by [`LaneRole::index`].
     pub lane_roles: [String; 7],
+    /// Toolsets of each lane role (empty when its role policy is missing).
+    pub lane_toolsets: [SharedList; 7],
     pub unknown_role_profile: String,
     pub escalation: Escalation,
     pub default_workstreams: Vec<String>,
@@ -502,6 +473,39 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
     let profile_mapping_json =
         serde_json::value::to_raw_value(&profile_mapping_view).map_err(encode_err)?;
 
+    let lane_toolsets: [SharedList; 7] = std::array::from_fn(|i| {
+        doc.roles
+            .get(&lane_roles[i])
+            .map(|r| SharedList(r.toolsets.clone().into()))
+            .unwrap_or_default()
+    });
+
+    let mut signals = doc.signals;
+    let phrase_index = {
+        let Signals {
+            merge_conflict,
+            merge_conflict_negation,
+            separability_disjoint,
+            swarm_disjoint,
+            code_heavy,
+            code_mention,
+            browser,
+            safety_sensitive,
+            packaging,
+        } = &mut signals;
+        PhraseIndex::build(keywords.iter_mut().chain([
+            merge_conflict,
+            merge_conflict_negation,
+            separability_disjoint,
+            swarm_disjoint,
+            code_heavy,
+            code_mention,
+            browser,
+            safety_sensitive,
+            packaging,
+        ]))
+    };
+
     Ok(Policy {
         selector_version: doc.selector_version,
         keywords,
@@ -510,9 +514,11 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
         close_score_margin: doc.close_score_margin,
         close_score_patterns,
         simpler_pattern_order,
-        signals: doc.signals,
+        signals,
+        phrase_index,
         roles: doc.roles,
         lane_roles,
+        lane_toolsets,
         unknown_role_profile: doc.unknown_role_profile,
         escalation: doc.escalation,
         default_workstreams: doc.default_workstreams,

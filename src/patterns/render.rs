@@ -6,6 +6,7 @@
 //! output grows linearly with the number of scopes (the reference repeats the whole scope list in
 //! every lane, which is quadratic).
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -107,7 +108,7 @@ struct LaneParts {
     scope_summary: String,
     allowed_edits: String,
     expected_output: &'static str,
-    proof: Vec<String>,
+    proof: Vec<Cow<'static, str>>,
 }
 
 fn lane_parts(plan: &Plan<'_>, lane: &Lane) -> LaneParts {
@@ -132,9 +133,11 @@ fn lane_parts(plan: &Plan<'_>, lane: &Lane) -> LaneParts {
     } else {
         &plan.proof_expectations[..plan.proof_expectations.len().saturating_sub(1)]
     };
-    let mut proof: Vec<String> = shared.to_vec();
+    let mut proof: Vec<Cow<'static, str>> = shared.to_vec();
     if !req.scopes.is_empty() {
-        proof.push(format!("The summary names the scopes touched: {summary}."));
+        proof.push(Cow::Owned(format!(
+            "The summary names the scopes touched: {summary}."
+        )));
     }
     let extra = match lane.role {
         LaneRole::Reviewer => Some(
@@ -151,7 +154,7 @@ fn lane_parts(plan: &Plan<'_>, lane: &Lane) -> LaneParts {
     if let Some(extra) = extra
         && !proof.iter().any(|p| p == extra)
     {
-        proof.push(extra.to_owned());
+        proof.push(Cow::Borrowed(extra));
     }
     LaneParts {
         scope_summary: summary,
@@ -195,7 +198,7 @@ pub struct BundleLane<'a> {
     pub toolsets: &'a [String],
     pub allowed_edits: String,
     pub expected_output: &'static str,
-    pub proof_expectations: Vec<String>,
+    pub proof_expectations: Vec<Cow<'static, str>>,
     pub prompt: String,
     pub model_policy: LaneModelPolicy,
 }
@@ -208,8 +211,8 @@ pub struct PromptBundle<'a> {
     pub fallback_mechanisms: &'a [Mechanism],
     pub overlays_summary: String,
     pub invocation_hint: &'a str,
-    pub proof_expectations: &'a [String],
-    pub safety_notes: &'a [String],
+    pub proof_expectations: &'a [Cow<'static, str>],
+    pub safety_notes: &'a [Cow<'static, str>],
     pub lanes: Vec<BundleLane<'a>>,
 }
 
@@ -242,7 +245,7 @@ pub fn prompt_bundle<'a>(plan: &'a Plan<'a>) -> PromptBundle<'a> {
         primary_mechanism: plan.runtime_mapping.primary_mechanism,
         fallback_mechanisms: &plan.runtime_mapping.fallback_mechanisms,
         overlays_summary: overlays_summary(&plan.selection.overlays),
-        invocation_hint: &plan.runtime_mapping.invocation_hint,
+        invocation_hint: plan.runtime_mapping.invocation_hint,
         proof_expectations: &plan.proof_expectations,
         safety_notes: &plan.safety_notes,
         lanes,
@@ -266,7 +269,7 @@ pub struct EphemeralSpec<'a> {
     pub selected_pattern: Pattern,
     pub workers: Vec<EphemeralTask<'a>>,
     pub tasks: Vec<EphemeralTask<'a>>,
-    pub safety_notes: &'a [String],
+    pub safety_notes: &'a [Cow<'static, str>],
 }
 
 fn ephemeral_tasks<'a>(plan: &'a Plan<'a>) -> Vec<EphemeralTask<'a>> {
@@ -328,7 +331,7 @@ pub struct PersistentSpec<'a> {
     pub dry_run: bool,
     pub selected_pattern: Pattern,
     pub workers: Vec<PersistentWorker<'a>>,
-    pub safety_notes: &'a [String],
+    pub safety_notes: &'a [Cow<'static, str>],
 }
 
 fn persistent_workers<'a>(plan: &'a Plan<'a>) -> Vec<PersistentWorker<'a>> {
@@ -378,7 +381,7 @@ pub struct TaskGraphSpec<'a> {
     pub dry_run: bool,
     pub selected_pattern: Pattern,
     pub tasks: Vec<GraphTask<'a>>,
-    pub safety_notes: Vec<String>,
+    pub safety_notes: Vec<Cow<'static, str>>,
 }
 
 /// Graph tasks in lane order. Phase workers chain; an integrator waits for every earlier
@@ -429,7 +432,7 @@ fn graph_tasks<'a>(plan: &'a Plan<'a>) -> Vec<GraphTask<'a>> {
 
 pub fn task_graph_spec<'a>(plan: &'a Plan<'a>) -> TaskGraphSpec<'a> {
     let mut notes = plan.safety_notes.clone();
-    notes.push("Check the dependencies before creating any task: this graph is a dry run and creates nothing.".to_owned());
+    notes.push("Check the dependencies before creating any task: this graph is a dry run and creates nothing.".into());
     TaskGraphSpec {
         mechanism: Mechanism::TaskGraph,
         dry_run: true,
@@ -465,7 +468,7 @@ pub struct ExecutionPlan<'a> {
     pub delegate_tasks: Vec<EphemeralTask<'a>>,
     /// Deprecated copy of `task_graph_tasks`.
     pub kanban_tasks: Vec<GraphTask<'a>>,
-    pub safety_notes: Vec<String>,
+    pub safety_notes: Vec<Cow<'static, str>>,
     pub dry_run: bool,
 }
 
@@ -487,20 +490,21 @@ pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
         Vec::new()
     };
     let mut notes = plan.safety_notes.clone();
-    notes.push("This execution plan only renders specs; it runs nothing.".to_owned());
-    notes.push(
-        "The reserved execute switch fails closed until execution has been approved.".to_owned(),
-    );
+    notes.push("This execution plan only renders specs; it runs nothing.".into());
+    notes
+        .push("The reserved execute switch fails closed until execution has been approved.".into());
     if let Some(scale) = &plan.module_swarm_scale {
-        notes.push("These lanes are a logical decomposition; the adapter decides how they map onto real workers.".to_owned());
-        notes.push(format!(
-            "Swarm scale: {} lanes requested, at most {} active at a time, over {} wave(s).",
-            scale.requested_lane_count, scale.max_active_lanes, scale.waves_required
-        ));
+        notes.push("These lanes are a logical decomposition; the adapter decides how they map onto real workers.".into());
+        notes.push(
+            format!(
+                "Swarm scale: {} lanes requested, at most {} active at a time, over {} wave(s).",
+                scale.requested_lane_count, scale.max_active_lanes, scale.waves_required
+            )
+            .into(),
+        );
         if scale.integrator_per_wave {
             notes.push(
-                "Because this swarm is risky or conflict-prone, fewer lanes run at once and every wave ends at an integration gate."
-                    .to_owned(),
+                "Because this swarm is risky or conflict-prone, fewer lanes run at once and every wave ends at an integration gate.".into(),
             );
         }
     }

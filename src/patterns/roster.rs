@@ -379,7 +379,8 @@ pub fn apply(
                 lane.runtime_hint = format!(
                     "{} Roster worker: {} ({}; role: {}; model: {}).",
                     lane.runtime_hint, e.id, e.name, e.role, e.model
-                );
+                )
+                .into();
             }
             None => {
                 let note = format!(

@@ -52,7 +52,7 @@ impl Serialize for Mechanism {
 pub struct RuntimeMapping {
     pub primary_mechanism: Mechanism,
     pub fallback_mechanisms: Vec<Mechanism>,
-    pub invocation_hint: String,
+    pub invocation_hint: &'static str,
     pub prompt_contract: String,
 }
 
@@ -122,7 +122,7 @@ pub fn map_runtime(
     RuntimeMapping {
         primary_mechanism: primary,
         fallback_mechanisms: fallbacks.to_vec(),
-        invocation_hint: hint.to_owned(),
+        invocation_hint: hint,
         prompt_contract,
     }
 }

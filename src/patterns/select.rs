@@ -1,6 +1,8 @@
 //! The decision: explicit override notes, explicit rules, weighted scores with tie-breaks and
 //! the close-score rule, and the twin-inspection overlay.
 
+use std::borrow::Cow;
+
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
@@ -104,7 +106,7 @@ pub enum SelectionSource {
 pub struct Selection {
     pub selected_pattern: Pattern,
     pub overlays: Vec<Pattern>,
-    pub reason: String,
+    pub reason: Cow<'static, str>,
     pub dimensions: Dimensions,
     pub matched_signals: Vec<String>,
     pub scores: Scores,
@@ -157,11 +159,11 @@ pub fn decide(
     };
 
     let reason = match valid_override {
-        Some(p) => format!(
+        Some(p) => Cow::Owned(format!(
             "An explicit, validated override note selected {}.",
             p.as_str()
-        ),
-        None => reason_for(selected).to_owned(),
+        )),
+        None => Cow::Borrowed(reason_for(selected)),
     };
     let overlays = if req.review_required && selected != Pattern::TwinInspection {
         vec![Pattern::TwinInspection]

@@ -7,7 +7,7 @@
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
-use super::policy::{Phrases, Policy};
+use super::policy::{PhraseHits, Phrases, Policy};
 use super::request::PatternRequest;
 use super::vocab::{Dimension, Pattern};
 
@@ -20,15 +20,18 @@ pub struct TextSignals {
     pub hits: [usize; 7],
     /// Every keyword found, de-duplicated and sorted by code point.
     pub matched: Vec<String>,
+    /// Which policy phrases occur in the blob.
+    pub phrases: PhraseHits,
 }
 
 impl TextSignals {
     pub fn analyze(req: &PatternRequest, blob_notes: &[&str], policy: &Policy) -> TextSignals {
         let blob = build_blob(req, blob_notes);
+        let phrases = policy.phrase_index.scan(&blob);
         let mut hits = [0usize; 7];
         let mut matched: Vec<String> = Vec::new();
         for p in Pattern::ALL {
-            for kw in policy.keywords(p).hits_in(&blob) {
+            for kw in policy.keywords(p).found(&phrases) {
                 hits[p.index()] += 1;
                 matched.push(kw.clone());
             }
@@ -39,6 +42,7 @@ impl TextSignals {
             blob,
             hits,
             matched,
+            phrases,
         }
     }
 
@@ -48,7 +52,7 @@ impl TextSignals {
 
     /// True when the blob contains any of `phrases`.
     pub fn any(&self, phrases: &Phrases) -> bool {
-        phrases.any_in(&self.blob)
+        phrases.any(&self.phrases)
     }
 
     /// Keyword bonus per pattern (`min(hits, cap)`), for the patterns with at least one hit.

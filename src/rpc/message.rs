@@ -238,6 +238,22 @@ pub fn reply_ok(id: &Id, result: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "result": result })
 }
 
+/// A success reply whose result is already encoded JSON (spliced in, never re-parsed).
+pub fn reply_ok_raw(id: &Id, result: &serde_json::value::RawValue) -> String {
+    let id = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{}}}",
+        result.get()
+    )
+}
+
+/// Encodes a message for the wire (a `Value` always encodes; keys are strings).
+pub fn encode(v: &Value) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| {
+        "{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32603,\"message\":\"unencodable reply\"}}".into()
+    })
+}
+
 /// An error reply body (`id` null when it could not be read).
 pub fn reply_err(id: Option<&Id>, error: &RpcError) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "error": error })

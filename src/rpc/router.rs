@@ -15,7 +15,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::message::{RpcError, notification};
+use serde_json::value::RawValue;
+
+use super::message::{RpcError, encode, notification};
 
 /// Whether a method changes the workspace. Writes are applied in arrival order; reads may run
 /// concurrently but only after every earlier write has finished.
@@ -73,7 +75,7 @@ pub struct MethodDef {
 /// `notifications/progress` (`_meta.progressToken`). A no-op when the client gave no token.
 #[derive(Clone, Debug, Default)]
 pub struct Progress {
-    target: Option<(Value, ProgressStyle, mpsc::UnboundedSender<Value>)>,
+    target: Option<(Value, ProgressStyle, mpsc::UnboundedSender<String>)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +85,7 @@ pub enum ProgressStyle {
 }
 
 impl Progress {
-    pub fn new(token: Value, style: ProgressStyle, out: mpsc::UnboundedSender<Value>) -> Self {
+    pub fn new(token: Value, style: ProgressStyle, out: mpsc::UnboundedSender<String>) -> Self {
         Progress {
             target: Some((token, style, out)),
         }
@@ -111,7 +113,7 @@ impl Progress {
             }
         };
         // A closed channel means the client is gone; progress is best effort.
-        let _ = out.send(msg);
+        let _ = out.send(encode(&msg));
     }
 
     pub fn begin(&self, title: &str) {
@@ -161,7 +163,7 @@ impl CallCtx {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type HandlerFn<S> =
-    dyn Fn(Arc<S>, CallCtx, Value) -> BoxFuture<Result<Value, RpcError>> + Send + Sync;
+    dyn Fn(Arc<S>, CallCtx, Value) -> BoxFuture<Result<Box<RawValue>, RpcError>> + Send + Sync;
 
 /// A registered method.
 pub struct Method<S> {
@@ -287,7 +289,7 @@ impl<S: Send + Sync + 'static> Router<S> {
             Box::pin(async move {
                 let typed: P = decode_params(params)?;
                 let result = handler(state, ctx, typed).await?;
-                serde_json::to_value(result).map_err(|e| {
+                serde_json::value::to_raw_value(&result).map_err(|e| {
                     tracing::error!(error = %e, "result did not serialize");
                     RpcError::internal("encoding the result")
                 })
@@ -343,7 +345,7 @@ impl<S: Send + Sync + 'static> Router<S> {
         ctx: CallCtx,
         method: &str,
         params: Value,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Box<RawValue>, RpcError> {
         let m = self
             .methods
             .get(method)
@@ -425,6 +427,7 @@ mod tests {
             )
             .await
             .expect("valid params");
+        let ok: Value = serde_json::from_str(ok.get()).expect("result is JSON");
         assert_eq!(ok, json!({"name": "a", "n": 2}));
         let e = r
             .call(

@@ -21,7 +21,12 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 
 use super::framing::{Codec, Frame, FrameError, Framing};
-use super::message::{Id, Incoming, RpcError, classify, codes, notification, reply_err, reply_ok};
+use serde_json::value::RawValue;
+
+use super::message::{
+    Id, Incoming, RpcError, classify, codes, encode, notification, reply_err, reply_ok,
+    reply_ok_raw,
+};
 use super::router::{
     Access, Audience, CallCtx, ClientInfo, Profile, Progress, ProgressStyle, Role, Router,
 };
@@ -85,7 +90,8 @@ const MAX_IN_FLIGHT: usize = 4096;
 struct Shared<H: Host> {
     host: Arc<H>,
     router: Arc<Router<H::State>>,
-    out: mpsc::UnboundedSender<Value>,
+    /// Encoded messages for the writer.
+    out: mpsc::UnboundedSender<String>,
     pending: Mutex<HashMap<Id, CancellationToken>>,
     /// Count of finished writes; writes are numbered in arrival order.
     writes_done: watch::Sender<u64>,
@@ -143,7 +149,7 @@ where
     };
     tracing::debug!(?framing, "framing chosen");
 
-    let (out_tx, out_rx) = mpsc::unbounded_channel::<Value>();
+    let (out_tx, out_rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(write_loop(output, framing, out_rx));
 
     // The sniffed bytes go back in front of the stream.
@@ -236,28 +242,23 @@ where
 async fn write_loop<W: AsyncWrite + Unpin>(
     output: W,
     framing: Framing,
-    mut rx: mpsc::UnboundedReceiver<Value>,
+    mut rx: mpsc::UnboundedReceiver<String>,
 ) -> std::io::Result<()> {
     let mut sink = FramedWrite::new(output, Codec::new(framing));
     while let Some(msg) = rx.recv().await {
-        sink.feed(encode(&msg)).await?;
+        sink.feed(Bytes::from(msg)).await?;
         // Batch whatever else is already queued into the same flush.
         while let Ok(more) = rx.try_recv() {
-            sink.feed(encode(&more)).await?;
+            sink.feed(Bytes::from(more)).await?;
         }
         sink.flush().await?;
     }
     sink.flush().await
 }
 
-fn encode(v: &Value) -> Bytes {
-    // Serializing a Value cannot fail (keys are strings); fall back to an error object anyway.
-    Bytes::from(serde_json::to_vec(v).unwrap_or_else(|_| b"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32603,\"message\":\"unencodable reply\"}}".to_vec()))
-}
-
 impl<H: Host> Conn<H> {
     fn send(&self, v: Value) {
-        let _ = self.shared.out.send(v);
+        let _ = self.shared.out.send(encode(&v));
     }
 
     fn frame_error(&self, err: FrameError) {
@@ -296,7 +297,7 @@ impl<H: Host> Conn<H> {
 
     /// A batch: every element is dispatched as usual; the replies go back as one array.
     fn on_batch(&mut self, items: Vec<Value>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<String>();
         let mut expected = 0usize;
         for item in items {
             let incoming = classify(item);
@@ -316,17 +317,20 @@ impl<H: Host> Conn<H> {
                 replies.push(r);
             }
             if !replies.is_empty() {
-                let _ = out.send(Value::Array(replies));
+                let _ = out.send(format!("[{}]", replies.join(",")));
             }
         });
     }
 
-    fn reply(&self, batch: &Option<mpsc::UnboundedSender<Value>>, v: Value) {
+    fn reply(&self, batch: &Option<mpsc::UnboundedSender<String>>, v: Value) {
+        let encoded = encode(&v);
         match batch {
             Some(tx) => {
-                let _ = tx.send(v);
+                let _ = tx.send(encoded);
             }
-            None => self.send(v),
+            None => {
+                let _ = self.shared.out.send(encoded);
+            }
         }
     }
 
@@ -358,7 +362,7 @@ impl<H: Host> Conn<H> {
     fn on_message(
         &mut self,
         incoming: Incoming,
-        batch: Option<mpsc::UnboundedSender<Value>>,
+        batch: Option<mpsc::UnboundedSender<String>>,
     ) -> bool {
         match incoming {
             Incoming::Response => false,
@@ -449,7 +453,10 @@ impl<H: Host> Conn<H> {
                         if push.operators_only && !operator {
                             continue;
                         }
-                        if out.send(notification(&push.method, push.params)).is_err() {
+                        if out
+                            .send(encode(&notification(&push.method, push.params)))
+                            .is_err()
+                        {
                             break;
                         }
                     }
@@ -482,7 +489,7 @@ impl<H: Host> Conn<H> {
         id: Id,
         method: &str,
         mut params: Value,
-        batch: &Option<mpsc::UnboundedSender<Value>>,
+        batch: &Option<mpsc::UnboundedSender<String>>,
     ) -> Result<(), RpcError> {
         if self.shutdown && method != "shutdown" {
             return Err(RpcError::invalid_request("server is shutting down"));
@@ -683,11 +690,11 @@ impl<H: Host> Conn<H> {
                 return; // cancelled: -32800 was already sent
             }
             let reply = if mcp {
-                reply_ok(&id, tool_result(result, stateless_result))
+                encode(&reply_ok(&id, tool_result(result, stateless_result)))
             } else {
                 match result {
-                    Ok(v) => reply_ok(&id, v),
-                    Err(e) => reply_err(Some(&id), &e),
+                    Ok(raw) => reply_ok_raw(&id, &raw),
+                    Err(e) => encode(&reply_err(Some(&id), &e)),
                 }
             };
             match reply_to {
@@ -786,10 +793,13 @@ fn params_client_name(params: &Value) -> Option<String> {
 
 /// Wraps a method result as an MCP tool result: JSON text plus structured content; domain
 /// errors become `isError` results so the agent can read and correct them.
-fn tool_result(result: Result<Value, RpcError>, stateless: bool) -> Value {
-    let mut out = match result {
-        Ok(v) => {
-            let text = serde_json::to_string(&v).unwrap_or_default();
+fn tool_result(result: Result<Box<RawValue>, RpcError>, stateless: bool) -> Value {
+    let mut out = match result.and_then(|raw| {
+        serde_json::from_str::<Value>(raw.get())
+            .map(|v| (raw.get().to_string(), v))
+            .map_err(|_| RpcError::internal("encoding the tool result"))
+    }) {
+        Ok((text, v)) => {
             let structured = match v {
                 Value::Object(_) => v,
                 other => json!({ "result": other }),

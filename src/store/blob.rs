@@ -34,6 +34,10 @@ pub fn put(dir: &Path, bytes: &[u8]) -> Result<String, StoreError> {
     if let Ok(existing) = fs::read(&path)
         && sha256_hex(&existing) == hex
     {
+        // A writer that crashed after its rename may not have made the entry durable.
+        if let Some(parent) = path.parent() {
+            durable::sync_dir(parent)?;
+        }
         return Ok(hex);
     }
     if let Some(parent) = path.parent() {

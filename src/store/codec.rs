@@ -8,8 +8,14 @@ use super::{FORMAT_VERSION, Record, StoreError};
 pub const MAGIC: [u8; 8] = *b"GAFFERJ\n";
 /// Magic (8) + format version (u32 LE) + reserved (u32 LE, zero).
 pub const HEADER_LEN: usize = 16;
-/// Length (u32 LE) + crc32 of the body (u32 LE).
+/// Length word (u32 LE: body length + batch flags) + crc32 of length word and body (u32 LE).
 pub const FRAME_PREFIX: usize = 8;
+/// Length-word flag: first record of an `append` batch.
+pub const FLAG_FIRST: u32 = 1 << 31;
+/// Length-word flag: last record of an `append` batch (the batch's commit mark).
+pub const FLAG_LAST: u32 = 1 << 30;
+/// Length-word bits that hold the body length; the bits between it and the flags must be 0.
+const LEN_MASK: u32 = (1 << 30) - 1;
 /// Largest record body accepted on write or read.
 pub const MAX_RECORD_BODY: usize = 64 * 1024 * 1024;
 
@@ -58,8 +64,31 @@ pub fn check_header(bytes: &[u8]) -> HeaderCheck {
     }
 }
 
-/// Appends the frame of `record` to `out`. Refuses bodies over the cap.
-pub fn encode_into(record: &Record, out: &mut Vec<u8>) -> Result<(), StoreError> {
+/// Appends the frames of one `append` batch to `out`, flagging its first and last records.
+pub fn encode_batch_into(records: &[Record], out: &mut Vec<u8>) -> Result<(), StoreError> {
+    let last = records.len().saturating_sub(1);
+    for (i, record) in records.iter().enumerate() {
+        let mut flags = 0;
+        if i == 0 {
+            flags |= FLAG_FIRST;
+        }
+        if i == last {
+            flags |= FLAG_LAST;
+        }
+        encode_into(record, flags, out)?;
+    }
+    Ok(())
+}
+
+fn frame_crc(word: u32, body: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&word.to_le_bytes());
+    hasher.update(body);
+    hasher.finalize()
+}
+
+/// Appends the frame of `record` with batch `flags` to `out`. Refuses bodies over the cap.
+pub fn encode_into(record: &Record, flags: u32, out: &mut Vec<u8>) -> Result<(), StoreError> {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_PREFIX]);
     serde_json::to_writer(&mut *out, record).map_err(|source| StoreError::Encode {
@@ -75,24 +104,31 @@ pub fn encode_into(record: &Record, out: &mut Vec<u8>) -> Result<(), StoreError>
             max: MAX_RECORD_BODY,
         });
     }
-    let crc = crc32fast::hash(&out[start + FRAME_PREFIX..]);
-    out[start..start + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    let word = body_len as u32 | flags;
+    let crc = frame_crc(word, &out[start + FRAME_PREFIX..]);
+    out[start..start + 4].copy_from_slice(&word.to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     Ok(())
 }
 
+/// The frame of `record` as a batch of one.
 #[cfg(test)]
 pub fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
     let mut out = Vec::new();
-    encode_into(record, &mut out)?;
+    encode_into(record, FLAG_FIRST | FLAG_LAST, &mut out)?;
     Ok(out)
 }
 
 /// The result of looking at the bytes at one record boundary.
 #[derive(Debug)]
 pub enum Frame {
-    /// A whole, checksum-valid record occupying `len` bytes.
-    Whole { record: Record, len: usize },
+    /// A whole, checksum-valid record occupying `len` bytes; `first`/`last` are its batch flags.
+    Whole {
+        record: Record,
+        len: usize,
+        first: bool,
+        last: bool,
+    },
     /// Too few bytes to decide; `needed` is the total frame size if the prefix was readable.
     Incomplete { needed: Option<usize> },
     /// Bytes that cannot be a record frame.
@@ -103,8 +139,9 @@ pub fn decode(buf: &[u8]) -> Frame {
     if buf.len() < FRAME_PREFIX {
         return Frame::Incomplete { needed: None };
     }
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let word = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    let len = (word & LEN_MASK) as usize;
     if len == 0 || len > MAX_RECORD_BODY {
         return Frame::Bad(format!(
             "record length {len} is outside 1..={MAX_RECORD_BODY}"
@@ -117,7 +154,7 @@ pub fn decode(buf: &[u8]) -> Frame {
         };
     }
     let body = &buf[FRAME_PREFIX..total];
-    let actual = crc32fast::hash(body);
+    let actual = frame_crc(word, body);
     if actual != crc {
         return Frame::Bad(format!(
             "checksum mismatch (stored {crc:08x}, computed {actual:08x})"
@@ -128,25 +165,47 @@ pub fn decode(buf: &[u8]) -> Frame {
         return Frame::Bad("checksum-valid body is not UTF-8".into());
     };
     match serde_json::from_str::<Record>(text) {
-        Ok(record) => Frame::Whole { record, len: total },
+        Ok(record) => Frame::Whole {
+            record,
+            len: total,
+            first: word & FLAG_FIRST != 0,
+            last: word & FLAG_LAST != 0,
+        },
         Err(e) => Frame::Bad(format!("checksum-valid body is not a record: {e}")),
     }
 }
 
-/// Offset (within `buf`) of the first whole, valid record frame starting after position 0.
-/// Used to tell a torn tail (nothing valid follows) from corruption (something valid follows).
-pub fn find_whole_frame_after(buf: &[u8]) -> Option<usize> {
-    let mut from = 1usize;
+/// A whole frame found by [`find_whole_frame`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    pub at: usize,
+    pub len: usize,
+    pub first: bool,
+    pub last: bool,
+}
+
+/// The first whole, valid record frame in `buf` starting at position `from` or later. Used to
+/// tell a torn tail from corruption by what, if anything, follows the damage.
+pub fn find_whole_frame(buf: &[u8], from: usize) -> Option<Found> {
+    let mut from = from;
     while from + FRAME_PREFIX + BODY_START.len() <= buf.len() {
         let window = &buf[from + FRAME_PREFIX..];
         let hit = window
             .windows(BODY_START.len())
             .position(|w| w == BODY_START)?;
-        let start = from + hit;
-        if let Frame::Whole { .. } = decode(&buf[start..]) {
-            return Some(start);
+        let at = from + hit;
+        if let Frame::Whole {
+            len, first, last, ..
+        } = decode(&buf[at..])
+        {
+            return Some(Found {
+                at,
+                len,
+                first,
+                last,
+            });
         }
-        from = start + 1;
+        from = at + 1;
     }
     None
 }
@@ -169,15 +228,26 @@ mod tests {
     fn frame_roundtrip_and_layout() {
         let r = rec(7);
         let bytes = encode(&r).unwrap();
-        let len = u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
-        assert_eq!(len, bytes.len() - FRAME_PREFIX);
+        let word = u32::from_le_bytes(bytes[0..4].try_into().unwrap());
+        assert_eq!(word & FLAG_FIRST, FLAG_FIRST);
+        assert_eq!(word & FLAG_LAST, FLAG_LAST);
+        assert_eq!((word & LEN_MASK) as usize, bytes.len() - FRAME_PREFIX);
         let crc = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
-        assert_eq!(crc, crc32fast::hash(&bytes[8..]));
+        let mut h = crc32fast::Hasher::new();
+        h.update(&bytes[0..4]);
+        h.update(&bytes[8..]);
+        assert_eq!(crc, h.finalize());
         assert!(bytes[8..].starts_with(BODY_START));
         match decode(&bytes) {
-            Frame::Whole { record, len } => {
+            Frame::Whole {
+                record,
+                len,
+                first,
+                last,
+            } => {
                 assert_eq!(record, r);
                 assert_eq!(len, bytes.len());
+                assert!(first && last);
             }
             other => panic!("expected whole frame, got {other:?}"),
         }
@@ -216,8 +286,9 @@ mod tests {
     #[test]
     fn checksum_valid_non_record_body_is_bad() {
         let body = br#"{"hello":1}"#;
-        let mut bytes = (body.len() as u32).to_le_bytes().to_vec();
-        bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+        let word = body.len() as u32 | FLAG_FIRST | FLAG_LAST;
+        let mut bytes = word.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&frame_crc(word, body).to_le_bytes());
         bytes.extend_from_slice(body);
         match decode(&bytes) {
             Frame::Bad(reason) => assert!(reason.contains("not a record"), "{reason}"),
@@ -234,7 +305,7 @@ mod tests {
             payload: serde_json::Value::String("x".repeat(MAX_RECORD_BODY)),
         };
         let mut out = b"keep".to_vec();
-        match encode_into(&big, &mut out) {
+        match encode_into(&big, 0, &mut out) {
             Err(StoreError::RecordTooLarge { seq: 1, .. }) => {}
             other => panic!("expected RecordTooLarge, got {other:?}"),
         }
@@ -275,10 +346,44 @@ mod tests {
         let second_at = bytes.len();
         bytes.extend(encode(&rec(2)).unwrap());
         bytes[10] ^= 0xff;
-        assert_eq!(find_whole_frame_after(&bytes), Some(second_at));
+        let found = find_whole_frame(&bytes, 1).unwrap();
+        assert_eq!(found.at, second_at);
+        assert!(found.first && found.last);
+        assert_eq!(found.at + found.len, bytes.len());
+        assert_eq!(find_whole_frame(&bytes, second_at + 1), None);
         // Damage in the last frame: nothing whole follows.
         let mut tail = encode(&rec(3)).unwrap();
         tail[12] ^= 0x01;
-        assert_eq!(find_whole_frame_after(&tail), None);
+        assert_eq!(find_whole_frame(&tail, 1), None);
+    }
+
+    #[test]
+    fn batch_flags_mark_first_and_last() {
+        let mut out = Vec::new();
+        encode_batch_into(&[rec(1), rec(2), rec(3)], &mut out).unwrap();
+        let mut flags = vec![];
+        let mut at = 0;
+        while at < out.len() {
+            match decode(&out[at..]) {
+                Frame::Whole {
+                    len, first, last, ..
+                } => {
+                    flags.push((first, last));
+                    at += len;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(flags, vec![(true, false), (false, false), (false, true)]);
+    }
+
+    #[test]
+    fn flag_bits_are_covered_by_the_checksum() {
+        let mut bytes = encode(&rec(1)).unwrap();
+        bytes[3] ^= 0x40; // clear FLAG_LAST
+        assert!(matches!(decode(&bytes), Frame::Bad(_)));
+        let mut bytes = encode(&rec(1)).unwrap();
+        bytes[3] ^= 0x20; // a reserved bit between length and flags
+        assert!(matches!(decode(&bytes), Frame::Bad(_)));
     }
 }

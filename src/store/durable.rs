@@ -75,15 +75,28 @@ pub fn write_atomic(target: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     commit_temp(&tmp, target)
 }
 
-/// Creates `dir` (and parents) if missing; returns whether it had to be created. A new
-/// directory's entry is fsynced in its parent so it survives a crash.
+/// Creates `dir` (and missing parents) if needed; returns whether it had to be created. Each
+/// new directory's entry is fsynced in its parent so the whole chain survives a crash.
 pub fn ensure_dir(dir: &Path) -> Result<bool, StoreError> {
     if dir.is_dir() {
         return Ok(false);
     }
-    fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
-    if let Some(parent) = dir.parent() {
-        sync_dir(parent)?;
+    let missing: Vec<&Path> = dir.ancestors().take_while(|p| !p.is_dir()).collect();
+    for level in missing.into_iter().rev() {
+        match fs::create_dir(level) {
+            Ok(()) => {}
+            // Another process may be creating the same layout.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && level.is_dir() => continue,
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path: level.to_path_buf(),
+                    source,
+                });
+            }
+        }
+        if let Some(parent) = level.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
     }
     Ok(true)
 }

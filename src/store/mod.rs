@@ -17,10 +17,20 @@
 //! Header: the magic bytes `GAFFERJ\n`, the format version as u32 little-endian, and four
 //! reserved zero bytes. A reader refuses a segment whose version it does not know.
 //!
-//! **Record** = body length (u32 LE) + crc32 of the body (u32 LE, `crc32fast`) + body.
+//! **Record frame** = length word (u32 LE) + crc32 (u32 LE, `crc32fast`) + body.
 //! The body is the compact JSON of [`Record`] (`{"seq":..,"time_ms":..,"kind":..,"payload":..}`,
-//! `seq` always first), at most 64 MiB. Sequence numbers start at 1 and are contiguous across
-//! all segments; readers check this.
+//! `seq` always first), at most 64 MiB. The length word holds the body length in its low 30
+//! bits (values over 64 MiB are invalid) and two batch flags: bit 31 marks the first record of
+//! an `append` batch, bit 30 its last (a batch of one has both). The crc covers the length
+//! word's four bytes followed by the body, so a damaged flag is caught like a damaged body.
+//! Sequence numbers start at 1 and are contiguous across all segments; readers check this.
+//!
+//! **Batches are atomic.** Readers deliver a batch's records only once its last record has
+//! been read, so a poller never sees half an append and a crash never leaves half of one.
+//! Because a writer starts a batch only after the previous one is durable, only the last batch
+//! of the last segment can be torn: damage followed by nothing, or only by later records of the
+//! same batch (pages of an unacknowledged write can persist out of order), is a torn tail cut
+//! back to the batch's start; damage followed by a record starting a new batch is corruption.
 //!
 //! **Snapshot** = `{"format":1,"seq":N,"journal_from":K,"state_sha256":..,"state":..}`:
 //! state folded through seq N, whose later records start in segment K. It is replaced
@@ -256,13 +266,33 @@ impl Store {
         }
     }
 
-    /// Takes the writer lock (creating the store directory, its `.gitignore` and `journal/` on
-    /// first use), catches up with what others appended (see [`WriteTxn::take_new`]) and cuts a
-    /// torn tail left by a crashed writer. Blocks while another writer holds the lock.
+    /// Takes the writer lock (creating the store directory with its `.gitignore` and `lock`
+    /// on first use; `journal/` only appears with the first append), catches up with what
+    /// others appended (see [`WriteTxn::take_new`]) and cuts a torn tail left by a crashed
+    /// writer. Blocks while another writer holds the lock. The lock file handle is kept open
+    /// for later transactions, so do not delete the store directory under a running process.
     pub fn begin(&mut self) -> Result<WriteTxn<'_>, StoreError> {
         let lock_path = self.dir.join("lock");
+        match self.begin_locking(true)? {
+            Some(txn) => Ok(txn),
+            // A blocking lock either succeeds or fails; it never reports "busy".
+            None => Err(StoreError::Io {
+                path: lock_path,
+                source: std::io::Error::other("blocking lock returned without the lock"),
+            }),
+        }
+    }
+
+    /// Like [`begin`](Self::begin) but returns `Ok(None)` at once when another writer holds
+    /// the lock, for callers that must not block (a health check, a UI thread).
+    pub fn try_begin(&mut self) -> Result<Option<WriteTxn<'_>>, StoreError> {
+        self.begin_locking(false)
+    }
+
+    fn begin_locking(&mut self, block: bool) -> Result<Option<WriteTxn<'_>>, StoreError> {
+        let lock_path = self.dir.join("lock");
         if self.lock_file.is_none() {
-            self.ensure_layout()?;
+            self.ensure_root()?;
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -278,17 +308,30 @@ impl Store {
                 source: std::io::Error::other("lock file handle unavailable"),
             });
         };
-        lock.lock().map_err(StoreError::io(&lock_path))?;
+        if block {
+            lock.lock().map_err(StoreError::io(&lock_path))?;
+        } else {
+            match lock.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(StoreError::Io {
+                        path: lock_path,
+                        source,
+                    });
+                }
+            }
+        }
         if let Err(e) = self.catch_up_locked() {
             if let Some(lock) = self.lock_file.as_ref() {
                 let _ = lock.unlock();
             }
             return Err(e);
         }
-        Ok(WriteTxn {
+        Ok(Some(WriteTxn {
             store: self,
             poisoned: false,
-        })
+        }))
     }
 
     /// Under the lock: reads what others appended, cuts a torn tail, makes sure a segment
@@ -311,21 +354,34 @@ impl Store {
                 self.cut_torn_tail(&torn)?;
             }
         }
+        Ok(())
+    }
+
+    /// Under the lock, before writing: the write handle of the cursor's segment, creating
+    /// `journal/` and the segment if the journal has none yet (a transaction that appends
+    /// nothing leaves no journal behind).
+    fn writer_locked(&mut self) -> Result<(u64, &mut File), StoreError> {
         if self.cursor.offset == 0 {
-            // The read found no segment at or after the cursor's: start one.
+            durable::ensure_dir(&self.journal)?;
             segment::create_segment(&self.journal, self.cursor.segment)?;
             self.cursor.offset = HEADER_LEN as u64;
-        }
-        if self.writer.as_ref().map(|(n, _)| *n) != Some(self.cursor.segment) {
             self.writer = None;
-            let path = segment::segment_path(&self.journal, self.cursor.segment);
+        }
+        let current = self.cursor.segment;
+        if !matches!(&self.writer, Some((n, _)) if *n == current) {
+            let path = segment::segment_path(&self.journal, current);
             let file = OpenOptions::new()
                 .write(true)
                 .open(&path)
                 .map_err(StoreError::io(&path))?;
-            self.writer = Some((self.cursor.segment, file));
+            self.writer = Some((current, file));
         }
-        Ok(())
+        match &mut self.writer {
+            Some((_, file)) => Ok((self.cursor.offset, file)),
+            None => Err(StoreError::SegmentMissing {
+                path: segment::segment_path(&self.journal, current),
+            }),
+        }
     }
 
     /// Cheap check (two `stat`s) that nothing follows the cursor: its segment still ends there
@@ -393,12 +449,6 @@ impl Store {
         if !gitignore.exists() {
             durable::write_atomic(&gitignore, b"*\n")?;
         }
-        Ok(())
-    }
-
-    fn ensure_layout(&self) -> Result<(), StoreError> {
-        self.ensure_root()?;
-        durable::ensure_dir(&self.journal)?;
         Ok(())
     }
 
@@ -553,7 +603,8 @@ impl WriteTxn<'_> {
 
     /// Appends `records`, whose seqs must run contiguously from [`next_seq`](Self::next_seq)
     /// (otherwise nothing is written), in one write followed by one `fdatasync`; returns only
-    /// once they are durable. A failed write is truncated away before the error is returned.
+    /// once they are durable. The batch is atomic: readers see all of it or none, also after
+    /// a crash. A failed write is truncated away before the error is returned.
     pub fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
         let path = segment::segment_path(&self.store.journal, self.store.cursor.segment);
         if self.poisoned {
@@ -574,13 +625,8 @@ impl WriteTxn<'_> {
             }
         }
         let mut buf = Vec::with_capacity(records.len() * 256);
-        for record in records {
-            codec::encode_into(record, &mut buf)?;
-        }
-        let offset = self.store.cursor.offset;
-        let Some((_, file)) = self.store.writer.as_mut() else {
-            return Err(StoreError::Poisoned { segment: path });
-        };
+        codec::encode_batch_into(records, &mut buf)?;
+        let (offset, file) = self.store.writer_locked()?;
         let written = write_at(file, &buf, offset).and_then(|_| file.sync_data());
         if let Err(source) = written {
             let rolled_back = file.set_len(offset).and_then(|_| file.sync_data());

@@ -3,6 +3,7 @@
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::{OnceLock, mpsc};
 
 use super::codec::{self, FRAME_PREFIX, Frame, HEADER_LEN, HeaderCheck};
 use super::durable;
@@ -120,7 +121,108 @@ pub enum SegmentEnd {
 /// In the last segment a damaged or incomplete tail is reported as [`SegmentEnd::Torn`], but
 /// only when no whole record follows it; otherwise (or in any earlier segment) the damage is a
 /// [`StoreError::Corrupt`] naming the segment and offset.
+///
+/// Large reads are pipelined: a helper thread reads, checks and parses records while the
+/// calling thread runs `on`, so parsing overlaps with whatever `on` does (folding state).
 pub fn scan<E: From<StoreError>>(
+    path: &Path,
+    start: u64,
+    is_last: bool,
+    on: impl FnMut(Record, u64, u64) -> Result<(), E>,
+) -> Result<SegmentEnd, E> {
+    let remaining = fs::metadata(path).map_or(0, |m| m.len().saturating_sub(start));
+    if remaining < PIPELINE_MIN_BYTES || !pipelining_helps() {
+        return scan_serial(path, start, is_last, on);
+    }
+    scan_pipelined(path, start, is_last, on)
+}
+
+/// Below this many unread bytes a scan stays on the calling thread.
+const PIPELINE_MIN_BYTES: u64 = 1024 * 1024;
+/// Records handed from the parsing thread to the caller at a time.
+const PIPELINE_BATCH: usize = 1024;
+
+fn pipelining_helps() -> bool {
+    static MANY_CORES: OnceLock<bool> = OnceLock::new();
+    *MANY_CORES.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
+type Batch = Vec<(Record, u64, u64)>;
+
+fn scan_pipelined<E: From<StoreError>>(
+    path: &Path,
+    start: u64,
+    is_last: bool,
+    mut on: impl FnMut(Record, u64, u64) -> Result<(), E>,
+) -> Result<SegmentEnd, E> {
+    let (tx, rx) = mpsc::sync_channel::<Batch>(4);
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name("gaffer-store-scan".into())
+            .spawn_scoped(scope, move || {
+                let mut batch = Vec::with_capacity(PIPELINE_BATCH);
+                let result = scan_serial::<Stopped>(path, start, is_last, |record, offset, end| {
+                    batch.push((record, offset, end));
+                    if batch.len() == PIPELINE_BATCH {
+                        let full =
+                            std::mem::replace(&mut batch, Vec::with_capacity(PIPELINE_BATCH));
+                        tx.send(full).map_err(|_| Stopped::ByCaller)?;
+                    }
+                    Ok(())
+                });
+                if !batch.is_empty() {
+                    let _ = tx.send(batch);
+                }
+                result
+            });
+        let parser = match spawned {
+            Ok(parser) => parser,
+            // No thread to be had: read on this one.
+            Err(_) => return scan_serial(path, start, is_last, &mut on),
+        };
+        let mut failed = None;
+        'batches: for batch in rx.iter() {
+            for (record, offset, end) in batch {
+                if let Err(e) = on(record, offset, end) {
+                    failed = Some(e);
+                    break 'batches;
+                }
+            }
+        }
+        // Dropping the receiver unblocks a parser waiting to send.
+        drop(rx);
+        let parsed = match parser.join() {
+            Ok(parsed) => parsed,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        match parsed {
+            Ok(end) => Ok(end),
+            Err(Stopped::Store(e)) => Err(E::from(e)),
+            // The parser stops early only once `on` failed, which returned above.
+            Err(Stopped::ByCaller) => Err(E::from(StoreError::Io {
+                path: path.to_path_buf(),
+                source: io::Error::other("segment scan stopped early"),
+            })),
+        }
+    })
+}
+
+/// Why the parsing thread of a pipelined scan stopped.
+enum Stopped {
+    Store(StoreError),
+    ByCaller,
+}
+
+impl From<StoreError> for Stopped {
+    fn from(e: StoreError) -> Self {
+        Stopped::Store(e)
+    }
+}
+
+fn scan_serial<E: From<StoreError>>(
     path: &Path,
     start: u64,
     is_last: bool,
@@ -165,37 +267,82 @@ pub fn scan<E: From<StoreError>>(
     let mut buf = vec![0u8; remaining.clamp(4096, READ_CHUNK) + FRAME_PREFIX];
     let (mut lo, mut hi) = (0usize, 0usize);
     let mut eof = false;
+    // Records of the batch being read, delivered only once its last record is read: a batch
+    // is all or nothing. A scan resuming mid-segment may start inside a batch whose earlier
+    // records were already delivered (the caller stopped midway), so it accepts continuation
+    // records until the next batch starts.
+    let mut pending: Vec<(Record, u64, u64)> = Vec::new();
+    let mut batch_start: Option<u64> = (base > HEADER_LEN as u64).then_some(base);
+    let mut resuming = base > HEADER_LEN as u64;
     loop {
         // Decode every whole frame already buffered.
         let mut incomplete: Option<Option<usize>> = None;
         while lo < hi {
+            let offset = base + lo as u64;
             match codec::decode(&buf[lo..hi]) {
-                Frame::Whole { record, len } => {
-                    let offset = base + lo as u64;
+                Frame::Whole {
+                    record,
+                    len,
+                    first,
+                    last,
+                } => {
+                    if first && batch_start.is_some() && !resuming {
+                        return Err(E::from(StoreError::Corrupt {
+                            segment: path.to_path_buf(),
+                            offset: batch_start.unwrap_or(offset),
+                            reason: "a batch starting here never ends: a new batch begins before its last record".into(),
+                        }));
+                    }
+                    if !first && batch_start.is_none() {
+                        return Err(E::from(StoreError::Corrupt {
+                            segment: path.to_path_buf(),
+                            offset,
+                            reason: "record continues a batch that never began".into(),
+                        }));
+                    }
+                    if first {
+                        batch_start = Some(offset);
+                    }
+                    resuming = false;
                     lo += len;
-                    on(record, offset, base + lo as u64)?;
+                    pending.push((record, offset, base + lo as u64));
+                    if last {
+                        for (record, offset, end) in pending.drain(..) {
+                            on(record, offset, end)?;
+                        }
+                        batch_start = None;
+                    }
                 }
                 Frame::Incomplete { needed } => {
                     incomplete = Some(needed);
                     break;
                 }
                 Frame::Bad(reason) => {
-                    let offset = base + lo as u64;
-                    return damaged(path, &mut file, &buf[lo..hi], offset, reason, is_last)
+                    let tail = batch_start.unwrap_or(offset);
+                    let rest = &buf[lo..hi];
+                    return damaged(path, &mut file, rest, offset, tail, reason, is_last)
                         .map_err(E::from);
                 }
             }
         }
         if eof {
             let offset = base + lo as u64;
+            let tail = batch_start.unwrap_or(offset);
             if lo == hi {
-                return Ok(SegmentEnd::Clean { end: offset });
+                if pending.is_empty() || resuming {
+                    return Ok(SegmentEnd::Clean { end: offset });
+                }
+                let reason = format!(
+                    "batch of {} whole record(s) lacks its last record",
+                    pending.len()
+                );
+                return damaged(path, &mut file, &[], tail, tail, reason, is_last).map_err(E::from);
             }
             let reason = match incomplete.flatten() {
                 Some(needed) => format!("incomplete record: {} of {needed} bytes present", hi - lo),
                 None => format!("incomplete record prefix: {} bytes", hi - lo),
             };
-            return damaged(path, &mut file, &buf[lo..hi], offset, reason, is_last)
+            return damaged(path, &mut file, &buf[lo..hi], offset, tail, reason, is_last)
                 .map_err(E::from);
         }
         // Keep the unfinished frame at the front and read more behind it.
@@ -225,38 +372,56 @@ pub fn scan<E: From<StoreError>>(
 }
 
 /// Decides whether damage at `offset` is a torn tail or corruption. `buffered` holds the bytes
-/// from `offset` already read; the rest of the file is read behind them.
+/// from `offset` already read; the rest of the file is read behind them. `tail` is where the
+/// unfinished batch containing the damage starts (the cut point of a torn tail).
+///
+/// Only the last batch can be torn: a writer starts a batch only after the previous one was
+/// fdatasynced. So the damage is a torn tail when nothing whole follows it except later
+/// records of the same batch (a crash can persist a batch's pages out of order); a whole
+/// record that starts a new batch after it proves the damaged batch had been acknowledged.
 fn damaged(
     path: &Path,
     file: &mut File,
     buffered: &[u8],
     offset: u64,
+    tail: u64,
     reason: String,
     is_last: bool,
 ) -> Result<SegmentEnd, StoreError> {
+    let corrupt = |why: String| StoreError::Corrupt {
+        segment: path.to_path_buf(),
+        offset,
+        reason: why,
+    };
     if !is_last {
-        return Err(StoreError::Corrupt {
-            segment: path.to_path_buf(),
-            offset,
-            reason: format!("{reason} (in a segment that is not the last)"),
-        });
+        return Err(corrupt(format!(
+            "{reason} (in a segment that is not the last)"
+        )));
     }
     let mut rest = buffered.to_vec();
     file.read_to_end(&mut rest).map_err(StoreError::io(path))?;
-    match codec::find_whole_frame_after(&rest) {
-        Some(at) => Err(StoreError::Corrupt {
-            segment: path.to_path_buf(),
-            offset,
-            reason: format!(
-                "{reason}; a whole record follows at offset {}",
-                offset + at as u64
-            ),
-        }),
-        None => Ok(SegmentEnd::Torn {
-            end: offset,
-            reason,
-        }),
+    let mut from = 1;
+    while let Some(found) = codec::find_whole_frame(&rest, from) {
+        if found.first {
+            return Err(corrupt(format!(
+                "{reason}; a later batch follows at offset {}",
+                offset + found.at as u64
+            )));
+        }
+        if found.last {
+            // The damaged batch ends here; anything whole after it is a later batch.
+            let end = found.at + found.len;
+            if let Some(later) = codec::find_whole_frame(&rest, end) {
+                return Err(corrupt(format!(
+                    "{reason}; a later record follows at offset {}",
+                    offset + later.at as u64
+                )));
+            }
+            break;
+        }
+        from = found.at + 1;
     }
+    Ok(SegmentEnd::Torn { end: tail, reason })
 }
 
 #[cfg(test)]

@@ -1,0 +1,153 @@
+//! Substring phrase matching for the whole policy in one pass.
+//!
+//! A selection asks ~90 "does the request text contain X?" questions (keywords and signal
+//! phrases). Instead of 90 searches, every phrase of the policy gets an id in a
+//! [`PhraseIndex`], the text is scanned once (candidates bucketed by first byte), and each
+//! question becomes a bit lookup in the resulting [`PhraseHits`]. Matching stays a plain
+//! substring test, exactly as in the reference.
+
+use serde::Deserialize;
+
+/// A list of phrases from the policy; ids are assigned when the policy is compiled.
+#[derive(Clone, Deserialize)]
+#[serde(from = "Vec<String>")]
+pub struct Phrases {
+    pub words: Vec<String>,
+    ids: Vec<u32>,
+}
+
+impl From<Vec<String>> for Phrases {
+    fn from(words: Vec<String>) -> Self {
+        Self {
+            words,
+            ids: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Phrases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.words.fmt(f)
+    }
+}
+
+impl Phrases {
+    /// True when the scanned text contained any of these phrases.
+    pub fn any(&self, hits: &PhraseHits) -> bool {
+        self.ids.iter().any(|&id| hits.get(id))
+    }
+
+    /// The phrases the scanned text contained, in list order.
+    pub fn found<'a>(&'a self, hits: &'a PhraseHits) -> impl Iterator<Item = &'a String> + 'a {
+        self.words
+            .iter()
+            .zip(&self.ids)
+            .filter(|(_, id)| hits.get(**id))
+            .map(|(w, _)| w)
+    }
+
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+}
+
+/// Every distinct phrase of a policy, bucketed by first byte.
+#[derive(Debug, Clone, Default)]
+pub struct PhraseIndex {
+    phrases: Vec<Box<[u8]>>,
+    by_first: Vec<Vec<u32>>,
+}
+
+impl PhraseIndex {
+    /// Index `lists`, giving each of their phrases an id (identical phrases share one).
+    pub fn build<'a>(lists: impl IntoIterator<Item = &'a mut Phrases>) -> PhraseIndex {
+        let mut index = PhraseIndex {
+            phrases: Vec::new(),
+            by_first: vec![Vec::new(); 256],
+        };
+        for list in lists {
+            list.ids = list
+                .words
+                .iter()
+                .map(|w| index.intern(w.as_bytes()))
+                .collect();
+        }
+        index
+    }
+
+    fn intern(&mut self, phrase: &[u8]) -> u32 {
+        if let Some(id) = self.phrases.iter().position(|p| &**p == phrase) {
+            return id as u32;
+        }
+        let id = self.phrases.len() as u32;
+        self.phrases.push(phrase.into());
+        // Blank phrases are rejected by policy validation; an empty one would match anything.
+        let bucket = phrase.first().copied().unwrap_or(0);
+        self.by_first[usize::from(bucket)].push(id);
+        id
+    }
+
+    /// Which phrases occur in `text`.
+    pub fn scan(&self, text: &str) -> PhraseHits {
+        let mut hits = PhraseHits(vec![0u64; self.phrases.len().div_ceil(64)]);
+        let bytes = text.as_bytes();
+        for (i, &b) in bytes.iter().enumerate() {
+            for &id in &self.by_first[usize::from(b)] {
+                if !hits.get(id) && bytes[i..].starts_with(&self.phrases[id as usize]) {
+                    hits.0[id as usize / 64] |= 1 << (id % 64);
+                }
+            }
+        }
+        hits
+    }
+}
+
+/// The result of [`PhraseIndex::scan`]: one bit per phrase id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhraseHits(Vec<u64>);
+
+impl PhraseHits {
+    pub fn get(&self, id: u32) -> bool {
+        self.0
+            .get(id as usize / 64)
+            .is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn list(words: &[&str]) -> Phrases {
+        Phrases::from(words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn shared_phrases_share_an_id_and_match_as_substrings() {
+        let mut a = list(&["test", "same file"]);
+        let mut b = list(&["test", "x"]);
+        let index = PhraseIndex::build([&mut a, &mut b]);
+        assert_eq!(index.phrases.len(), 3);
+        let hits = index.scan("the latest edit");
+        assert!(a.any(&hits) && b.any(&hits));
+        assert_eq!(a.found(&hits).collect::<Vec<_>>(), vec!["test"]);
+        let hits = index.scan("");
+        assert!(!a.any(&hits));
+    }
+
+    proptest! {
+        #[test]
+        fn scan_agrees_with_str_contains(text in "[a-e ]{0,300}", words in prop::collection::vec("[a-e ]{1,4}", 1..20)) {
+            let mut p = Phrases::from(words.clone());
+            let index = PhraseIndex::build([&mut p]);
+            let hits = index.scan(&text);
+            let expected: Vec<&String> = words.iter().filter(|w| text.contains(w.as_str())).collect();
+            prop_assert_eq!(p.found(&hits).collect::<Vec<_>>(), expected);
+        }
+    }
+}
