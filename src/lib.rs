@@ -11,7 +11,6 @@ pub mod bundles;
 pub mod cli;
 pub mod methods;
 pub mod operations;
-pub mod operator;
 pub mod patterns;
 pub mod peers;
 pub mod rpc;

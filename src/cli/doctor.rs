@@ -54,8 +54,8 @@ pub fn run(root: &Path) -> Report {
             detail: "no .gaffer/ yet; it is created on the first write".into(),
         });
     }
-    match crate::operator::key_path() {
-        Some(path) => {
+    match crate::operations::operator::key_path() {
+        Ok(path) => {
             let inside = path
                 .canonicalize()
                 .ok()
@@ -73,7 +73,7 @@ pub fn run(root: &Path) -> Report {
                 },
             });
         }
-        None => checks.push(Check {
+        Err(_) => checks.push(Check {
             name: "operator_key",
             ok: true,
             detail: "no config directory (set GAFFER_OPERATOR_KEY_FILE)".into(),

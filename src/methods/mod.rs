@@ -72,6 +72,27 @@ pub fn store_error(context: &str, e: &WorkspaceError) -> RpcError {
     )
 }
 
+/// Checks a presented operator key. The reason goes to the log; the client learns only
+/// whether a key is set up here (never anything about the key itself).
+fn authenticate_operator(presented: &str) -> Result<(), RpcError> {
+    use crate::operations::operator::OperatorKeyError;
+    crate::operations::authenticate_operator(presented).map_err(|e| {
+        tracing::warn!(error = %e, "operator authentication refused");
+        match e {
+            OperatorKeyError::NoLocation | OperatorKeyError::Missing(_) => RpcError::app(
+                AppCode::Forbidden,
+                "operator_key_missing",
+                "no operator key is set up on this machine; run `gaffer operator init`",
+            ),
+            _ => RpcError::app(
+                AppCode::Forbidden,
+                "operator_key_invalid",
+                "the operator key does not match",
+            ),
+        }
+    })
+}
+
 /// Builds the full method table.
 pub fn router() -> Router<App> {
     let mut r = Router::new();
@@ -201,7 +222,7 @@ impl Host for Server {
                     .get("operatorKey")
                     .and_then(Value::as_str)
                     .unwrap_or("");
-                crate::operator::authenticate(key).map(|()| Role::Operator)
+                authenticate_operator(key).map(|()| Role::Operator)
             }
             Some(other) => Err(RpcError::invalid_params(
                 "initializationOptions.role",
