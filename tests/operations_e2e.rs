@@ -49,6 +49,8 @@ rules:
     grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 2, max_uses: 2}
 "#;
 
+static LOGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 struct Env {
     ws: tempfile::TempDir,
     _cfg: tempfile::TempDir,
@@ -81,6 +83,20 @@ impl Env {
         }
     }
 
+    /// Every server log written so far (printed when a test fails).
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(self.key_file.parent().unwrap())
+            .unwrap()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().ends_with(".log") {
+                out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+            }
+        }
+        out
+    }
+
     fn root(&self) -> &Path {
         self.ws.path()
     }
@@ -96,7 +112,18 @@ impl Env {
         let key = self.key_file.display().to_string();
         let mut env: Vec<(&str, &str)> = vec![("GAFFER_OPERATOR_KEY_FILE", key.as_str())];
         env.extend_from_slice(extra);
-        Server::start_env(self.root(), Wire::Ndjson, &[], &env)
+        // Server logs go next to the key (outside the workspace) for post-mortems.
+        let log = self.key_file.with_file_name(format!(
+            "gaffer-{}.log",
+            LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let log = log.display().to_string();
+        Server::start_env(
+            self.root(),
+            Wire::Ndjson,
+            &["--log-file", log.as_str(), "--log-level", "warn"],
+            &env,
+        )
     }
 
     fn agent(&self, name: &str) -> Server {
@@ -286,6 +313,10 @@ fn deny_and_no_match_end_denied_and_nothing_runs() {
     .clone();
     assert_eq!(d["state"], "denied");
     assert_eq!(d["error"]["code"], "operation_policy_denied");
+    assert!(
+        d.get("retry_after_seconds").is_none(),
+        "terminal answers carry no retry hint"
+    );
     assert_eq!(d["created"], true);
     let n = ok(&submit(
         &mut a,
@@ -324,6 +355,7 @@ fn without_a_policy_file_every_operation_waits_for_a_human() {
     ))
     .clone();
     assert_eq!(p["state"], "pending");
+    assert_eq!(p["retry_after_seconds"], 2);
     assert!(p["approval_id"].as_str().unwrap().starts_with("ap_"));
     assert!(!env.root().join("docs/a.md").exists());
 }
@@ -332,7 +364,8 @@ fn without_a_policy_file_every_operation_waits_for_a_human() {
 fn bad_input_is_refused_with_the_field_and_nothing_is_written() {
     let env = Env::new(Some(ALLOW_DOCS));
     let mut a = env.agent("agent-1");
-    let before = common::journal_bytes(env.root());
+    let seq = |a: &mut Server| a.call("gaffer/status", json!({}))["store"]["seq"].clone();
+    let before = seq(&mut a);
     let r = submit(&mut a, "file.launch", json!({}), json!({}), "x");
     assert_eq!(err_code(&r), "operation_not_registered");
     let r = submit(
@@ -374,7 +407,11 @@ fn bad_input_is_refused_with_the_field_and_nothing_is_written() {
         assert_eq!(err_code(&r), "operation_input_invalid");
         assert!(!outside.path().join("a.md").exists());
     }
-    assert_eq!(common::journal_bytes(env.root()), before);
+    assert_eq!(
+        seq(&mut a),
+        before,
+        "no record may be written for refused input"
+    );
     assert_eq!(
         a.call("operations/list", json!({}))["operations"],
         json!([])
@@ -414,10 +451,19 @@ fn approval_from_a_second_process_unblocks_the_agent_exactly_once() {
     let done = wait_state(&mut a, id, &["succeeded", "failed"]);
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(done["upstream_status"], 201);
-    // The agent was told through operations/changed.
+    // Both connections, in their two processes, were told through operations/changed.
     assert!(
         a.notification("operations/changed", Duration::from_secs(5))
             .is_some()
+    );
+    let seen = op.wait_for(Duration::from_secs(10), |v| {
+        v["method"] == "operations/changed"
+            && v["params"]["id"] == id
+            && v["params"]["state"] == "succeeded"
+    });
+    assert!(
+        seen.is_some(),
+        "the operator's process never reported the success"
     );
     assert_eq!(lines(&env.root().join("kv-exec.log")), 1);
     // Decision replay returns the original; a stale revision is refused.
@@ -609,6 +655,8 @@ fn partial_errors_are_reconciled_proven_and_unproven() {
             Some("upstream_result_unknown"),
         ),
         ("definitive", "failed", Some("kv_refused")),
+        ("huge", "failed", Some("operation_store_unavailable")),
+        ("empty", "succeeded", None),
     ];
     for (mode, state, code) in cases {
         let p = ok(&submit(
@@ -625,6 +673,11 @@ fn partial_errors_are_reconciled_proven_and_unproven() {
         assert_eq!(v["state"], state, "{mode}: {v}");
         if let Some(c) = code {
             assert_eq!(v["error"]["code"], c, "{mode}");
+        } else if mode == "empty" {
+            assert_eq!(
+                v["result"],
+                json!({"operation": "kv.set", "reconciled": true})
+            );
         } else {
             assert_eq!(v["result"]["read_back"], true, "{mode}: {v}");
             assert_eq!(v["upstream_status"], 200);
@@ -643,7 +696,7 @@ fn partial_errors_are_reconciled_proven_and_unproven() {
     // Unknown outcome keeps the use reserved (retained); a definitive refusal spends it.
     assert_eq!(by_op("partial_unproven")["retained"], true);
     assert_eq!(by_op("definitive")["status"], "consumed");
-    assert_eq!(lines(&env.root().join("kv-exec.log")), 4);
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 6);
 }
 
 #[test]
@@ -728,6 +781,7 @@ fn twelve_concurrent_identical_submissions_make_one_operation_and_one_execution(
     let mut created = 0;
     for (i, rid) in pending {
         let r = servers[i].response(rid);
+        assert!(r.get("result").is_some(), "{r}\n{}", env.logs());
         let r = ok(&r);
         ids.insert(r["id"].as_str().unwrap().to_string());
         if r["created"] == true {
@@ -910,4 +964,292 @@ fn catalog_lists_builtin_and_external_operations_with_schemas() {
         .unwrap();
     assert_eq!(fw["target_schema"]["additionalProperties"], false);
     assert!(fw["arguments_schema"]["properties"]["content"].is_object());
+}
+
+#[test]
+fn cli_operator_init_approve_and_submit() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let cfg = tempfile::tempdir().unwrap();
+    let key = cfg.path().join("nested/operator.key");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::BIN)
+            .arg("--workspace")
+            .arg(env.root())
+            .args(args)
+            .env("GAFFER_OPERATOR_KEY_FILE", &key)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    // Without a key the operator commands refuse.
+    assert_ne!(run(&["approvals"]).0, 0);
+    assert_eq!(run(&["operator", "init"]).0, 0);
+    assert_ne!(run(&["operator", "init"]).0, 0, "init must not overwrite");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+    // Allowed work submitted from the CLI runs before the command exits.
+    let (code, out) = run(&[
+        "op",
+        "submit",
+        "file.write",
+        "--target",
+        r#"{"path":"docs/cli.md"}"#,
+        "--arguments",
+        r#"{"content":"c"}"#,
+        "--reason",
+        "cli",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "succeeded", "{v}");
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("docs/cli.md")).unwrap(),
+        "c"
+    );
+    // An agent in a server process waits; the human approves from the CLI.
+    let key_s = key.display().to_string();
+    let mut a = Server::start_env(
+        env.root(),
+        Wire::Ndjson,
+        &[],
+        &[("GAFFER_OPERATOR_KEY_FILE", key_s.as_str())],
+    );
+    a.call("initialize", json!({"clientInfo": {"name": "agent-1"}}));
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "k"}),
+        json!({"value": "v"}),
+        "x",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap();
+    let (code, out) = run(&["approvals"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(id), "{out}");
+    let (code, out) = run(&["approve", id]);
+    assert_eq!(code, 0, "{out}");
+    let v = wait_state(&mut a, id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    let (code, out) = run(&["op", "list", "--state", "succeeded"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("docs/cli.md"), "{out}");
+}
+
+#[test]
+fn a_window_approval_covers_later_matching_operations_until_its_uses_run_out() {
+    let policy = r#"
+rules:
+  - id: window
+    effect: request
+    operations: ["kv.set"]
+    grant_policy: {mode: window, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 2, max_uses: 3}
+"#;
+    let env = Env::new(Some(policy));
+    let mut op = env.operator();
+    let mut a = env.agent("agent-1");
+    let first = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "shared"}),
+        json!({"value": 1}),
+        "w1",
+    ))
+    .clone();
+    assert_eq!(first["state"], "pending");
+    approve(&mut op, first["id"].as_str().unwrap());
+    assert_eq!(
+        wait_state(
+            &mut a,
+            first["id"].as_str().unwrap(),
+            &["succeeded", "failed"]
+        )["state"],
+        "succeeded"
+    );
+    // The same kind of request now runs on the active approval without a new request.
+    let second = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "shared"}),
+        json!({"value": 2}),
+        "w2",
+    ))
+    .clone();
+    assert_ne!(second["state"], "pending", "{second}");
+    assert_eq!(second["approval_id"], first["approval_id"]);
+    assert_eq!(
+        wait_state(
+            &mut a,
+            second["id"].as_str().unwrap(),
+            &["succeeded", "failed"]
+        )["state"],
+        "succeeded"
+    );
+    // A different target is not covered.
+    let other = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "other"}),
+        json!({"value": 2}),
+        "w3",
+    ))
+    .clone();
+    assert_eq!(other["state"], "pending");
+    // Two uses spent: the next one asks again.
+    let third = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "shared"}),
+        json!({"value": 3}),
+        "w4",
+    ))
+    .clone();
+    assert_eq!(third["state"], "pending");
+    assert_ne!(third["approval_id"], first["approval_id"]);
+    let all = op.call("approvals/list", json!({"all": true}));
+    let granted = all["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["approval_id"] == first["approval_id"])
+        .unwrap()
+        .clone();
+    assert_eq!(granted["status"], "consumed");
+    assert_eq!(granted["uses_spent"], 2);
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 2);
+}
+
+#[test]
+fn terminal_operations_are_pruned_after_the_configured_retention() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let d = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "secret/x"}),
+        json!({"content": "x"}),
+        "old",
+    ))
+    .clone();
+    assert_eq!(d["state"], "denied");
+    let live = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "p"}),
+        json!({"value": 1}),
+        "live",
+    ))
+    .clone();
+    drop(a);
+    std::thread::sleep(Duration::from_millis(20));
+    let mut b = env.agent_env("agent-1", &[("GAFFER_OPERATIONS_RETENTION_HOURS", "0")]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = b.request("operations/get", json!({"id": d["id"]}));
+        if r.get("error").is_some() {
+            assert_eq!(err_code(&r), "not_found");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never pruned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Unfinished work is never pruned; the pruned key is free again.
+    assert_eq!(
+        b.call("operations/get", json!({"id": live["id"]}))["state"],
+        "pending"
+    );
+    let again = ok(&submit(
+        &mut b,
+        "file.write",
+        json!({"path": "secret/x"}),
+        json!({"content": "x"}),
+        "old",
+    ))
+    .clone();
+    assert_eq!(again["created"], true);
+    assert_ne!(again["id"], d["id"]);
+}
+
+#[test]
+fn approved_work_waits_for_a_server_and_a_revoke_before_it_runs_cancels_it() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let key = env.key_file.display().to_string();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(common::BIN)
+            .arg("--workspace")
+            .arg(env.root())
+            .args(args)
+            .env("GAFFER_OPERATOR_KEY_FILE", &key)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let mut a = env.agent("agent-1");
+    let run = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "later"}),
+        json!({"value": 1}),
+        "r1",
+    ))
+    .clone();
+    let revoked = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "never"}),
+        json!({"value": 1}),
+        "r2",
+    ))
+    .clone();
+    drop(a);
+    // No server is running: the approvals are recorded, nothing executes yet.
+    assert_eq!(
+        cli(&["approve", run["id"].as_str().unwrap()])["status"],
+        "active"
+    );
+    assert_eq!(
+        cli(&["approve", revoked["id"].as_str().unwrap()])["status"],
+        "active"
+    );
+    assert_eq!(
+        cli(&["op", "get", run["id"].as_str().unwrap()])["state"],
+        "approved"
+    );
+    assert_eq!(
+        cli(&["revoke", revoked["id"].as_str().unwrap()])["status"],
+        "revoked"
+    );
+    assert_eq!(
+        cli(&["op", "get", revoked["id"].as_str().unwrap()])["state"],
+        "canceled"
+    );
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 0);
+    // A server starting later runs what is approved, and only that.
+    let mut b = env.agent("agent-1");
+    let v = wait_state(
+        &mut b,
+        run["id"].as_str().unwrap(),
+        &["succeeded", "failed"],
+    );
+    assert_eq!(v["state"], "succeeded", "{v}");
+    assert_eq!(
+        b.call("operations/get", json!({"id": revoked["id"]}))["state"],
+        "canceled"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 1);
 }

@@ -2,6 +2,7 @@
 
 pub mod bundles;
 pub mod doctor;
+pub mod operations;
 pub mod patterns;
 pub mod store;
 pub mod workers;
@@ -66,6 +67,9 @@ pub enum Command {
     Worker(workers::WorkerCmd),
     /// Read-only health checks of the workspace and this machine.
     Doctor,
+    /// Operations, approvals and the operator key (variants inlined from `cli::operations`).
+    #[command(flatten)]
+    Ops(operations::OpsCommand),
     /// Call one method in process and print its result as JSON.
     Call {
         /// Method name, e.g. `gaffer/status`.

@@ -129,7 +129,7 @@ pub fn register(r: &mut Router<App>) {
                 .map_err(rpc_error)
         },
     );
-    r.notification::<ApprovalView>(
+    r.notification::<crate::operations::state::ApprovalRequested>(
         "approvals/requested",
         "A new approval request (operator connections only, from every gaffer process on the workspace).",
     );

@@ -197,10 +197,17 @@ pub fn register(r: &mut Router<App>) {
         |app: Arc<App>, ctx: CallCtx, p: WaitParams| async move {
             let wait = p.wait_seconds.unwrap_or(30);
             let ops = Arc::clone(&app.operations);
-            tokio::select! {
+            // Clients that passed a progress token see the wait as a long-running task.
+            ctx.progress.begin(&format!("Waiting for operation {}", p.id));
+            let r = tokio::select! {
                 r = ops.wait(scope(&ctx), &p.id, p.after_revision, wait) => r.map_err(rpc_error),
                 _ = ctx.cancel.cancelled() => Err(RpcError::cancelled()),
+            };
+            match &r {
+                Ok(v) => ctx.progress.end(&format!("{} at revision {}", v.state, v.revision)),
+                Err(e) => ctx.progress.end(&e.message),
             }
+            r
         },
     );
     r.add(

@@ -185,10 +185,18 @@ pub struct RuntimeConfig {
     pub retention_ms: u64,
 }
 
+/// Overrides the 30-day retention of terminal operations (whole hours).
+pub const RETENTION_ENV: &str = "GAFFER_OPERATIONS_RETENTION_HOURS";
+
 impl Default for RuntimeConfig {
+    /// 30 days, or `$GAFFER_OPERATIONS_RETENTION_HOURS` when it holds a number.
     fn default() -> Self {
+        let hours = std::env::var(RETENTION_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(30 * 24);
         RuntimeConfig {
-            retention_ms: 30 * 24 * 3600 * 1000,
+            retention_ms: hours.saturating_mul(3600 * 1000),
         }
     }
 }
@@ -249,6 +257,31 @@ impl OperationRuntime {
             autorun: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
         })
+    }
+
+    /// `Workspace::commit`, retried a few times when the store reports a lost race with
+    /// another process (the closure re-validates against the fresh state on every attempt).
+    async fn commit<T, F>(&self, f: F) -> Result<T, CommitError<OpError>>
+    where
+        F: FnOnce(&crate::workspace::State) -> Result<(Vec<NewRecord>, T), OpError>
+            + Clone
+            + Send
+            + 'static,
+        T: Send + 'static,
+    {
+        let mut attempt = 0;
+        loop {
+            match self.ws.commit(f.clone()).await {
+                Err(CommitError::Store(crate::workspace::WorkspaceError::Unavailable(m)))
+                    if attempt < 5 =>
+                {
+                    attempt += 1;
+                    tracing::debug!(reason = %m, attempt, "store busy; retrying the commit");
+                    tokio::time::sleep(Duration::from_millis(5 * attempt)).await;
+                }
+                r => return r,
+            }
+        }
     }
 
     pub fn registry(&self) -> &Registry {
@@ -353,6 +386,8 @@ impl OperationRuntime {
             ("arguments".to_string(), args_ex),
         ]))
         .exact_text();
+        // Only the digest is kept: equal digests mean byte-equal exact forms.
+        let submitted = crate::util::sha256_hex(submitted.as_bytes());
 
         // Replays never resolve, decide or write anything.
         if let Some(v) = self.replay(client, &key, &submitted)? {
@@ -541,27 +576,48 @@ impl OperationRuntime {
             executor: None,
         };
         let client_s = client.to_string();
-        let (view, created) = self
-            .ws
+        // A static allow in a serving process claims in the same commit: the execution is
+        // durable as `executing` before it starts, without a second round trip to the disk.
+        let claim_now = state == OpState::Approved
+            && op.approval_id.is_none()
+            && self.autorun.load(std::sync::atomic::Ordering::Acquire);
+        let executor = self.executor.clone();
+        let created_at = now;
+        let (view, created, claimed) = self
             .commit(move |s: &crate::workspace::State| {
                 if let Some(existing) = s.operations.by_idempotency(&client_s, &key) {
                     // Another process created it while we resolved.
                     if existing.submitted == submitted {
-                        return Ok((vec![], (OperationView::of(existing), false)));
+                        return Ok((vec![], (OperationView::of(existing), false, false)));
                     }
                     return Err(conflict());
                 }
-                let view = OperationView::of(&op);
-                Ok((
-                    vec![rec(
+                let mut recs = vec![];
+                let view = if claim_now {
+                    let mut t = transition(&op, OpState::Executing, created_at);
+                    t.executor = Some(executor);
+                    let v = view_after(&op, &t);
+                    recs.push(rec(
                         KIND_CREATED,
                         Created {
                             operation: op,
                             approval,
                         },
-                    )?],
-                    (view, true),
-                ))
+                    )?);
+                    recs.push(rec(KIND_TRANSITIONED, &t)?);
+                    v
+                } else {
+                    let v = OperationView::of(&op);
+                    recs.push(rec(
+                        KIND_CREATED,
+                        Created {
+                            operation: op,
+                            approval,
+                        },
+                    )?);
+                    v
+                };
+                Ok((recs, (view, true, claim_now)))
             })
             .await
             .map_err(commit_err)?;
@@ -570,7 +626,17 @@ impl OperationRuntime {
             if view.state.is_terminal() {
                 adapter.cleanup(&actx, &resolved).await;
             }
-            if view.state == OpState::Approved {
+            if claimed {
+                if let Some(me) = self.me.upgrade() {
+                    let id = view.id.clone();
+                    tokio::spawn(async move {
+                        failpoint("after_claim");
+                        if let Err(e) = me.execute_claimed(&id, Box::new(plan), None).await {
+                            tracing::error!(operation = %id, error = %e, "operation could not be executed");
+                        }
+                    });
+                }
+            } else if view.state == OpState::Approved {
                 self.spawn_drive(view.id.clone());
             }
         }
@@ -683,7 +749,6 @@ impl OperationRuntime {
         let id_s = id.to_string();
         let now = crate::util::now_ms();
         let view = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
                 let op = ops
@@ -766,7 +831,6 @@ impl OperationRuntime {
         let key = key.clone();
         let now = crate::util::now_ms();
         let (view, approved_op, expired) = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
                 let aid = Self::approval_id_for(ops, &id).ok_or_else(|| {
@@ -907,80 +971,79 @@ impl OperationRuntime {
         let id = id.to_string();
         let idem = idempotency_key.map(|k| k.trim().to_string());
         let now = crate::util::now_ms();
-        self.ws
-            .commit(move |s: &crate::workspace::State| {
-                let ops = &s.operations;
-                let aid = Self::approval_id_for(ops, &id).ok_or_else(|| {
-                    OpError::new(ErrorKind::NotFound, codes::NOT_FOUND, "no such approval")
-                })?;
-                let a = &ops.approvals[&aid];
-                let digest = crate::util::sha256_hex(b"revoke");
-                if let Some(k) = &idem
-                    && let Some(prev) = a.decision_keys.get(k)
-                {
-                    if *prev == digest {
-                        return Ok((vec![], ApprovalView::of(a, ops.get(&a.operation_id))));
-                    }
-                    return Err(conflict());
+        self.commit(move |s: &crate::workspace::State| {
+            let ops = &s.operations;
+            let aid = Self::approval_id_for(ops, &id).ok_or_else(|| {
+                OpError::new(ErrorKind::NotFound, codes::NOT_FOUND, "no such approval")
+            })?;
+            let a = &ops.approvals[&aid];
+            let digest = crate::util::sha256_hex(b"revoke");
+            if let Some(k) = &idem
+                && let Some(prev) = a.decision_keys.get(k)
+            {
+                if *prev == digest {
+                    return Ok((vec![], ApprovalView::of(a, ops.get(&a.operation_id))));
                 }
-                if let Some(r) = expected_revision
-                    && r != a.revision
-                {
-                    return Err(OpError::new(
-                        ErrorKind::Conflict,
-                        codes::REVISION_CONFLICT,
-                        format!("the approval is at revision {}, not {r}", a.revision),
-                    ));
-                }
-                let op = ops.get(&a.operation_id);
-                match a.status {
-                    ApprovalStatus::Active => {
-                        let mut recs = vec![rec(
-                            KIND_REVOKED,
-                            &Revoked {
-                                approval_id: a.id.clone(),
-                                revision: a.revision + 1,
-                                at_ms: now,
-                                idempotency_key: idem.clone(),
-                                command_digest: idem.as_ref().map(|_| digest.clone()),
-                            },
-                        )?];
-                        let mut after = a.clone();
-                        after.status = ApprovalStatus::Revoked;
-                        after.revision += 1;
-                        if let Some(op) = op.filter(|o| o.state == OpState::Approved) {
-                            let t = transition(op, OpState::Canceled, now)
-                                .error(codes::CANCELED, "the operator revoked the approval");
-                            recs.push(rec(KIND_TRANSITIONED, &t)?);
-                        }
-                        Ok((recs, ApprovalView::of(&after, op)))
-                    }
-                    ApprovalStatus::Pending => {
-                        // Revoking a request nobody decided yet cancels it.
-                        let op = op.ok_or_else(OpError::not_found)?;
+                return Err(conflict());
+            }
+            if let Some(r) = expected_revision
+                && r != a.revision
+            {
+                return Err(OpError::new(
+                    ErrorKind::Conflict,
+                    codes::REVISION_CONFLICT,
+                    format!("the approval is at revision {}, not {r}", a.revision),
+                ));
+            }
+            let op = ops.get(&a.operation_id);
+            match a.status {
+                ApprovalStatus::Active => {
+                    let mut recs = vec![rec(
+                        KIND_REVOKED,
+                        &Revoked {
+                            approval_id: a.id.clone(),
+                            revision: a.revision + 1,
+                            at_ms: now,
+                            idempotency_key: idem.clone(),
+                            command_digest: idem.as_ref().map(|_| digest.clone()),
+                        },
+                    )?];
+                    let mut after = a.clone();
+                    after.status = ApprovalStatus::Revoked;
+                    after.revision += 1;
+                    if let Some(op) = op.filter(|o| o.state == OpState::Approved) {
                         let t = transition(op, OpState::Canceled, now)
-                            .error(codes::CANCELED, "the operator withdrew the request")
-                            .approval(Some(ApprovalChange {
-                                approval_id: a.id.clone(),
-                                effect: ApprovalEffect::Cancel,
-                            }));
-                        let mut after = a.clone();
-                        after.status = ApprovalStatus::Canceled;
-                        after.revision += 1;
-                        Ok((
-                            vec![rec(KIND_TRANSITIONED, &t)?],
-                            ApprovalView::of(&after, Some(op)),
-                        ))
+                            .error(codes::CANCELED, "the operator revoked the approval");
+                        recs.push(rec(KIND_TRANSITIONED, &t)?);
                     }
-                    other => Err(OpError::new(
-                        ErrorKind::Conflict,
-                        codes::APPROVAL_NOT_PENDING,
-                        format!("the approval is {other:?} and cannot be revoked").to_lowercase(),
-                    )),
+                    Ok((recs, ApprovalView::of(&after, op)))
                 }
-            })
-            .await
-            .map_err(commit_err)
+                ApprovalStatus::Pending => {
+                    // Revoking a request nobody decided yet cancels it.
+                    let op = op.ok_or_else(OpError::not_found)?;
+                    let t = transition(op, OpState::Canceled, now)
+                        .error(codes::CANCELED, "the operator withdrew the request")
+                        .approval(Some(ApprovalChange {
+                            approval_id: a.id.clone(),
+                            effect: ApprovalEffect::Cancel,
+                        }));
+                    let mut after = a.clone();
+                    after.status = ApprovalStatus::Canceled;
+                    after.revision += 1;
+                    Ok((
+                        vec![rec(KIND_TRANSITIONED, &t)?],
+                        ApprovalView::of(&after, Some(op)),
+                    ))
+                }
+                other => Err(OpError::new(
+                    ErrorKind::Conflict,
+                    codes::APPROVAL_NOT_PENDING,
+                    format!("the approval is {other:?} and cannot be revoked").to_lowercase(),
+                )),
+            }
+        })
+        .await
+        .map_err(commit_err)
     }
 
     // ---------- execution ----------
@@ -1012,14 +1075,28 @@ impl OperationRuntime {
     }
 
     async fn drive_inner(&self, id: &str) -> Result<(), OpError> {
-        let key = OperatorKey::load().ok();
+        let Some((approved, needs_key)) = self.ws.read(|s| {
+            s.operations
+                .get(id)
+                .map(|op| (op.state == OpState::Approved, op.approval_id.is_some()))
+        }) else {
+            return Ok(());
+        };
+        if !approved {
+            return Ok(());
+        }
+        // The key is read only when an approval must be checked.
+        let key = if needs_key {
+            OperatorKey::load().ok()
+        } else {
+            None
+        };
         let policy = self.policy().ok();
         let id_s = id.to_string();
         let executor = self.executor.clone();
         let registry = self.registry.clone();
         let now = crate::util::now_ms();
         let claim = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 claim_records(
                     &s.operations,
@@ -1037,6 +1114,16 @@ impl OperationRuntime {
             return Ok(());
         };
         failpoint("after_claim");
+        self.execute_claimed(id, plan, approval_id).await
+    }
+
+    /// Runs an operation this process has claimed (`executing` is durable), then settles it.
+    async fn execute_claimed(
+        &self,
+        id: &str,
+        plan: Box<Plan>,
+        approval_id: Option<String>,
+    ) -> Result<(), OpError> {
         let Some(adapter) = self.registry.lookup(&plan.operation).cloned() else {
             return Ok(());
         };
@@ -1108,62 +1195,61 @@ impl OperationRuntime {
         let id = op.id.clone();
         let operation = op.operation.clone();
         let now = crate::util::now_ms();
-        self.ws
-            .commit(move |s: &crate::workspace::State| {
-                let ops = &s.operations;
-                let Some(op) = ops.get(&id) else {
-                    return Ok((vec![], ()));
-                };
-                if op.state != OpState::Executing {
-                    return Ok((vec![], ()));
-                }
-                // Only an approval holding a reservation for this operation is settled.
-                let reserved = approval_id
-                    .as_ref()
-                    .and_then(|a| ops.approvals.get(a))
-                    .filter(|a| a.uses.get(&id) == Some(&UseState::Reserved))
-                    .map(|a| a.id.clone());
-                let change = |effect| {
-                    reserved.clone().map(|approval_id| ApprovalChange {
-                        approval_id,
-                        effect,
-                    })
-                };
-                let t = match settle {
-                    Settle::Succeeded(o) => {
-                        let result = o.result.unwrap_or_else(
-                            || serde_json::json!({"operation": operation, "reconciled": true}),
-                        );
-                        let size = serde_json::to_string(&result)
-                            .map(|t| t.len())
-                            .unwrap_or(usize::MAX);
-                        if !result.is_object() || size > MAX_RESULT_BYTES {
-                            transition(op, OpState::Failed, now)
-                                .error(
-                                    codes::STORE_UNAVAILABLE,
-                                    "the operation ran but its result could not be stored",
-                                )
-                                .approval(change(ApprovalEffect::Commit))
-                        } else {
-                            let mut t = transition(op, OpState::Succeeded, now)
-                                .approval(change(ApprovalEffect::Commit));
-                            t.result = Some(result);
-                            t.upstream_status = o.upstream_status;
-                            t
-                        }
+        self.commit(move |s: &crate::workspace::State| {
+            let ops = &s.operations;
+            let Some(op) = ops.get(&id) else {
+                return Ok((vec![], ()));
+            };
+            if op.state != OpState::Executing {
+                return Ok((vec![], ()));
+            }
+            // Only an approval holding a reservation for this operation is settled.
+            let reserved = approval_id
+                .as_ref()
+                .and_then(|a| ops.approvals.get(a))
+                .filter(|a| a.uses.get(&id) == Some(&UseState::Reserved))
+                .map(|a| a.id.clone());
+            let change = |effect| {
+                reserved.clone().map(|approval_id| ApprovalChange {
+                    approval_id,
+                    effect,
+                })
+            };
+            let t = match settle {
+                Settle::Succeeded(o) => {
+                    let result = o.result.unwrap_or_else(
+                        || serde_json::json!({"operation": operation, "reconciled": true}),
+                    );
+                    let size = serde_json::to_string(&result)
+                        .map(|t| t.len())
+                        .unwrap_or(usize::MAX);
+                    if !result.is_object() || size > MAX_RESULT_BYTES {
+                        transition(op, OpState::Failed, now)
+                            .error(
+                                codes::STORE_UNAVAILABLE,
+                                "the operation ran but its result could not be stored",
+                            )
+                            .approval(change(ApprovalEffect::Commit))
+                    } else {
+                        let mut t = transition(op, OpState::Succeeded, now)
+                            .approval(change(ApprovalEffect::Commit));
+                        t.result = Some(result);
+                        t.upstream_status = o.upstream_status;
+                        t
                     }
-                    Settle::Failed {
-                        code,
-                        message,
-                        effect,
-                    } => transition(op, OpState::Failed, now)
-                        .error(&code, message)
-                        .approval(change(effect)),
-                };
-                Ok((vec![rec(KIND_TRANSITIONED, &t)?], ()))
-            })
-            .await
-            .map_err(commit_err)
+                }
+                Settle::Failed {
+                    code,
+                    message,
+                    effect,
+                } => transition(op, OpState::Failed, now)
+                    .error(&code, message)
+                    .approval(change(effect)),
+            };
+            Ok((vec![rec(KIND_TRANSITIONED, &t)?], ()))
+        })
+        .await
+        .map_err(commit_err)
     }
 
     // ---------- recovery, expiry, retention ----------
@@ -1309,7 +1395,6 @@ impl OperationRuntime {
     pub async fn expire_due(&self) {
         let now = crate::util::now_ms();
         let r = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
                 let mut recs = vec![];
@@ -1354,7 +1439,6 @@ impl OperationRuntime {
     pub async fn prune(&self) {
         let before = crate::util::now_ms().saturating_sub(self.config.retention_ms);
         let r = self
-            .ws
             .commit(move |s: &crate::workspace::State| {
                 let due = s
                     .operations
@@ -1373,6 +1457,7 @@ impl OperationRuntime {
     }
 }
 
+#[derive(Clone)]
 enum Settle {
     Succeeded(Outcome),
     Failed {
@@ -1627,4 +1712,248 @@ fn claim_records(
 
 fn plan_digest(op: &Operation) -> String {
     op.plan_digest.clone().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operations::adapter::{Catalog, Presentation};
+    use crate::operations::policy::Classification;
+    use crate::operations::state::KIND_CREATED;
+    use std::path::Path;
+
+    fn registry() -> Registry {
+        let cats: Vec<Catalog> = vec![crate::operations::adapters::workspace::catalog()];
+        Registry::new(&cats, crate::operations::adapters::workspace::adapters()).unwrap()
+    }
+
+    fn key() -> (tempfile::TempDir, OperatorKey) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("k");
+        OperatorKey::init(&p, None).unwrap();
+        let k = OperatorKey::load_from(&p).unwrap();
+        (d, k)
+    }
+
+    /// A pending operation with its approval, folded into a fresh state.
+    fn pending(expires_in: u64) -> OperationState {
+        let plan = Plan {
+            schema: PLAN_SCHEMA.into(),
+            operation: "file.write".into(),
+            operation_revision: 1,
+            provider: "workspace".into(),
+            client_id: "agent".into(),
+            operation_id: "op_1".into(),
+            target: serde_json::json!({"path": "a"}),
+            arguments: serde_json::json!({"content": "x"}),
+            preconditions: serde_json::json!({"prior_sha256": null}),
+            presentation: Presentation {
+                title: "Write a".into(),
+                summary: String::new(),
+            },
+            authorization: PlanAuthorization {
+                classification: Classification::default(),
+                policy_effect: DecisionEffect::Request,
+                rule_ids: vec![],
+                mode: Some(GrantMode::Execution),
+                requested_duration_seconds: Some(60),
+                requested_max_uses: Some(1),
+            },
+            created_at_ms: 1_000,
+            expires_at_ms: 1_000 + expires_in,
+        };
+        let text = plan.canonical();
+        let digest = Plan::digest_of(&text);
+        let mut op = crate::operations::state::tests::op("op_1", OpState::Pending, Some("ap_1"));
+        op.plan = Some(text);
+        op.plan_digest = Some(digest.clone());
+        let mut a = crate::operations::state::tests::approval("ap_1", "op_1");
+        a.plan_digest = digest;
+        a.pending_expires_at_ms = 100_000;
+        let mut s = OperationState::default();
+        s.apply_record(
+            KIND_CREATED,
+            &serde_json::to_value(Created {
+                operation: op,
+                approval: Some(a),
+            })
+            .unwrap(),
+            &mut vec![],
+        )
+        .unwrap();
+        s
+    }
+
+    fn approve(s: &mut OperationState, key: &OperatorKey, max_uses: u32) {
+        let a = s.approvals["ap_1"].clone();
+        let mut d = SignedDecision {
+            decision: DecisionKind::Approve,
+            revision: 2,
+            decided_at_ms: 1_500,
+            expires_at_ms: Some(50_000),
+            max_uses,
+            hmac: String::new(),
+        };
+        d.hmac = key.sign(&a.decision_message(&d));
+        let rec = Decided {
+            approval_id: "ap_1".into(),
+            decision: d,
+            idempotency_key: "k".into(),
+            command_digest: "c".into(),
+        };
+        s.apply_record(
+            KIND_DECIDED,
+            &serde_json::to_value(rec).unwrap(),
+            &mut vec![],
+        )
+        .unwrap();
+        let op = s.get("op_1").unwrap().clone();
+        let t = transition(&op, OpState::Approved, 1_600);
+        s.apply_record(
+            KIND_TRANSITIONED,
+            &serde_json::to_value(t).unwrap(),
+            &mut vec![],
+        )
+        .unwrap();
+    }
+
+    fn outcome(recs: &[NewRecord]) -> (OpState, Option<String>, Option<ApprovalEffect>) {
+        let t: Transitioned = serde_json::from_value(recs[0].payload.clone()).unwrap();
+        (t.to, t.error.map(|e| e.code), t.approval.map(|a| a.effect))
+    }
+
+    #[test]
+    fn a_signed_approval_for_this_plan_claims_and_reserves() {
+        let (_d, k) = key();
+        let mut s = pending(60_000);
+        approve(&mut s, &k, 1);
+        let (recs, claim) =
+            claim_records(&s, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert!(matches!(claim, Claim::Run { .. }));
+        assert_eq!(
+            outcome(&recs),
+            (OpState::Executing, None, Some(ApprovalEffect::Reserve))
+        );
+        // Claiming again after the fold is a no-op: one winner.
+        s.apply_record(KIND_TRANSITIONED, &recs[0].payload, &mut vec![])
+            .unwrap();
+        let (recs, claim) =
+            claim_records(&s, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert!(recs.is_empty() && matches!(claim, Claim::Skip));
+        assert_eq!(s.get("op_1").unwrap().executor.as_deref(), Some("me"));
+    }
+
+    #[test]
+    fn without_the_key_or_with_another_key_the_approval_is_invalid() {
+        let (_d, k) = key();
+        let (_d2, other) = key();
+        let mut s = pending(60_000);
+        approve(&mut s, &k, 1);
+        for key in [None, Some(&other)] {
+            let (recs, _) = claim_records(&s, &registry(), "op_1", 2_000, key, None, "me").unwrap();
+            assert_eq!(
+                outcome(&recs),
+                (OpState::Failed, Some(codes::APPROVAL_INVALID.into()), None)
+            );
+        }
+    }
+
+    #[test]
+    fn a_tampered_or_expired_plan_is_an_invalid_stored_operation() {
+        let (_d, k) = key();
+        let mut s = pending(60_000);
+        approve(&mut s, &k, 1);
+        let mut tampered = s.clone();
+        let op = tampered.operations.get_mut("op_1").unwrap();
+        op.plan = op
+            .plan
+            .as_ref()
+            .map(|p| p.replace("\"content\":\"x\"", "\"content\":\"y\""));
+        let (recs, _) =
+            claim_records(&tampered, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert_eq!(outcome(&recs).1.as_deref(), Some(codes::INVALID_STORED));
+        // Re-digesting the tampered plan does not help: the approval was signed for the old one.
+        let op = tampered.operations.get_mut("op_1").unwrap();
+        op.plan_digest = op.plan.as_deref().map(Plan::digest_of);
+        let (recs, _) =
+            claim_records(&tampered, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert_eq!(outcome(&recs).1.as_deref(), Some(codes::APPROVAL_INVALID));
+        let (recs, _) =
+            claim_records(&s, &registry(), "op_1", 70_000, Some(&k), None, "me").unwrap();
+        assert_eq!(outcome(&recs).1.as_deref(), Some(codes::INVALID_STORED));
+    }
+
+    #[test]
+    fn an_expired_or_retained_approval_is_unavailable() {
+        let (_d, k) = key();
+        let mut s = pending(600_000);
+        approve(&mut s, &k, 1);
+        let (recs, _) =
+            claim_records(&s, &registry(), "op_1", 50_000, Some(&k), None, "me").unwrap();
+        assert_eq!(
+            outcome(&recs).1.as_deref(),
+            Some(codes::APPROVAL_UNAVAILABLE)
+        );
+        let mut r = s.clone();
+        r.approvals
+            .get_mut("ap_1")
+            .unwrap()
+            .uses
+            .insert("op_0".into(), UseState::Retained);
+        let (recs, _) =
+            claim_records(&r, &registry(), "op_1", 2_000, Some(&k), None, "me").unwrap();
+        assert_eq!(
+            outcome(&recs).1.as_deref(),
+            Some(codes::APPROVAL_UNAVAILABLE)
+        );
+    }
+
+    #[test]
+    fn direct_operations_need_a_current_allow_rule() {
+        let mut s = pending(60_000);
+        let op = s.operations.get_mut("op_1").unwrap();
+        op.approval_id = None;
+        op.state = OpState::Approved;
+        let allow =
+            Policy::parse("rules:\n  - id: all\n    effect: allow\n", Path::new("p")).unwrap();
+        // The plan itself recorded a request decision, so even an allow rule now is not enough.
+        let (recs, _) =
+            claim_records(&s, &registry(), "op_1", 2_000, None, Some(&allow), "me").unwrap();
+        assert_eq!(outcome(&recs).1.as_deref(), Some(codes::APPROVAL_INVALID));
+    }
+
+    #[test]
+    fn approval_bounds_follow_the_rule_and_the_descriptor() {
+        let gp = GrantPolicy::default_for_missing_policy();
+        assert_eq!(approval_intent(&gp, 300, 60), Ok((300, 1, 60)));
+        let bad = GrantPolicy {
+            default_minutes: 90,
+            ..gp.clone()
+        };
+        assert!(approval_intent(&bad, 9_999, 9_999).is_err());
+        let two = GrantPolicy {
+            default_max_uses: 2,
+            max_uses: Some(2),
+            ..gp.clone()
+        };
+        assert!(approval_intent(&two, 600, 600).is_err());
+        let window = GrantPolicy {
+            mode: GrantMode::Window,
+            ..two
+        };
+        assert_eq!(approval_intent(&window, 600, 600), Ok((600, 2, 600)));
+    }
+
+    #[test]
+    fn ids_are_prefixed_base64url_of_18_bytes() {
+        let id = new_id("op_").unwrap();
+        assert_eq!(id.len(), 27);
+        assert!(
+            id[3..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
+        assert_eq!(base64url(b"\xfb\xff"), "-_8");
+        assert_ne!(new_id("op_").unwrap(), id);
+    }
 }

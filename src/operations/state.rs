@@ -43,7 +43,8 @@ pub struct Operation {
     pub idempotency_key: String,
     pub operation: String,
     pub provider: String,
-    /// Exact form (token-exact numbers) of the submission, compared on replay.
+    /// sha256 of the exact form (token-exact numbers, canonical key order) of the submission,
+    /// compared on replay.
     pub submitted: String,
     pub reason: String,
     pub target: Value,
@@ -378,8 +379,10 @@ impl OperationState {
             .entry(op.client_id.clone())
             .or_default()
             .insert(op.idempotency_key.clone(), op.id.clone());
+        let mut op = op;
         if let Some(t) = op.terminal_at_ms {
             self.terminal.insert((t, op.id.clone()));
+            op.plan = None;
         }
         self.operations.insert(op.id.clone(), op);
         Ok(())
@@ -432,6 +435,8 @@ impl OperationState {
             op.executor = t.executor;
         }
         if t.to.is_terminal() {
+            // The plan is needed only until the operation ends; the journal keeps it for audit.
+            op.plan = None;
             op.terminal_at_ms = Some(op.updated_at_ms);
             self.terminal.insert((op.updated_at_ms, op.id.clone()));
         }
@@ -597,18 +602,34 @@ fn changed_notice(op: &Operation) -> OpNotice {
     }
 }
 
+/// Params of `approvals/requested`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ApprovalRequested {
+    pub approval_id: String,
+    pub operation_id: String,
+    pub client_id: String,
+    pub operation: String,
+    pub title: String,
+    pub summary: String,
+    pub reason: String,
+    /// Pass as `expected_revision` to `approvals/decide`.
+    pub revision: u64,
+    pub pending_expires_at_ms: u64,
+}
+
 fn approval_notice(a: &Approval, op: &Operation) -> Value {
-    serde_json::json!({
-        "approval_id": a.id,
-        "operation_id": op.id,
-        "client_id": op.client_id,
-        "operation": op.operation,
-        "title": op.presentation.title,
-        "summary": op.presentation.summary,
-        "reason": op.reason,
-        "revision": a.revision,
-        "pending_expires_at_ms": a.pending_expires_at_ms,
+    serde_json::to_value(ApprovalRequested {
+        approval_id: a.id.clone(),
+        operation_id: op.id.clone(),
+        client_id: op.client_id.clone(),
+        operation: op.operation.clone(),
+        title: op.presentation.title.clone(),
+        summary: op.presentation.summary.clone(),
+        reason: op.reason.clone(),
+        revision: a.revision,
+        pending_expires_at_ms: a.pending_expires_at_ms,
     })
+    .unwrap_or(Value::Null)
 }
 
 #[cfg(test)]
@@ -777,6 +798,11 @@ pub(crate) mod tests {
             (o.state, o.revision, o.terminal_at_ms),
             (OpState::Succeeded, 4, Some(80))
         );
+        assert!(
+            o.plan.is_none(),
+            "a finished operation drops its plan text from state"
+        );
+        assert!(o.plan_digest.is_some());
         let a = &s.approvals["ap_1"];
         assert_eq!(a.status, ApprovalStatus::Consumed);
         assert_eq!(a.uses["op_1"], UseState::Committed);

@@ -8,6 +8,8 @@ Arguments carry a `mode` so tests can drive every outcome class:
   partial_proven     write, then fail "possibly partial" (read-back proves it)
   partial_unproven   do not write, fail "possibly partial" (read-back cannot prove it)
   definitive         refuse without writing
+  empty              write, report proven with no result
+  huge               write, report proven with a result larger than gaffer stores
 Every execute call appends one line to kv-exec.log, so tests can count executions.
 """
 import json
@@ -105,6 +107,10 @@ def handle(method, p):
         data = load()
         data[key] = args["value"]
         save(data)
+        if mode == "empty":
+            return {"proven": True, "result": None}
+        if mode == "huge":
+            return {"proven": True, "result": {"blob": "x" * (3 << 20)}}
         if mode == "partial_proven":
             raise Refusal("kv_timeout", "the write may or may not have happened", "possibly_partial")
         return {"proven": mode == "ok", "result": {"key": key, "stored": True}, "upstream_status": 201}

@@ -1,0 +1,519 @@
+//! Operations throughput and recovery, printed as plain numbers.
+//!
+//! - raw durable append (one commit = append + fdatasync) from one task, for reference;
+//! - durable submits/s from one client (allow rule, no-op provider; execution runs behind);
+//! - submit -> succeeded/s with 1 and 8 concurrent clients;
+//! - approval round trip across two gaffer processes (agent submits, operator approves);
+//! - recovery: opening a workspace whose journal holds 100,000 operations.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gaffer::operations::adapter::{
+    Adapter, AdapterCtx, AdapterError, BoxFuture, Catalog, Decoded, Descriptor, ExecError, Outcome,
+    Presentation, Registry, Resolved, Risk,
+};
+use gaffer::operations::engine::{OperationRuntime, RuntimeConfig, SubmitInput};
+use gaffer::operations::policy::Classification;
+use gaffer::workspace::{NewRecord, Workspace};
+use serde_json::{Value, json};
+
+/// A provider whose operation does nothing and proves it immediately: the numbers measure
+/// gaffer, not a provider.
+struct Noop(Descriptor);
+
+impl Adapter for Noop {
+    fn descriptor(&self) -> &Descriptor {
+        &self.0
+    }
+    fn decode<'a>(
+        &'a self,
+        t: &'a Value,
+        a: &'a Value,
+    ) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
+        Box::pin(async move {
+            Ok(Decoded {
+                target: t.clone(),
+                arguments: a.clone(),
+            })
+        })
+    }
+    fn resolve<'a>(
+        &'a self,
+        _c: &'a AdapterCtx,
+        i: Decoded,
+    ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
+        Box::pin(async move {
+            Ok(Resolved {
+                target: i.target,
+                arguments: i.arguments,
+                preconditions: json!({}),
+            })
+        })
+    }
+    fn authorize<'a>(
+        &'a self,
+        _p: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Classification, AdapterError>> {
+        Box::pin(async {
+            Ok(Classification {
+                target_kind: "noop".into(),
+                ..Default::default()
+            })
+        })
+    }
+    fn present<'a>(
+        &'a self,
+        _p: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
+        Box::pin(async {
+            Ok(Presentation {
+                title: "No-op".into(),
+                summary: String::new(),
+            })
+        })
+    }
+    fn execute<'a>(
+        &'a self,
+        _c: &'a AdapterCtx,
+        _p: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async {
+            Ok(Outcome {
+                proven: true,
+                result: Some(json!({"ok": true})),
+                upstream_status: None,
+            })
+        })
+    }
+    fn reconcile<'a>(
+        &'a self,
+        _c: &'a AdapterCtx,
+        _p: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async {
+            Ok(Outcome {
+                proven: true,
+                result: None,
+                upstream_status: None,
+            })
+        })
+    }
+}
+
+fn noop_desc() -> Descriptor {
+    Descriptor {
+        name: "bench.noop".into(),
+        provider: "bench".into(),
+        operation_revision: 1,
+        summary: "does nothing".into(),
+        risk: Risk::Low,
+        target_kind: "noop".into(),
+        target_schema: json!({"type": "object"}),
+        arguments_schema: json!({"type": "object"}),
+        request_ttl_seconds: 60,
+        approval_ttl_seconds: 600,
+        requires_approval: false,
+        implemented: true,
+    }
+}
+
+fn runtime(ws: &Arc<Workspace>) -> Arc<OperationRuntime> {
+    let reg = Registry::new(
+        &[Catalog {
+            provider: "bench".into(),
+            descriptors: vec![noop_desc()],
+        }],
+        vec![Arc::new(Noop(noop_desc()))],
+    )
+    .expect("registry");
+    let rt = OperationRuntime::new(
+        Arc::clone(ws),
+        reg,
+        RuntimeConfig::default(),
+        "bench:0".into(),
+    );
+    gaffer::operations::start_runtime(&rt);
+    rt
+}
+
+fn input(key: &str) -> SubmitInput {
+    SubmitInput {
+        operation: "bench.noop".into(),
+        target: serde_json::value::to_raw_value(&json!({"n": 1})).expect("raw"),
+        arguments: serde_json::value::to_raw_value(&json!({})).expect("raw"),
+        reason: "bench".into(),
+        idempotency_key: key.into(),
+    }
+}
+
+fn workspace_with_allow() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join(".gaffer")).expect("mkdir");
+    std::fs::write(
+        dir.path().join(".gaffer/policy.yaml"),
+        "rules:\n  - id: all\n    effect: allow\n    operations: [\"bench.*\"]\n",
+    )
+    .expect("policy");
+    dir
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+async fn raw_appends(n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ws = Workspace::open(dir.path()).expect("open");
+    let t = Instant::now();
+    for i in 0..n {
+        ws.commit(move |_s: &gaffer::workspace::State| {
+            Ok::<_, String>((
+                vec![NewRecord::new("gaffer.bench", json!({"i": i})).expect("rec")],
+                (),
+            ))
+        })
+        .await
+        .map_err(|_| "commit")
+        .expect("commit");
+    }
+    rate(n, t.elapsed())
+}
+
+async fn submits(n: usize) -> f64 {
+    let dir = workspace_with_allow();
+    let ws = Workspace::open(dir.path()).expect("open");
+    let rt = runtime(&ws);
+    let t = Instant::now();
+    for i in 0..n {
+        rt.submit("c", input(&format!("k{i}")))
+            .await
+            .expect("submit");
+    }
+    let r = rate(n, t.elapsed());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    r
+}
+
+/// One client with `depth` submissions in flight (as a JSON-RPC client pipelining requests).
+async fn pipelined_submits(n: usize, depth: usize) -> f64 {
+    let dir = workspace_with_allow();
+    let ws = Workspace::open(dir.path()).expect("open");
+    let rt = runtime(&ws);
+    let t = Instant::now();
+    let mut next = 0;
+    let mut inflight = tokio::task::JoinSet::new();
+    while next < n || !inflight.is_empty() {
+        while next < n && inflight.len() < depth {
+            let rt = Arc::clone(&rt);
+            let key = format!("k{next}");
+            inflight.spawn(async move { rt.submit("c", input(&key)).await.map(|_| ()) });
+            next += 1;
+        }
+        if let Some(r) = inflight.join_next().await {
+            r.expect("join").expect("submit");
+        }
+    }
+    let r = rate(n, t.elapsed());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    r
+}
+
+async fn to_success(clients: usize, per_client: usize) -> f64 {
+    let dir = workspace_with_allow();
+    let ws = Workspace::open(dir.path()).expect("open");
+    let rt = runtime(&ws);
+    let t = Instant::now();
+    let mut tasks = vec![];
+    for c in 0..clients {
+        let rt = Arc::clone(&rt);
+        tasks.push(tokio::spawn(async move {
+            let client = format!("client-{c}");
+            for i in 0..per_client {
+                let (v, _) = rt
+                    .submit(&client, input(&format!("k{i}")))
+                    .await
+                    .expect("submit");
+                let mut rev = v.revision;
+                loop {
+                    let w = rt.wait(Some(&client), &v.id, rev, 30).await.expect("wait");
+                    if w.state.is_terminal() {
+                        assert_eq!(w.state.as_str(), "succeeded");
+                        break;
+                    }
+                    rev = w.revision;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    rate(clients * per_client, t.elapsed())
+}
+
+async fn recovery(n: usize) -> (Duration, Duration, u64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let ws = Workspace::open(dir.path()).expect("open");
+        let per = 1000;
+        for b in 0..n / per {
+            ws.commit(move |_s: &gaffer::workspace::State| {
+                let recs = (0..per)
+                    .map(|i| {
+                        let id = format!("op_{b}_{i}");
+                        NewRecord::new(
+                            "operation.created",
+                            json!({"operation": {
+                                "id": id, "client_id": "c", "idempotency_key": id, "operation": "bench.noop",
+                                "provider": "bench", "submitted": "{}", "reason": "r", "target": {}, "arguments": {},
+                                "state": "denied", "revision": 1, "approval_id": null, "created_at_ms": 1,
+                                "updated_at_ms": 1, "terminal_at_ms": 1,
+                                "presentation": {"title": "t", "summary": ""}, "plan_digest": null, "plan": null,
+                                "result": null, "upstream_status": null,
+                                "error": {"code": "operation_policy_denied", "message": "no"}},
+                              "approval": null}),
+                        )
+                        .expect("rec")
+                    })
+                    .collect();
+                Ok::<_, String>((recs, ()))
+            })
+            .await
+            .map_err(|_| "commit")
+            .expect("commit");
+        }
+        // Settle the store (snapshot + rotation) before timing a cold open.
+        ws.compact().await.expect("compact");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t = Instant::now();
+    let ws = Workspace::open(dir.path()).expect("open");
+    let open = t.elapsed();
+    let count = ws.read(|s| s.operations.operations.len() as u64);
+    // The first write after opening may also write the store's automatic snapshot; time it
+    // apart so the recovery pass below measures the operations runtime alone.
+    let t = Instant::now();
+    ws.commit(|_s: &gaffer::workspace::State| {
+        Ok::<_, String>((
+            vec![NewRecord::new("gaffer.bench", json!({})).expect("rec")],
+            (),
+        ))
+    })
+    .await
+    .map_err(|_| "commit")
+    .expect("commit");
+    println!(
+        "  first commit after open: {:.0} ms",
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+    let reg = Registry::new(
+        &[Catalog {
+            provider: "bench".into(),
+            descriptors: vec![noop_desc()],
+        }],
+        vec![Arc::new(Noop(noop_desc()))],
+    )
+    .expect("registry");
+    let rt = OperationRuntime::new(
+        Arc::clone(&ws),
+        reg,
+        RuntimeConfig::default(),
+        "bench:0".into(),
+    );
+    let t = Instant::now();
+    rt.recover(&[]).await;
+    (open, t.elapsed(), count)
+}
+
+/// Minimal NDJSON JSON-RPC client over a child's stdio.
+struct Proc {
+    child: std::process::Child,
+    tx: std::process::ChildStdin,
+    rx: std::sync::mpsc::Receiver<Value>,
+    id: i64,
+}
+
+impl Proc {
+    fn start(ws: &Path, key: &Path, init: Value) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--workspace")
+            .arg(ws)
+            .arg("serve")
+            .env("GAFFER_OPERATOR_KEY_FILE", key)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn gaffer");
+        let tx = child.stdin.take().expect("stdin");
+        let out = child.stdout.take().expect("stdout");
+        let (stx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && stx.send(v).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let mut p = Proc {
+            child,
+            tx,
+            rx,
+            id: 0,
+        };
+        p.call("initialize", init);
+        p
+    }
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.id += 1;
+        let id = self.id;
+        writeln!(
+            self.tx,
+            "{}",
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        )
+        .expect("write");
+        loop {
+            let v = self
+                .rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("reply");
+            if v.get("id") == Some(&json!(id)) {
+                return v["result"].clone();
+            }
+        }
+    }
+    fn until(&mut self, pred: impl Fn(&Value) -> bool) {
+        loop {
+            let v = self
+                .rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("notification");
+            if pred(&v) {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn approval_round_trips(n: usize) -> Vec<Duration> {
+    let ws = tempfile::tempdir().expect("tempdir");
+    let cfg = tempfile::tempdir().expect("tempdir");
+    let key = cfg.path().join("operator.key");
+    gaffer::operations::operator::OperatorKey::init(&key, None).expect("key");
+    std::fs::create_dir_all(ws.path().join(".gaffer")).expect("mkdir");
+    let key_text = std::fs::read_to_string(&key).expect("read key");
+    let mut agent = Proc::start(ws.path(), &key, json!({"clientInfo": {"name": "agent"}}));
+    let mut op = Proc::start(
+        ws.path(),
+        &key,
+        json!({"clientInfo": {"name": "human"}, "initializationOptions": {"role": "operator", "operatorKey": key_text.trim()}}),
+    );
+    let mut out = vec![];
+    for i in 0..n {
+        let v = agent.call(
+            "operations/submit",
+            json!({"operation": "file.write", "target": {"path": format!("f{i}")}, "arguments": {"content": "x"}, "reason": "bench", "idempotency_key": format!("k{i}")}),
+        );
+        let id = v["id"].as_str().expect("id").to_string();
+        let ap = loop {
+            let l = op.call("approvals/list", json!({}));
+            if let Some(a) = l["approvals"]
+                .as_array()
+                .and_then(|a| a.iter().find(|a| a["operation_id"] == id.as_str()))
+            {
+                break a.clone();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let t = Instant::now();
+        op.call(
+            "approvals/decide",
+            json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"], "idempotency_key": format!("d{i}")}),
+        );
+        agent.until(|v| {
+            v["method"] == "operations/changed"
+                && v["params"]["id"] == id.as_str()
+                && v["params"]["state"] == "succeeded"
+        });
+        out.push(t.elapsed());
+    }
+    out
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let n = if quick { 200 } else { 2000 };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    if let Some(i) = std::env::args().position(|a| a == "--recovery-only") {
+        let count = std::env::args()
+            .nth(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
+        rt.block_on(async {
+            let (open, rec, count) = recovery(count).await;
+            println!(
+                "recovery with {count} operations: open {:.0} ms, recover pass {:.1} ms",
+                open.as_secs_f64() * 1000.0,
+                rec.as_secs_f64() * 1000.0
+            );
+        });
+        return;
+    }
+    rt.block_on(async {
+        let raw = raw_appends(n).await;
+        println!("raw durable append (commit+fdatasync), 1 task: {raw:.0}/s");
+        let s = submits(n).await;
+        println!(
+            "durable submits, 1 client (allow rule, no-op provider): {s:.0}/s ({:.0}% of raw)",
+            100.0 * s / raw
+        );
+        let p = pipelined_submits(n, 32).await;
+        println!(
+            "durable submits, 1 client with 32 in flight: {p:.0}/s ({:.1}x raw)",
+            p / raw
+        );
+        let one = to_success(1, n / 2).await;
+        println!(
+            "submit -> succeeded, 1 client: {one:.0}/s ({:.0}% of raw)",
+            100.0 * one / raw
+        );
+        let eight = to_success(8, n / 8).await;
+        println!(
+            "submit -> succeeded, 8 clients: {eight:.0}/s ({:.1}x raw)",
+            eight / raw
+        );
+        let (open, rec, count) = recovery(if quick { 10_000 } else { 100_000 }).await;
+        println!(
+            "recovery with {count} operations in the journal: open {:.0} ms, recover pass {:.1} ms",
+            open.as_secs_f64() * 1000.0,
+            rec.as_secs_f64() * 1000.0
+        );
+    });
+    let mut rts = approval_round_trips(if quick { 5 } else { 30 });
+    rts.sort();
+    let p50 = rts[rts.len() / 2];
+    let max = rts[rts.len() - 1];
+    println!(
+        "approval round trip across two processes (decide -> agent sees succeeded): p50 {:.1} ms, max {:.1} ms",
+        p50.as_secs_f64() * 1000.0,
+        max.as_secs_f64() * 1000.0
+    );
+}
