@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use super::App;
 use super::bundles::{Checked, bundle_error, field_error};
 use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Router, RpcError};
-use crate::workers::request::{self, CreateRequest};
-use crate::workers::{Segment, Stream, TranscriptEntry, Worker, WorkerError, WorkerStatus};
+use crate::workers::request::{self, CreateRequest, InputShape};
+use crate::workers::{Stream, TranscriptEntry, Worker, WorkerError, WorkerStatus};
 
 /// Maps a worker refusal to its stable error.
 pub fn worker_error(e: &WorkerError) -> RpcError {
@@ -74,14 +74,6 @@ pub struct InputParams {
     pub worker_id: String,
     /// Text, or `{"segments": [...]}` with text, paste and file_ref segments.
     pub input: InputShape,
-}
-
-/// The accepted shapes of an input (for the schema).
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
-pub enum InputShape {
-    Text(String),
-    Segments { segments: Vec<Segment> },
 }
 
 #[derive(Debug, Serialize, JsonSchema)]

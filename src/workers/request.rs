@@ -151,6 +151,15 @@ const FORBIDDEN_CREATE_FIELDS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The accepted shapes of an input, for the schema: plain text (one text segment) or
+/// `{"segments": [...]}` with text, paste and file_ref segments.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum InputShape {
+    Text(String),
+    Segments { segments: Vec<Segment> },
+}
+
 /// A validated `workers/create` request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -159,6 +168,7 @@ pub struct CreateRequest {
     pub config_bundle: BundleRef,
     /// Text (one text segment) or `{"segments": [...]}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<InputShape>")]
     pub initial_input: Option<Vec<Segment>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display_name: Option<String>,
