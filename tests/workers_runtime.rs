@@ -880,3 +880,25 @@ fn no_worker_process_outlives_a_killed_gaffer() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_clean_exit_stops_owned_workers_and_records_why() {
+    let ws = workspace();
+    let mut a = Server::start(ws.path(), Wire::Ndjson, &["--jsonl"]);
+    let reference = sync(&mut a);
+    let running = create(&mut a, &reference, "sleeper", None)["result"]["worker"].clone();
+    let id = running["id"].as_str().unwrap().to_string();
+    wait_transcript(&mut a, &id, "sleeping");
+    // The client closes its end: the session ends and the workers it owned are wound down.
+    assert_eq!(a.finish(), 0);
+    let mut b = Server::start(ws.path(), Wire::Ndjson, &["--jsonl"]);
+    let w = b.call("workers/get", json!({"worker_id": id}))["worker"].clone();
+    assert_eq!(w["status"], "stopped", "{w}");
+    assert_eq!(w["input_capable"], false);
+    assert!(
+        w["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("shutting down")),
+        "stopped by its own gaffer on the way out, not found orphaned later: {w}"
+    );
+}

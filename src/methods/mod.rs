@@ -247,6 +247,13 @@ impl Host for Server {
         ("gaffer", env!("CARGO_PKG_VERSION"))
     }
 
+    async fn detach(&self, app: Arc<App>) {
+        // Workers this process owns are stopped (and recorded so) rather than orphaned.
+        app.workers
+            .shutdown(std::time::Duration::from_secs(3))
+            .await;
+    }
+
     fn instructions(&self) -> &'static str {
         "gaffer plans worker lanes for a task, pins config bundles, runs workers, and gates \
          side-effecting operations behind policy and human approval. Operations you submit may \

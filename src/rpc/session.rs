@@ -64,6 +64,9 @@ pub trait Host: Send + Sync + 'static {
     fn server_info(&self) -> (&'static str, &'static str);
     /// Short guidance for MCP hosts.
     fn instructions(&self) -> &'static str;
+    /// Called once when the session ends (after in-flight requests), to wind down whatever
+    /// the state runs on this connection's behalf.
+    fn detach(&self, state: Arc<Self::State>) -> impl std::future::Future<Output = ()> + Send;
 }
 
 /// How to choose the profile.
@@ -231,6 +234,9 @@ where
             0
         };
     conn.shared.closing.cancel();
+    if let Some(state) = conn.state.take() {
+        conn.shared.host.detach(state).await;
+    }
     drop(conn);
     match writer.await {
         Ok(result) => result?,
