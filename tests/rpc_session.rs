@@ -396,3 +396,25 @@ fn cancelled_writes_never_leave_half_a_record() {
     let report: Value = serde_json::from_str(&out).expect("verify report");
     assert_eq!(report["ok"], true);
 }
+
+#[test]
+fn end_of_input_still_answers_every_request_already_sent() {
+    let ws = workspace();
+    let mut s = Server::start(ws.path(), Wire::Ndjson, &[]);
+    let mut script = Vec::new();
+    for id in 1..=20 {
+        script.extend_from_slice(
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"gaffer/status\"}}\n")
+                .as_bytes(),
+        );
+    }
+    s.send_raw(&script);
+    s.close_stdin();
+    for id in 1..=20 {
+        assert!(
+            s.response(id)["result"]["pid"].is_u64(),
+            "request {id} answered after EOF"
+        );
+    }
+    assert_eq!(common::wait_exit(&mut s.child, Duration::from_secs(20)), 0);
+}

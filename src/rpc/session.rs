@@ -208,17 +208,21 @@ where
         // Reap finished tasks so the set does not grow without bound.
         while conn.tasks.try_join_next().is_some() {}
     }
-    // Input is gone: cancel reads, let running writes finish, then flush and close.
-    let tokens: Vec<CancellationToken> = {
-        let pending = conn
-            .shared
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        pending.values().cloned().collect()
-    };
-    for t in tokens {
-        t.cancel();
+    // Input is gone. After an LSP `exit` pending reads are cancelled; at a plain end of input
+    // (a scripted session) every request already read is still answered. Running writes
+    // always finish. Then flush and close.
+    if exit_requested {
+        let tokens: Vec<CancellationToken> = {
+            let pending = conn
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            pending.values().cloned().collect()
+        };
+        for t in tokens {
+            t.cancel();
+        }
     }
     let drain = async { while conn.tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(30), drain)
