@@ -9,6 +9,7 @@
 
 pub mod bundles;
 pub mod cli;
+pub mod jcs;
 pub mod methods;
 pub mod operations;
 pub mod patterns;

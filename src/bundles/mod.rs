@@ -6,7 +6,7 @@
 //! available; [`BundleState`] is the fold of those records. Ids are write-once per workspace.
 
 pub mod digest;
-pub mod jcs;
+pub use crate::jcs;
 pub mod state;
 pub mod types;
 pub mod validate;

@@ -3,7 +3,7 @@
 //! canonical output for plan digests, and an "exact" form (canonical key order and string
 //! escaping, original number tokens) used to compare idempotent replays.
 //!
-//! The bundles domain has its own canonicalizer; the two should be merged later.
+//! The canonical writer itself (string escaping, ES6 numbers) is shared: [`crate::jcs`].
 
 use std::collections::BTreeMap;
 
@@ -99,10 +99,7 @@ impl Exact {
 
 /// RFC 8785 canonical text of a `serde_json::Value`.
 pub fn jcs(v: &serde_json::Value) -> String {
-    // serde_json numbers are finite f64/i64/u64, which always have an ES6 form.
-    Exact::from_value(v)
-        .jcs_text()
-        .unwrap_or_else(|_| String::from("null"))
+    String::from_utf8_lossy(&crate::jcs::canonicalize(v)).into_owned()
 }
 
 /// Exact form of a raw JSON text that must be an object.
@@ -157,23 +154,10 @@ fn write_value(v: &Exact, out: &mut String, style: NumberStyle) -> Result<(), Js
 }
 
 fn write_string(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    let mut bytes = Vec::with_capacity(s.len() + 2);
+    crate::jcs::write_string(s, &mut bytes);
+    // The JCS writer emits valid UTF-8 (it copies `s` and adds ASCII escapes).
+    out.push_str(&String::from_utf8_lossy(&bytes));
 }
 
 /// Formats a JSON number token the way ECMAScript's `Number.prototype.toString` does,
@@ -187,50 +171,7 @@ fn es6_number(tok: &str) -> Result<String, JsonError> {
             token: tok.to_string(),
         });
     }
-    if f == 0.0 {
-        return Ok("0".to_string());
-    }
-    let neg = f < 0.0;
-    // Rust's `{:e}` prints the shortest round-tripping digits, like ES6 does.
-    let sci = format!("{:e}", f.abs());
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    let k = digits.len() as i32;
-    let n = exp + 1; // position of the decimal point relative to the digits
-    let mut s = String::new();
-    if neg {
-        s.push('-');
-    }
-    if k <= n && n <= 21 {
-        s.push_str(&digits);
-        for _ in 0..(n - k) {
-            s.push('0');
-        }
-    } else if 0 < n && n <= 21 {
-        s.push_str(&digits[..n as usize]);
-        s.push('.');
-        s.push_str(&digits[n as usize..]);
-    } else if -6 < n && n <= 0 {
-        s.push_str("0.");
-        for _ in 0..(-n) {
-            s.push('0');
-        }
-        s.push_str(&digits);
-    } else {
-        s.push_str(&digits[..1]);
-        if k > 1 {
-            s.push('.');
-            s.push_str(&digits[1..]);
-        }
-        s.push('e');
-        let e = n - 1;
-        if e >= 0 {
-            s.push('+');
-        }
-        s.push_str(&e.to_string());
-    }
-    Ok(s)
+    Ok(crate::jcs::format_es6_number(f))
 }
 
 struct Parser<'a> {
