@@ -388,13 +388,21 @@ pub type Loaded = (Vec<Catalog>, Vec<Arc<dyn Adapter>>);
 
 pub fn load(gaffer_dir: &Path, root: &Path) -> Result<Loaded, String> {
     let file = gaffer_dir.join(PROVIDERS_FILE);
-    let text = match std::fs::read_to_string(&file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], vec![])),
-        Err(e) => return Err(format!("{}: {e}", file.display())),
-    };
-    let de = serde_yaml::Deserializer::from_str(&text);
-    let decl: ProvidersFile = serde_path_to_error::deserialize(de).map_err(|e| {
+    match std::fs::read_to_string(&file) {
+        Ok(text) => load_text(&text, &file, root),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((vec![], vec![])),
+        Err(e) => Err(format!("{}: {e}", file.display())),
+    }
+}
+
+/// Parses a providers file without starting anything (the error names file, line and key).
+pub fn parse_declarations(text: &str, file: &Path) -> Result<(), String> {
+    parse_file(text, file).map(|_| ())
+}
+
+fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         let inner = e.into_inner();
         let line = inner
@@ -402,7 +410,12 @@ pub fn load(gaffer_dir: &Path, root: &Path) -> Result<Loaded, String> {
             .map(|l| l.line().to_string())
             .unwrap_or_else(|| "?".into());
         format!("{}:{line}: {key}: {inner}", file.display())
-    })?;
+    })
+}
+
+/// Like [`load`], on content the caller already read (and checked) from `file`.
+pub fn load_text(text: &str, file: &Path, root: &Path) -> Result<Loaded, String> {
+    let decl = parse_file(text, file)?;
     let mut catalogs = vec![];
     let mut adapters: Vec<Arc<dyn Adapter>> = vec![];
     for p in decl.providers {
