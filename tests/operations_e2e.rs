@@ -1612,9 +1612,67 @@ fn cli_trust_show_reports_each_file() {
         before
     );
 
+    // Review, then sign only what was reviewed: a swap in between is refused.
+    let reviewed_text = format!("{ALLOW_DOCS}# reviewed\n");
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), &reviewed_text).unwrap();
+    let shown = show(&env, &env.key_file);
+    assert_eq!(shown["files"][0]["file"], "policy.yaml");
+    assert_eq!(shown["files"][0]["status"], "changed");
+    let pin = format!(
+        "policy.yaml={}",
+        shown["files"][0]["sha256"].as_str().unwrap()
+    );
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), "rules: []\n").unwrap();
+    let (code, _, err) = env.cli(&["trust", "--expect", &pin]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not the expected"), "{err}");
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), &reviewed_text).unwrap();
+    assert_eq!(
+        status_in(&show(&env, &env.key_file), "policy.yaml"),
+        "changed"
+    );
+    let (code, out, err) = env.cli(&["trust", "--expect", &pin]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        status_in(&show(&env, &env.key_file), "policy.yaml"),
+        "trusted"
+    );
+
     std::fs::remove_file(env.root().join(".gaffer/policy.yaml")).unwrap();
     assert_eq!(
         status_in(&show(&env, &env.key_file), "policy.yaml"),
         "absent"
     );
+}
+
+#[test]
+fn without_an_operator_key_nothing_is_trusted() {
+    // Signed files, but this server cannot find the key that would verify them.
+    let env = Env::new(Some(ALLOW_DOCS));
+    let nowhere = env._cfg.path().join("missing.key").display().to_string();
+    let mut a = env.agent_env("agent-1", &[("GAFFER_OPERATOR_KEY_FILE", nowhere.as_str())]);
+    let c = catalog(&mut a);
+    assert_eq!(c["trust"]["policy"], "no_operator_key", "{c}");
+    assert_eq!(c["trust"]["providers"], "no_operator_key", "{c}");
+    assert_eq!(c["untrusted_policy"], true);
+    assert!(catalog_names(&c).iter().all(|n| !n.starts_with("kv.")));
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "x"}),
+        "nokey",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "{p}");
+    let d = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "secret/k"}),
+        json!({"content": "x"}),
+        "nokey-deny",
+    ))
+    .clone();
+    assert_eq!(d["state"], "denied", "{d}");
+    assert!(!env.root().join("docs/a.md").exists());
 }

@@ -49,8 +49,12 @@ pub enum OpsCommand {
     /// for approval) and no external provider is started. Review both files first.
     Trust {
         /// Only report whether each file is trusted, changed since, or never trusted.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "expect")]
         show: bool,
+        /// `FILE=SHA256` (repeatable): sign only if FILE still has the digest you reviewed
+        /// (from `gaffer trust --show`); otherwise nothing is signed.
+        #[arg(long, value_name = "FILE=SHA256")]
+        expect: Vec<String>,
     },
 }
 
@@ -187,13 +191,21 @@ async fn wait_terminal(
 }
 
 /// `gaffer trust`: signs what is on disk now, after refusing files gaffer could not load.
-fn trust(root: &Path) -> Result<ExitCode, ExitCode> {
+fn trust(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode> {
+    let mut expected = std::collections::BTreeMap::new();
+    for e in expect {
+        let Some((file, digest)) = e.split_once('=') else {
+            eprintln!("gaffer: --expect {e:?}: write FILE=SHA256");
+            return Err(ExitCode::from(2));
+        };
+        expected.insert(file.trim().to_string(), digest.trim().to_string());
+    }
     let key = OperatorKey::load().map_err(|e| {
         eprintln!("gaffer: {e}");
         ExitCode::from(3)
     })?;
     let dir = root.join(".gaffer");
-    let signed = trust::sign_files(&dir, &key).map_err(|e| {
+    let signed = trust::sign_files_expecting(&dir, &key, &expected).map_err(|e| {
         eprintln!("gaffer: nothing trusted: {e}");
         ExitCode::FAILURE
     })?;
@@ -242,8 +254,11 @@ fn trust_show(root: &Path) -> Result<ExitCode, ExitCode> {
 
 async fn run_inner(cmd: OpsCommand, root: &Path) -> Result<ExitCode, ExitCode> {
     match cmd {
-        OpsCommand::Trust { show: true } => trust_show(root),
-        OpsCommand::Trust { show: false } => trust(root),
+        OpsCommand::Trust { show: true, .. } => trust_show(root),
+        OpsCommand::Trust {
+            show: false,
+            expect,
+        } => trust(root, &expect),
         OpsCommand::Operator(OperatorCmd::Path) => {
             let p = key_path().map_err(|e| {
                 eprintln!("gaffer: {e}");

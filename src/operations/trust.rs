@@ -202,6 +202,22 @@ pub struct Signed {
 /// atomically. Entries of files that no longer exist are dropped, so deleting a file and later
 /// restoring an old version does not silently regain trust.
 pub fn sign_files(gaffer_dir: &Path, key: &OperatorKey) -> Result<Vec<Signed>, TrustError> {
+    sign_files_expecting(gaffer_dir, key, &BTreeMap::new())
+}
+
+/// [`sign_files`], refusing (and writing nothing) unless each file named in `expect` still
+/// has the digest the operator reviewed, so a file swapped between review and signing is
+/// not trusted.
+pub fn sign_files_expecting(
+    gaffer_dir: &Path,
+    key: &OperatorKey,
+    expect: &BTreeMap<String, String>,
+) -> Result<Vec<Signed>, TrustError> {
+    if let Some(unknown) = expect.keys().find(|f| !TRUSTED_FILES.contains(&f.as_str())) {
+        return Err(TrustError::Invalid(format!(
+            "expect: {unknown:?} is not one of {TRUSTED_FILES:?}"
+        )));
+    }
     let now = crate::util::now_ms();
     let mut out = TrustFile {
         version: TRUST_VERSION,
@@ -217,6 +233,14 @@ pub fn sign_files(gaffer_dir: &Path, key: &OperatorKey) -> Result<Vec<Signed>, T
         };
         validate(file, &path, &bytes)?;
         let sha256 = crate::util::sha256_hex(&bytes);
+        if let Some(want) = expect.get(file)
+            && !want.eq_ignore_ascii_case(&sha256)
+        {
+            return Err(TrustError::Invalid(format!(
+                "{} has sha256 {sha256}, not the expected {want}; review it again",
+                path.display()
+            )));
+        }
         out.files.insert(
             file.to_string(),
             TrustEntry {
@@ -229,6 +253,11 @@ pub fn sign_files(gaffer_dir: &Path, key: &OperatorKey) -> Result<Vec<Signed>, T
             file: file.to_string(),
             sha256,
         });
+    }
+    if let Some(missing) = expect.keys().find(|f| !out.files.contains_key(f.as_str())) {
+        return Err(TrustError::Invalid(format!(
+            "expect: {missing} does not exist"
+        )));
     }
     write_atomic(&gaffer_dir.join(TRUST_FILE), &out)?;
     Ok(signed)
@@ -349,6 +378,30 @@ mod tests {
         let e = sign_files(ws.path(), &k).unwrap_err();
         assert!(e.to_string().contains("rules[0].effect"), "{e}");
         assert!(!ws.path().join(TRUST_FILE).exists());
+    }
+
+    #[test]
+    fn an_expected_digest_that_no_longer_matches_signs_nothing() {
+        let cfg = tempfile::tempdir().unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        let k = key(cfg.path(), "a");
+        std::fs::write(ws.path().join("policy.yaml"), "rules: []\n").unwrap();
+        let reviewed = crate::util::sha256_hex(b"rules: []\n");
+        let expect = |f: &str, d: &str| BTreeMap::from([(f.to_string(), d.to_string())]);
+        std::fs::write(ws.path().join("policy.yaml"), "rules: [] # swapped\n").unwrap();
+        let e = sign_files_expecting(ws.path(), &k, &expect("policy.yaml", &reviewed)).unwrap_err();
+        assert!(e.to_string().contains("not the expected"), "{e}");
+        assert!(!ws.path().join(TRUST_FILE).exists());
+        let e =
+            sign_files_expecting(ws.path(), &k, &expect("providers.yaml", &reviewed)).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        let e = sign_files_expecting(ws.path(), &k, &expect("trust.json", &reviewed)).unwrap_err();
+        assert!(e.to_string().contains("not one of"), "{e}");
+        assert!(!ws.path().join(TRUST_FILE).exists());
+        std::fs::write(ws.path().join("policy.yaml"), "rules: []\n").unwrap();
+        let signed =
+            sign_files_expecting(ws.path(), &k, &expect("policy.yaml", &reviewed)).unwrap();
+        assert_eq!(signed[0].sha256, reviewed);
     }
 
     #[test]
