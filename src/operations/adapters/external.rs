@@ -381,19 +381,8 @@ impl Adapter for ExternalAdapter {
     }
 }
 
-/// Reads `.gaffer/providers.yaml` (absent = no external providers), starts each provider and
-/// asks for its catalog. Blocking: called once at start.
 /// Catalogs and adapters of the declared external providers.
 pub type Loaded = (Vec<Catalog>, Vec<Arc<dyn Adapter>>);
-
-pub fn load(gaffer_dir: &Path, root: &Path) -> Result<Loaded, String> {
-    let file = gaffer_dir.join(PROVIDERS_FILE);
-    match std::fs::read_to_string(&file) {
-        Ok(text) => load_text(&text, &file, root),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((vec![], vec![])),
-        Err(e) => Err(format!("{}: {e}", file.display())),
-    }
-}
 
 /// Parses a providers file without starting anything (the error names file, line and key).
 pub fn parse_declarations(text: &str, file: &Path) -> Result<(), String> {
@@ -413,7 +402,8 @@ fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
     })
 }
 
-/// Like [`load`], on content the caller already read (and checked) from `file`.
+/// Starts each provider declared in `text` (the content of `file`, which the caller has
+/// checked is operator-trusted) and asks for its catalog. Blocking: called once at start.
 pub fn load_text(text: &str, file: &Path, root: &Path) -> Result<Loaded, String> {
     let decl = parse_file(text, file)?;
     let mut catalogs = vec![];
