@@ -58,7 +58,16 @@ struct Env {
 }
 
 impl Env {
+    /// A workspace whose policy.yaml and providers.yaml the operator has trusted.
     fn new(policy: Option<&str>) -> Env {
+        let env = Env::untrusted(policy);
+        let key = gaffer::operations::operator::OperatorKey::load_from(&env.key_file).unwrap();
+        gaffer::operations::trust::sign_files(&env.root().join(".gaffer"), &key).unwrap();
+        env
+    }
+
+    /// The same files, as an agent could have written them: nobody has trusted them.
+    fn untrusted(policy: Option<&str>) -> Env {
         let ws = common::workspace();
         let cfg = tempfile::tempdir().unwrap();
         let key_file = cfg.path().join("operator.key");
@@ -99,6 +108,26 @@ impl Env {
 
     fn root(&self) -> &Path {
         self.ws.path()
+    }
+
+    /// Runs `gaffer <args>` as this workspace's operator; (exit code, stdout, stderr).
+    fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        self.cli_with_key(&self.key_file, args)
+    }
+
+    fn cli_with_key(&self, key: &Path, args: &[&str]) -> (i32, String, String) {
+        let out = std::process::Command::new(common::BIN)
+            .arg("--workspace")
+            .arg(self.root())
+            .args(args)
+            .env("GAFFER_OPERATOR_KEY_FILE", key)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     fn env(&self) -> Vec<(&str, String)> {
@@ -988,6 +1017,8 @@ fn cli_operator_init_approve_and_submit() {
     assert_ne!(run(&["approvals"]).0, 0);
     assert_eq!(run(&["operator", "init"]).0, 0);
     assert_ne!(run(&["operator", "init"]).0, 0, "init must not overwrite");
+    // The workspace files were trusted under another key; this operator trusts them anew.
+    assert_eq!(run(&["trust"]).0, 0);
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -1252,4 +1283,396 @@ fn approved_work_waits_for_a_server_and_a_revoke_before_it_runs_cancels_it() {
     );
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(lines(&env.root().join("kv-exec.log")), 1);
+}
+
+// ---------- operator trust of policy.yaml and providers.yaml ----------
+
+fn catalog(s: &mut Server) -> Value {
+    s.call("operations/catalog", json!({}))
+}
+
+fn catalog_names(c: &Value) -> Vec<String> {
+    c["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn show(env: &Env, key: &Path) -> Value {
+    let (code, out, err) = env.cli_with_key(key, &["trust", "--show"]);
+    assert_eq!(code, 0, "{out}{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+fn status_in(shown: &Value, file: &str) -> String {
+    shown["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["file"] == file)
+        .unwrap_or_else(|| panic!("{file} missing from {shown}"))["status"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn agent_written_allow_rule_is_ignored_until_the_operator_trusts_it() {
+    let env = Env::untrusted(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let c = catalog(&mut a);
+    assert_eq!(c["untrusted_policy"], true, "{c}");
+    assert_eq!(c["trust"]["policy"], "never_trusted", "{c}");
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "x"}),
+        "before",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "{p}");
+    assert!(!env.root().join("docs/a.md").exists());
+
+    let (code, out, err) = env.cli(&["trust"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let policy_bytes = std::fs::read(env.root().join(".gaffer/policy.yaml")).unwrap();
+    let trusted = v["trusted"].as_array().unwrap();
+    let entry = trusted.iter().find(|t| t["file"] == "policy.yaml").unwrap();
+    assert_eq!(
+        entry["sha256"].as_str().unwrap(),
+        gaffer::util::sha256_hex(&policy_bytes)
+    );
+
+    // The running server notices the new trust without a restart.
+    let r = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/b.md"}),
+        json!({"content": "y"}),
+        "after",
+    ))
+    .clone();
+    let r = wait_state(&mut a, r["id"].as_str().unwrap(), &["succeeded", "failed"]);
+    assert_eq!(r["state"], "succeeded", "{r}\n{}", env.logs());
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("docs/b.md")).unwrap(),
+        "y"
+    );
+    assert_eq!(catalog(&mut a)["untrusted_policy"], false);
+    // What was submitted before the trust still waits for a human.
+    let before = a.call("operations/get", json!({"id": p["id"]}));
+    assert_eq!(before["state"], "pending", "{before}");
+    assert!(!env.root().join("docs/a.md").exists());
+}
+
+#[test]
+fn editing_a_trusted_policy_revokes_its_trust() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let r = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "x"}),
+        "trusted",
+    ))
+    .clone();
+    assert_eq!(
+        wait_state(&mut a, r["id"].as_str().unwrap(), &["succeeded", "failed"])["state"],
+        "succeeded"
+    );
+    // The agent appends an allow rule for itself.
+    let grown =
+        format!("{ALLOW_DOCS}  - id: mine\n    effect: allow\n    operations: [\"file.write\"]\n");
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), grown).unwrap();
+    for (path, key) in [("docs/b.md", "docs-again"), ("src/x.rs", "own-rule")] {
+        let p = ok(&submit(
+            &mut a,
+            "file.write",
+            json!({"path": path}),
+            json!({"content": "y"}),
+            key,
+        ))
+        .clone();
+        assert_eq!(p["state"], "pending", "{path}: {p}");
+        assert!(!env.root().join(path).exists());
+    }
+    let c = catalog(&mut a);
+    assert_eq!(c["untrusted_policy"], true);
+    assert_eq!(c["trust"]["policy"], "changed");
+    assert_eq!(
+        status_in(&show(&env, &env.key_file), "policy.yaml"),
+        "changed"
+    );
+}
+
+#[test]
+fn untrusted_deny_rules_still_deny() {
+    let env = Env::untrusted(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let d = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "secret/k"}),
+        json!({"content": "x"}),
+        "deny",
+    ))
+    .clone();
+    assert_eq!(d["state"], "denied", "{d}");
+    assert_eq!(d["error"]["code"], "operation_policy_denied");
+    // Allow rules and "no rule matches" both become a question for a human.
+    for (op, target, args, key) in [
+        (
+            "command.run",
+            json!({"argv": ["sh", "-c", "echo run >> runs.log"]}),
+            json!({}),
+            "cmd",
+        ),
+        (
+            "file.write",
+            json!({"path": "other/k"}),
+            json!({"content": "x"}),
+            "nomatch",
+        ),
+    ] {
+        let p = ok(&submit(&mut a, op, target, args, key)).clone();
+        assert_eq!(p["state"], "pending", "{op}: {p}");
+    }
+    assert!(!env.root().join("runs.log").exists());
+    assert!(!env.root().join("secret/k").exists());
+    assert!(!env.root().join("other/k").exists());
+}
+
+#[test]
+fn untrusted_providers_yaml_starts_nothing() {
+    let env = Env::untrusted(None);
+    let marker = env._cfg.path().join("provider-started");
+    let provider = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/providers/kv_provider.py");
+    std::fs::write(
+        env.root().join(".gaffer/providers.yaml"),
+        format!(
+            "providers:\n  - name: kv\n    command: [sh, -c, {:?}]\n",
+            format!(
+                "touch '{}'; exec python3 '{}'",
+                marker.display(),
+                provider.display()
+            )
+        ),
+    )
+    .unwrap();
+    let mut a = env.agent("agent-1");
+    let c = catalog(&mut a);
+    let names = catalog_names(&c);
+    assert!(names.iter().all(|n| !n.starts_with("kv.")), "{names:?}");
+    assert!(
+        names.contains(&"file.write".to_string()),
+        "built-ins still work"
+    );
+    assert_eq!(c["trust"]["providers"], "never_trusted", "{c}");
+    let why = c["external_providers_disabled"].as_str().unwrap();
+    assert!(why.contains("providers.yaml"), "{why}");
+    let r = submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "k"}),
+        json!({"value": 1}),
+        "kv",
+    );
+    assert!(r.get("error").is_some(), "{r}");
+    drop(a);
+    assert!(!marker.exists(), "an untrusted provider was started");
+
+    let (code, out, err) = env.cli(&["trust"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("providers.yaml"), "{out}");
+    let mut op = env.operator();
+    let mut a = env.agent("agent-1");
+    assert!(
+        marker.exists(),
+        "the trusted provider was described at start"
+    );
+    let c = catalog(&mut a);
+    assert!(catalog_names(&c).contains(&"kv.set".to_string()), "{c}");
+    assert!(c.get("external_providers_disabled").is_none(), "{c}");
+    assert_eq!(c["trust"]["providers"], "trusted");
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "k"}),
+        json!({"value": 1}),
+        "kv2",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap();
+    approve(&mut op, id);
+    let v = wait_state(&mut a, id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}\n{}", env.logs());
+}
+
+#[test]
+fn a_trust_file_signed_with_another_key_is_rejected() {
+    let env = Env::untrusted(Some(ALLOW_DOCS));
+    let gaffer_dir = env.root().join(".gaffer");
+    // The agent makes its own key and signs the files with it.
+    let other = env._cfg.path().join("agent.key");
+    gaffer::operations::operator::OperatorKey::init(&other, None).unwrap();
+    let forged = gaffer::operations::operator::OperatorKey::load_from(&other).unwrap();
+    gaffer::operations::trust::sign_files(&gaffer_dir, &forged).unwrap();
+    let shown = show(&env, &env.key_file);
+    assert_eq!(status_in(&shown, "policy.yaml"), "bad_signature", "{shown}");
+    assert_eq!(status_in(&shown, "providers.yaml"), "bad_signature");
+
+    let mut a = env.agent("agent-1");
+    let c = catalog(&mut a);
+    assert_eq!(c["untrusted_policy"], true);
+    assert_eq!(c["trust"]["policy"], "bad_signature");
+    assert!(catalog_names(&c).iter().all(|n| !n.starts_with("kv.")));
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "x"}),
+        "forged",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "{p}");
+
+    // A hand-made entry with the right digest and a made-up tag fares no better.
+    let digest = gaffer::util::sha256_hex(&std::fs::read(gaffer_dir.join("policy.yaml")).unwrap());
+    std::fs::write(
+        gaffer_dir.join("trust.json"),
+        json!({"version": 1, "files": {"policy.yaml": {"sha256": digest, "hmac": "00".repeat(32), "signed_at_ms": 1}}}).to_string(),
+    )
+    .unwrap();
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/b.md"}),
+        json!({"content": "x"}),
+        "made-up",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "{p}");
+    assert_eq!(catalog(&mut a)["trust"]["policy"], "bad_signature");
+}
+
+#[test]
+fn cli_trust_show_reports_each_file() {
+    let env = Env::untrusted(Some(ALLOW_DOCS));
+    let shown = show(&env, &env.key_file);
+    assert_eq!(status_in(&shown, "policy.yaml"), "never_trusted", "{shown}");
+    assert_eq!(status_in(&shown, "providers.yaml"), "never_trusted");
+
+    // No key: `trust` refuses and writes nothing; `--show` can verify nothing.
+    let nowhere = env._cfg.path().join("missing.key");
+    let (code, _, err) = env.cli_with_key(&nowhere, &["trust"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(!env.root().join(".gaffer/trust.json").exists());
+    assert_eq!(
+        status_in(&show(&env, &nowhere), "policy.yaml"),
+        "no_operator_key"
+    );
+
+    assert_eq!(env.cli(&["trust"]).0, 0);
+    let shown = show(&env, &env.key_file);
+    for f in ["policy.yaml", "providers.yaml"] {
+        assert_eq!(status_in(&shown, f), "trusted", "{shown}");
+    }
+    let entry = shown["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["file"] == "policy.yaml")
+        .unwrap()
+        .clone();
+    assert_eq!(entry["sha256"], entry["trusted_sha256"]);
+    assert!(entry["signed_at_ms"].as_u64().unwrap() > 0);
+
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), "rules: []\n").unwrap();
+    let shown = show(&env, &env.key_file);
+    assert_eq!(status_in(&shown, "policy.yaml"), "changed");
+    assert_eq!(status_in(&shown, "providers.yaml"), "trusted");
+
+    // An invalid policy is not signed, and the earlier trust stays as it was.
+    let before = std::fs::read(env.root().join(".gaffer/trust.json")).unwrap();
+    std::fs::write(
+        env.root().join(".gaffer/policy.yaml"),
+        "rules:\n  - id: a\n    effect: maybe\n",
+    )
+    .unwrap();
+    let (code, _, err) = env.cli(&["trust"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("rules[0].effect"), "{err}");
+    assert_eq!(
+        std::fs::read(env.root().join(".gaffer/trust.json")).unwrap(),
+        before
+    );
+
+    // Review, then sign only what was reviewed: a swap in between is refused.
+    let reviewed_text = format!("{ALLOW_DOCS}# reviewed\n");
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), &reviewed_text).unwrap();
+    let shown = show(&env, &env.key_file);
+    assert_eq!(shown["files"][0]["file"], "policy.yaml");
+    assert_eq!(shown["files"][0]["status"], "changed");
+    let pin = format!(
+        "policy.yaml={}",
+        shown["files"][0]["sha256"].as_str().unwrap()
+    );
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), "rules: []\n").unwrap();
+    let (code, _, err) = env.cli(&["trust", "--expect", &pin]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not the expected"), "{err}");
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), &reviewed_text).unwrap();
+    assert_eq!(
+        status_in(&show(&env, &env.key_file), "policy.yaml"),
+        "changed"
+    );
+    let (code, out, err) = env.cli(&["trust", "--expect", &pin]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        status_in(&show(&env, &env.key_file), "policy.yaml"),
+        "trusted"
+    );
+
+    std::fs::remove_file(env.root().join(".gaffer/policy.yaml")).unwrap();
+    assert_eq!(
+        status_in(&show(&env, &env.key_file), "policy.yaml"),
+        "absent"
+    );
+}
+
+#[test]
+fn without_an_operator_key_nothing_is_trusted() {
+    // Signed files, but this server cannot find the key that would verify them.
+    let env = Env::new(Some(ALLOW_DOCS));
+    let nowhere = env._cfg.path().join("missing.key").display().to_string();
+    let mut a = env.agent_env("agent-1", &[("GAFFER_OPERATOR_KEY_FILE", nowhere.as_str())]);
+    let c = catalog(&mut a);
+    assert_eq!(c["trust"]["policy"], "no_operator_key", "{c}");
+    assert_eq!(c["trust"]["providers"], "no_operator_key", "{c}");
+    assert_eq!(c["untrusted_policy"], true);
+    assert!(catalog_names(&c).iter().all(|n| !n.starts_with("kv.")));
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "x"}),
+        "nokey",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "{p}");
+    let d = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "secret/k"}),
+        json!({"content": "x"}),
+        "nokey-deny",
+    ))
+    .clone();
+    assert_eq!(d["state"], "denied", "{d}");
+    assert!(!env.root().join("docs/a.md").exists());
 }

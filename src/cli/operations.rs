@@ -1,5 +1,6 @@
 //! `gaffer op submit|get|list|wait|cancel`, `gaffer approve|deny|approvals`,
 //! `gaffer operator init|path`: thin wrappers over the same method handlers.
+//! `gaffer trust [--show]`: the operator signs (or inspects) policy.yaml and providers.yaml.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -10,6 +11,7 @@ use serde_json::{Value, json};
 
 use crate::methods::{App, AppConfig, call_local};
 use crate::operations::operator::{OperatorKey, key_path, random_bytes};
+use crate::operations::trust;
 use crate::rpc::Role;
 
 /// The operations commands; the root command line inlines these variants.
@@ -41,6 +43,19 @@ pub enum OpsCommand {
     /// Manage the operator key (kept in your config directory, never in the workspace).
     #[command(subcommand)]
     Operator(OperatorCmd),
+    /// Sign the current policy.yaml and providers.yaml as trusted. Needs the operator key.
+    ///
+    /// Until the operator trusts them, allow rules are ignored (everything not denied waits
+    /// for approval) and no external provider is started. Review both files first.
+    Trust {
+        /// Only report whether each file is trusted, changed since, or never trusted.
+        #[arg(long, conflicts_with = "expect")]
+        show: bool,
+        /// `FILE=SHA256` (repeatable): sign only if FILE still has the digest you reviewed
+        /// (from `gaffer trust --show`); otherwise nothing is signed.
+        #[arg(long, value_name = "FILE=SHA256")]
+        expect: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -175,8 +190,75 @@ async fn wait_terminal(
     }
 }
 
+/// `gaffer trust`: signs what is on disk now, after refusing files gaffer could not load.
+fn trust(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode> {
+    let mut expected = std::collections::BTreeMap::new();
+    for e in expect {
+        let Some((file, digest)) = e.split_once('=') else {
+            eprintln!("gaffer: --expect {e:?}: write FILE=SHA256");
+            return Err(ExitCode::from(2));
+        };
+        expected.insert(file.trim().to_string(), digest.trim().to_string());
+    }
+    let key = OperatorKey::load().map_err(|e| {
+        eprintln!("gaffer: {e}");
+        ExitCode::from(3)
+    })?;
+    let dir = root.join(".gaffer");
+    let signed = trust::sign_files_expecting(&dir, &key, &expected).map_err(|e| {
+        eprintln!("gaffer: nothing trusted: {e}");
+        ExitCode::FAILURE
+    })?;
+    if signed.is_empty() {
+        eprintln!("gaffer: neither policy.yaml nor providers.yaml exists; nothing to trust");
+    }
+    print(&json!({
+        "trusted": signed,
+        "trust_file": dir.join(trust::TRUST_FILE).display().to_string(),
+        "note": "a running gaffer applies the policy at once; restart it to start trusted providers",
+    }));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `gaffer trust --show`: read-only; without the operator key every present file reads
+/// `no_operator_key`, because nothing can be verified.
+fn trust_show(root: &Path) -> Result<ExitCode, ExitCode> {
+    let dir = root.join(".gaffer");
+    let key = OperatorKey::load().ok();
+    let recorded = trust::read_trust_file(&dir);
+    let mut files = Vec::new();
+    for file in trust::TRUSTED_FILES {
+        let path = dir.join(file);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => Some(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                eprintln!("gaffer: {}: {e}", path.display());
+                return Err(ExitCode::FAILURE);
+            }
+        };
+        let status = trust::status_of(&recorded, file, bytes.as_deref(), key.as_ref());
+        let entry = recorded.files.get(file);
+        files.push(json!({
+            "file": file,
+            "status": status,
+            "detail": status.describe(),
+            "sha256": bytes.as_deref().map(crate::util::sha256_hex),
+            "trusted_sha256": entry.map(|e| e.sha256.clone()),
+            "signed_at_ms": entry.map(|e| e.signed_at_ms),
+        }));
+    }
+    print(&json!({ "files": files }));
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn run_inner(cmd: OpsCommand, root: &Path) -> Result<ExitCode, ExitCode> {
     match cmd {
+        OpsCommand::Trust { show: true, .. } => trust_show(root),
+        OpsCommand::Trust {
+            show: false,
+            expect,
+        } => trust(root, &expect),
         OpsCommand::Operator(OperatorCmd::Path) => {
             let p = key_path().map_err(|e| {
                 eprintln!("gaffer: {e}");

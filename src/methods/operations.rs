@@ -10,6 +10,7 @@ use super::App;
 use crate::operations::adapter::Descriptor;
 use crate::operations::engine::{ErrorKind, ListFilter, OpError, SubmitInput};
 use crate::operations::lifecycle::OpState;
+use crate::operations::trust::TrustStatus;
 use crate::operations::views::OperationView;
 use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Role, Router, RpcError};
 
@@ -110,6 +111,24 @@ pub struct CatalogParams {}
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct CatalogResult {
     pub operations: Vec<Descriptor>,
+    /// True when `.gaffer/policy.yaml` exists but the operator has not trusted its current
+    /// content (`gaffer trust`): only its deny rules apply, and every other operation waits
+    /// for approval with the default bounds.
+    pub untrusted_policy: bool,
+    /// Present when external providers are off, saying why (e.g. `providers.yaml` is not
+    /// trusted). Only the built-in operations are listed then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_providers_disabled: Option<String>,
+    /// Operator trust of each file that can grant power.
+    pub trust: TrustReport,
+}
+
+/// Operator trust of `policy.yaml` (checked now) and `providers.yaml` (as checked when this
+/// gaffer process started its providers).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TrustReport {
+    pub policy: TrustStatus,
+    pub providers: TrustStatus,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -225,14 +244,25 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "operations/catalog",
-            doc: "Every operation the providers offer, with JSON Schemas of target and arguments.",
+            doc: "Every operation the providers offer, with JSON Schemas of target and arguments, and whether the operator trusts policy.yaml and providers.yaml.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: None,
         },
         |app: Arc<App>, _ctx: CallCtx, _p: CatalogParams| async move {
+            let ops = &app.operations;
+            let (policy, providers) = (ops.policy_trust(), ops.providers_trust());
+            let untrusted = |s: TrustStatus| !matches!(s, TrustStatus::Absent | TrustStatus::Trusted);
             Ok::<_, RpcError>(CatalogResult {
-                operations: app.operations.registry().descriptors().cloned().collect(),
+                operations: ops.registry().descriptors().cloned().collect(),
+                untrusted_policy: untrusted(policy),
+                external_providers_disabled: untrusted(providers).then(|| {
+                    format!(
+                        "providers.yaml is not trusted by the operator ({}); run `gaffer trust` and restart gaffer",
+                        providers.describe()
+                    )
+                }),
+                trust: TrustReport { policy, providers },
             })
         },
     );

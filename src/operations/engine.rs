@@ -4,7 +4,6 @@
 //! processes on one workspace never both claim an operation.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use super::state::{
     KIND_CREATED, KIND_DECIDED, KIND_PRUNED, KIND_REVOKED, KIND_TRANSITIONED, NOTICE_CHANGED,
     OpFailure, Operation, OperationState, Pruned, Revoked, SignedDecision, Transitioned, UseState,
 };
+use super::trust::TrustStatus;
 use super::views::{ApprovalView, OperationView};
 use crate::workspace::{CommitError, NewRecord, Workspace};
 
@@ -201,6 +201,17 @@ impl Default for RuntimeConfig {
     }
 }
 
+/// (mtime, size) of a file, `None` when it cannot be read.
+type FileStamp = Option<(Option<std::time::SystemTime>, u64)>;
+/// policy.yaml, trust.json and the operator key: a change to any of them re-checks trust.
+type PolicyStamp = [FileStamp; 3];
+
+fn file_stamp(path: &std::path::Path) -> FileStamp {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.modified().ok(), m.len()))
+}
+
 /// Whose approval an execution claim relies on, decided inside the claim commit.
 enum Claim {
     Run {
@@ -221,7 +232,9 @@ pub struct OperationRuntime {
     executor: String,
     running: Mutex<HashSet<String>>,
     submit_locks: Mutex<HashMap<SubmitKey, Weak<tokio::sync::Mutex<()>>>>,
-    policy_cache: Mutex<Option<(Option<std::time::SystemTime>, u64, Policy)>>,
+    policy_cache: Mutex<Option<(PolicyStamp, Policy)>>,
+    /// Whether `providers.yaml` was trusted when this process loaded its providers.
+    providers_trust: std::sync::OnceLock<TrustStatus>,
     /// Only a serving process executes; one-shot CLI processes leave approved work to it.
     autorun: std::sync::atomic::AtomicBool,
     me: Weak<OperationRuntime>,
@@ -254,6 +267,7 @@ impl OperationRuntime {
             running: Mutex::new(HashSet::new()),
             submit_locks: Mutex::new(HashMap::new()),
             policy_cache: Mutex::new(None),
+            providers_trust: std::sync::OnceLock::new(),
             autorun: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
         })
@@ -300,32 +314,76 @@ impl OperationRuntime {
         }
     }
 
+    /// The policy to decide with. An untrusted `policy.yaml` (not signed by the operator, or
+    /// changed since) keeps only its deny rules. Cached until the policy file, `trust.json` or
+    /// the operator key changes; the cached value always comes from bytes that were checked.
     fn policy(&self) -> Result<Policy, OpError> {
-        let path: PathBuf = self.ws.gaffer_dir().join(super::policy::POLICY_FILE);
-        let stamp = std::fs::metadata(&path)
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()));
+        let dir = self.ws.gaffer_dir();
+        // Stamps are taken before reading, so a change after the read shows as a new stamp.
+        let stamp: PolicyStamp = [
+            file_stamp(&dir.join(super::policy::POLICY_FILE)),
+            file_stamp(&dir.join(super::trust::TRUST_FILE)),
+            super::operator::key_path()
+                .ok()
+                .and_then(|p| file_stamp(&p)),
+        ];
         let mut cache = self.policy_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let (Some((mtime, len)), Some((cm, cl, p))) = (stamp, cache.as_ref())
-            && mtime == *cm
-            && len == *cl
+        if let Some((cached, p)) = cache.as_ref()
+            && *cached == stamp
         {
             return Ok(p.clone());
         }
-        let p = Policy::load(&self.ws.gaffer_dir()).map_err(|e| {
+        let invalid = |e: String| {
             tracing::error!(error = %e, "policy file is invalid");
             OpError::new(
                 ErrorKind::Unavailable,
                 "policy_invalid",
                 format!("the workspace policy is invalid: {e}"),
             )
-        })?;
-        if let Some((mtime, len)) = stamp {
-            *cache = Some((mtime, len, p.clone()));
-        } else {
-            *cache = None;
-        }
+        };
+        let checked = super::trust::check(&dir, super::policy::POLICY_FILE)
+            .map_err(|e| invalid(e.to_string()))?;
+        let p = match &checked.bytes {
+            None => Policy::default(),
+            Some(bytes) => {
+                let file = dir.join(super::policy::POLICY_FILE);
+                let text = std::str::from_utf8(bytes)
+                    .map_err(|_| invalid(format!("{}: not UTF-8", file.display())))?;
+                let parsed = Policy::parse(text, &file).map_err(|e| invalid(e.to_string()))?;
+                if checked.status.is_trusted() {
+                    parsed
+                } else {
+                    tracing::warn!(
+                        status = ?checked.status,
+                        "policy.yaml is not trusted by the operator; only its deny rules apply \
+                         and every other operation waits for approval (run `gaffer trust`)"
+                    );
+                    parsed.into_untrusted()
+                }
+            }
+        };
+        *cache = Some((stamp, p.clone()));
         Ok(p)
+    }
+
+    /// Where `policy.yaml` stands now.
+    pub fn policy_trust(&self) -> TrustStatus {
+        super::trust::check(&self.ws.gaffer_dir(), super::policy::POLICY_FILE)
+            .map(|c| c.status)
+            .unwrap_or(TrustStatus::NeverTrusted)
+    }
+
+    /// Where `providers.yaml` stood when this process decided which providers to start.
+    pub fn providers_trust(&self) -> TrustStatus {
+        self.providers_trust
+            .get()
+            .copied()
+            .unwrap_or(TrustStatus::Absent)
+    }
+
+    /// Records the trust check [`super::open_runtime`] made before starting providers.
+    pub fn set_providers_trust(&self, status: TrustStatus) {
+        let _ = self.providers_trust.set(status);
     }
 
     // ---------- submit ----------

@@ -9,6 +9,7 @@
 //! - [`adapter`]: the provider contract and the catalog-checked registry.
 //! - [`adapters`]: built-in providers (workspace files, commands) and external ones.
 //! - [`state`]: the journal fold of operations and approvals.
+//! - [`trust`]: operator signatures over `policy.yaml` and `providers.yaml`.
 
 pub mod adapter;
 pub mod adapters;
@@ -19,6 +20,7 @@ pub mod operator;
 pub mod plan;
 pub mod policy;
 pub mod state;
+pub mod trust;
 pub mod views;
 
 pub use operator::authenticate_operator;
@@ -27,7 +29,9 @@ pub use state::OperationState;
 use std::sync::Arc;
 
 /// Builds this process's operation runtime on `ws`: built-in providers plus every external
-/// provider declared in `.gaffer/providers.yaml`, checked against their catalogs.
+/// provider declared in `.gaffer/providers.yaml`, checked against their catalogs. External
+/// providers start only when the operator has trusted that exact file (`gaffer trust`): the
+/// agent can write workspace files, and must not get to name executables gaffer runs.
 pub fn open_runtime(
     ws: Arc<crate::workspace::Workspace>,
     me: &crate::peers::Peer,
@@ -36,16 +40,37 @@ pub fn open_runtime(
     let mut catalogs = vec![adapters::workspace::catalog(), adapters::command::catalog()];
     let mut all = adapters::workspace::adapters();
     all.extend(adapters::command::adapters());
-    let (ext_catalogs, ext_adapters) = adapters::external::load(&ws.gaffer_dir(), ws.root())?;
-    catalogs.extend(ext_catalogs);
-    all.extend(ext_adapters);
+    let gaffer_dir = ws.gaffer_dir();
+    let providers =
+        trust::check(&gaffer_dir, adapters::external::PROVIDERS_FILE).map_err(|e| e.to_string())?;
+    match (&providers.bytes, providers.status) {
+        (Some(bytes), trust::TrustStatus::Trusted) => {
+            let file = gaffer_dir.join(adapters::external::PROVIDERS_FILE);
+            let text =
+                std::str::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", file.display()))?;
+            let (ext_catalogs, ext_adapters) =
+                adapters::external::load_text(text, &file, ws.root())?;
+            catalogs.extend(ext_catalogs);
+            all.extend(ext_adapters);
+        }
+        (Some(_), status) => {
+            tracing::warn!(
+                ?status,
+                "providers.yaml is not trusted by the operator; no external provider is started \
+                 (run `gaffer trust` to review and trust it, then restart gaffer)"
+            );
+        }
+        (None, _) => {}
+    }
     let registry = adapter::Registry::new(&catalogs, all).map_err(|e| e.to_string())?;
-    Ok(engine::OperationRuntime::new(
+    let rt = engine::OperationRuntime::new(
         ws,
         registry,
         config,
         engine::executor_id(me.pid, me.started_ms),
-    ))
+    );
+    rt.set_providers_trust(providers.status);
+    Ok(rt)
 }
 
 /// Starts recovery and the background loop (needs a tokio runtime).

@@ -225,6 +225,9 @@ pub struct PolicyError {
 pub struct Policy {
     /// `None` when the workspace has no policy file.
     pub rules: Option<Vec<Rule>>,
+    /// The file is not signed by the operator: only its deny rules were kept, and every
+    /// other operation waits for a human with the default bounds.
+    pub untrusted: bool,
 }
 
 /// An approved, still usable approval that acts as an extra allow rule.
@@ -252,7 +255,8 @@ pub enum DecisionEffect {
 pub struct Decision {
     pub effect: DecisionEffect,
     /// `policy_denied`, `grant_allowed`, `policy_allowed`, `approval_required`,
-    /// `no_matching_rule` or `no_policy_file`.
+    /// `no_matching_rule`, `no_policy_file` or `untrusted_policy` (the file is not signed by
+    /// the operator, so only its deny rules count).
     pub reason: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rule_ids: Vec<String>,
@@ -268,7 +272,7 @@ impl Policy {
         let file = gaffer_dir.join(POLICY_FILE);
         match std::fs::read_to_string(&file) {
             Ok(text) => Policy::parse(&text, &file),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Policy { rules: None }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Policy::default()),
             Err(e) => Err(PolicyError {
                 file,
                 line: None,
@@ -303,7 +307,24 @@ impl Policy {
         }
         Ok(Policy {
             rules: Some(parsed.rules),
+            untrusted: false,
         })
+    }
+
+    /// What a policy the operator has not trusted may still do: deny rules only restrict, so
+    /// they stay; allow rules and request bounds could have been written by the agent, so
+    /// they go.
+    pub fn into_untrusted(self) -> Policy {
+        let denies = self
+            .rules
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.effect == Effect::Deny)
+            .collect();
+        Policy {
+            rules: Some(denies),
+            untrusted: true,
+        }
     }
 
     pub fn decide(&self, req: &PolicyRequest<'_>, grants: &[ActiveGrant], now_ms: u64) -> Decision {
@@ -338,6 +359,15 @@ impl Policy {
         }
         if let Some(g) = grants.iter().find(|g| grant_covers(g, req, now_ms)) {
             return grant_decision(g);
+        }
+        if self.untrusted {
+            return Decision {
+                effect: DecisionEffect::Request,
+                reason: "untrusted_policy".into(),
+                rule_ids: vec![],
+                grant_id: None,
+                grant_policy: Some(GrantPolicy::default_for_missing_policy()),
+            };
         }
         let allows = matching(Effect::Allow);
         if !allows.is_empty() {
@@ -670,6 +700,35 @@ rules:
             0,
         );
         assert_eq!(dec.effect, DecisionEffect::NoMatch);
+    }
+
+    #[test]
+    fn an_untrusted_policy_keeps_its_denies_and_asks_a_human_for_the_rest() {
+        let p = parse(POLICY).unwrap().into_untrusted();
+        let d = |c: &Classification| {
+            p.decide(
+                &PolicyRequest {
+                    client: "agent-1",
+                    operation: "file.write",
+                    class: c,
+                },
+                &[],
+                0,
+            )
+        };
+        let dec = d(&class("file", &[("path", &["secrets/k"])], &[]));
+        assert_eq!(dec.effect, DecisionEffect::Deny);
+        assert_eq!(dec.rule_ids, vec!["no-secrets"]);
+        // The allow rule for docs/ and the request rule's 5-minute bounds are both ignored.
+        let dec = d(&class("file", &[("path", &["docs/a.md"])], &[]));
+        assert_eq!(dec.effect, DecisionEffect::Request);
+        assert_eq!(dec.reason, "untrusted_policy");
+        assert_eq!(
+            dec.grant_policy,
+            Some(GrantPolicy::default_for_missing_policy())
+        );
+        let dec = d(&class("file", &[("path", &["src/x.rs"])], &[]));
+        assert_eq!(dec.grant_policy.unwrap().default_minutes, 10);
     }
 
     #[test]

@@ -381,20 +381,17 @@ impl Adapter for ExternalAdapter {
     }
 }
 
-/// Reads `.gaffer/providers.yaml` (absent = no external providers), starts each provider and
-/// asks for its catalog. Blocking: called once at start.
 /// Catalogs and adapters of the declared external providers.
 pub type Loaded = (Vec<Catalog>, Vec<Arc<dyn Adapter>>);
 
-pub fn load(gaffer_dir: &Path, root: &Path) -> Result<Loaded, String> {
-    let file = gaffer_dir.join(PROVIDERS_FILE);
-    let text = match std::fs::read_to_string(&file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], vec![])),
-        Err(e) => return Err(format!("{}: {e}", file.display())),
-    };
-    let de = serde_yaml::Deserializer::from_str(&text);
-    let decl: ProvidersFile = serde_path_to_error::deserialize(de).map_err(|e| {
+/// Parses a providers file without starting anything (the error names file, line and key).
+pub fn parse_declarations(text: &str, file: &Path) -> Result<(), String> {
+    parse_file(text, file).map(|_| ())
+}
+
+fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         let inner = e.into_inner();
         let line = inner
@@ -402,7 +399,13 @@ pub fn load(gaffer_dir: &Path, root: &Path) -> Result<Loaded, String> {
             .map(|l| l.line().to_string())
             .unwrap_or_else(|| "?".into());
         format!("{}:{line}: {key}: {inner}", file.display())
-    })?;
+    })
+}
+
+/// Starts each provider declared in `text` (the content of `file`, which the caller has
+/// checked is operator-trusted) and asks for its catalog. Blocking: called once at start.
+pub fn load_text(text: &str, file: &Path, root: &Path) -> Result<Loaded, String> {
+    let decl = parse_file(text, file)?;
     let mut catalogs = vec![];
     let mut adapters: Vec<Arc<dyn Adapter>> = vec![];
     for p in decl.providers {
