@@ -158,7 +158,20 @@ fn workspace_with_allow() -> tempfile::TempDir {
         "rules:\n  - id: all\n    effect: allow\n    operations: [\"bench.*\"]\n",
     )
     .expect("policy");
+    // Allow rules count only when the operator signed the policy (`gaffer trust`).
+    let key = gaffer::operations::operator::OperatorKey::load().expect("bench operator key");
+    gaffer::operations::trust::sign_files(&dir.path().join(".gaffer"), &key).expect("trust");
     dir
+}
+
+/// A throwaway operator key for the whole bench process (set before any thread starts).
+fn bench_operator_key() -> tempfile::TempDir {
+    let cfg = tempfile::tempdir().expect("tempdir");
+    let key = cfg.path().join("operator.key");
+    gaffer::operations::operator::OperatorKey::init(&key, None).expect("key");
+    // SAFETY: called first thing in main, before the runtime or any other thread exists.
+    unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
+    cfg
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
@@ -455,6 +468,7 @@ fn approval_round_trips(n: usize) -> Vec<Duration> {
 }
 
 fn main() {
+    let _key_dir = bench_operator_key();
     let quick = std::env::args().any(|a| a == "--quick");
     let n = if quick { 200 } else { 2000 };
     let rt = tokio::runtime::Builder::new_multi_thread()
