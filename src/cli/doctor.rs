@@ -79,6 +79,37 @@ pub fn run(root: &Path) -> Report {
             detail: "no config directory (set GAFFER_OPERATOR_KEY_FILE)".into(),
         }),
     }
+    // Policy and providers act only while the operator's signature covers them.
+    for (name, file) in [
+        ("policy_trust", "policy.yaml"),
+        ("providers_trust", "providers.yaml"),
+    ] {
+        match crate::operations::trust::check(&dir, file) {
+            Ok(c) => {
+                use crate::operations::trust::TrustStatus;
+                let ok = matches!(c.status, TrustStatus::Absent | TrustStatus::Trusted);
+                let effect = match (file, ok) {
+                    (_, true) => "",
+                    ("policy.yaml", false) => {
+                        ": its allow rules are ignored (every operation not denied needs a human); run `gaffer trust` after reviewing it"
+                    }
+                    _ => {
+                        ": external providers are not started; run `gaffer trust` after reviewing it"
+                    }
+                };
+                checks.push(Check {
+                    name,
+                    ok,
+                    detail: format!(".gaffer/{file}: {}{effect}", c.status.describe()),
+                });
+            }
+            Err(e) => checks.push(Check {
+                name,
+                ok: false,
+                detail: e.to_string(),
+            }),
+        }
+    }
     let ok = checks.iter().all(|c| c.ok);
     Report {
         ok,
