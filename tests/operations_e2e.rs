@@ -1676,3 +1676,170 @@ fn without_an_operator_key_nothing_is_trusted() {
     assert_eq!(d["state"], "denied", "{d}");
     assert!(!env.root().join("docs/a.md").exists());
 }
+
+// ---------- crash right after the submit commit; a plan swapped under a signed approval ----------
+
+#[test]
+fn crash_after_submit_is_recovered_on_restart() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let kv_submit = json!({"operation": "kv.set", "target": {"key": "crash"}, "arguments": {"value": 1}, "reason": "needed for the task", "idempotency_key": "crash-kv"});
+    let run_submit = json!({"operation": "command.run", "target": {"argv": ["sh", "-c", "echo run >> counter.log"]}, "arguments": {}, "reason": "count", "idempotency_key": "crash-run"});
+    let crash = |params: &Value| {
+        let mut a = env.agent_env("agent-1", &[("GAFFER_TEST_FAILPOINT", "after_submit")]);
+        a.send_request("operations/submit", params.clone());
+        assert_eq!(
+            common::wait_exit(&mut a.child, Duration::from_secs(10)),
+            86,
+            "the failpoint should have ended the process\n{}",
+            env.logs()
+        );
+    };
+    let one_id = |s: &mut Server, key: &str| -> String {
+        let list = s.call("operations/list", json!({}));
+        let found: Vec<&Value> = list["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["idempotency_key"] == key)
+            .collect();
+        assert_eq!(found.len(), 1, "{key} should exist exactly once: {list}");
+        found[0]["id"].as_str().unwrap().to_string()
+    };
+
+    // 1. A request: the pending operation and its approval request survive the crash.
+    crash(&kv_submit);
+    let mut b = env.agent("agent-1");
+    let kv_id = one_id(&mut b, "crash-kv");
+    assert_eq!(
+        b.call("operations/get", json!({"id": kv_id}))["state"],
+        "pending"
+    );
+    let r = b.request("operations/submit", kv_submit.clone());
+    assert_eq!(ok(&r)["id"], kv_id.as_str(), "{r}");
+    assert_eq!(ok(&r)["created"], false, "{r}");
+    let mut op = env.operator();
+    approve(&mut op, &kv_id);
+    let v = wait_state(&mut b, &kv_id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    let r = b.request("operations/submit", kv_submit.clone());
+    assert_eq!(ok(&r)["id"], kv_id.as_str());
+    assert_eq!(ok(&r)["created"], false);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 1);
+    drop(op);
+    drop(b);
+
+    // 2. A static allow claims in the submit commit, so the crash leaves it `executing` with
+    // a dead executor: recovery must not run it again (at most once), and says the outcome
+    // is unknown.
+    crash(&run_submit);
+    let mut c = env.agent("agent-1");
+    let run_id = one_id(&mut c, "crash-run");
+    let v = wait_state(&mut c, &run_id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "upstream_result_unknown", "{v}");
+    let r = c.request("operations/submit", run_submit.clone());
+    assert_eq!(ok(&r)["id"], run_id.as_str(), "{r}");
+    assert_eq!(ok(&r)["created"], false, "{r}");
+    assert_eq!(ok(&r)["state"], "failed", "{r}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lines(&env.root().join("counter.log")), 0);
+    // Still one operation per key after all of it.
+    one_id(&mut c, "crash-kv");
+    one_id(&mut c, "crash-run");
+}
+
+#[test]
+fn a_tampered_plan_in_the_journal_is_refused_at_execution() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "src/a.md"}),
+        json!({"content": "approved"}),
+        "t",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "{p}");
+    let id = p["id"].as_str().unwrap().to_string();
+    drop(a);
+    // The operator approves while no server runs, so nothing executes yet.
+    let (code, out, err) = env.cli(&["approve", &id]);
+    assert_eq!(code, 0, "{out}{err}");
+    let decided: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(decided["status"], "active", "{decided}");
+    // The agent appends an operation of its own to the journal, carrying the operator's
+    // signed approval but a plan that writes somewhere else.
+    let forged_id = {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let ws = gaffer::workspace::Workspace::open(env.root()).unwrap();
+            let (orig, approval) = ws.read(|s| {
+                let o = s.operations.get(&id).unwrap().clone();
+                let a = s.operations.approval_of(&o).unwrap().clone();
+                (o, a)
+            });
+            assert_eq!(approval.status, gaffer::operations::state::ApprovalStatus::Active);
+            // A distinct id of the same shape that sorts first, so recovery claims the forged
+            // operation before the real one spends the approval's single use: then only the
+            // plan binding stands between the forged plan and its execution.
+            let at = orig.id[3..].find(|c| c != '-').unwrap() + 3;
+            let forged_id = format!("{}-{}", &orig.id[..at], &orig.id[at + 1..]);
+            assert!(forged_id < orig.id);
+            let text = orig
+                .plan
+                .clone()
+                .unwrap()
+                .replace("src/a.md", "src/pwned.md")
+                .replace(&orig.id, &forged_id);
+            let plan: gaffer::operations::plan::Plan = serde_json::from_str(&text).unwrap();
+            assert_eq!(plan.target["path"], "src/pwned.md", "{text}");
+            let plan_text = plan.canonical();
+            let mut forged = orig.clone();
+            forged.id = forged_id.clone();
+            forged.idempotency_key = "forged".into();
+            forged.target = json!({"path": "src/pwned.md"});
+            forged.state = gaffer::operations::lifecycle::OpState::Approved;
+            forged.revision = 1;
+            forged.plan_digest = Some(gaffer::operations::plan::Plan::digest_of(&plan_text));
+            forged.plan = Some(plan_text);
+            let created = gaffer::operations::state::Created {
+                operation: forged,
+                approval: None,
+            };
+            ws.commit(move |_s: &gaffer::workspace::State| {
+                Ok::<_, String>((
+                    vec![gaffer::workspace::NewRecord::new("operation.created", &created).unwrap()],
+                    (),
+                ))
+            })
+            .await
+            .map_err(|_| "commit")
+            .unwrap();
+            let seen = ws.read(|s| s.operations.get(&forged_id).map(|o| o.state));
+            assert_eq!(
+                seen,
+                Some(gaffer::operations::lifecycle::OpState::Approved),
+                "the forged record should have been folded in"
+            );
+            forged_id
+        })
+    };
+    // A server starting now drives both approved operations.
+    let mut b = env.agent("agent-1");
+    let v = wait_state(&mut b, &forged_id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "failed", "{v}\n{}", env.logs());
+    assert_eq!(v["error"]["code"], "approval_invalid", "{v}");
+    let v = wait_state(&mut b, &id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("src/a.md")).unwrap(),
+        "approved"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!env.root().join("src/pwned.md").exists());
+}
