@@ -1783,7 +1783,10 @@ fn a_tampered_plan_in_the_journal_is_refused_at_execution() {
                 let a = s.operations.approval_of(&o).unwrap().clone();
                 (o, a)
             });
-            assert_eq!(approval.status, gaffer::operations::state::ApprovalStatus::Active);
+            assert_eq!(
+                approval.status,
+                gaffer::operations::state::ApprovalStatus::Active
+            );
             // A distinct id of the same shape that sorts first, so recovery claims the forged
             // operation before the real one spends the approval's single use: then only the
             // plan binding stands between the forged plan and its execution.
