@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
 
 pub use crate::store::Record;
-use crate::store::{Snapshot, Store, StoreError};
+use crate::store::{RawSnapshot, Store, StoreError};
 
 /// Write a snapshot after this many records since the last one, so opening stays fast.
 const SNAPSHOT_EVERY: u64 = 50_000;
@@ -392,9 +392,10 @@ fn fold_new(inner: &mut Inner, events: &broadcast::Sender<Notice>) {
 }
 
 fn snapshot(inner: &mut Inner) -> Result<u64, WorkspaceError> {
-    let state = serde_json::to_value(&inner.state).map_err(WorkspaceError::Encode)?;
     let seq = inner.state.last_seq;
-    inner.store.write_snapshot(&Snapshot { seq, state })?;
+    inner
+        .store
+        .write_raw_snapshot(RawSnapshot::of(seq, &inner.state)?)?;
     inner.since_snapshot = 0;
     Ok(seq)
 }

@@ -93,7 +93,33 @@ impl Record {
     }
 }
 
-/// State folded through `seq`.
+/// State folded through `seq`, as encoded JSON text: written and read without building a
+/// `serde_json::Value` of a possibly large state.
+#[derive(Clone, Debug)]
+pub struct RawSnapshot {
+    pub seq: u64,
+    pub state: Box<serde_json::value::RawValue>,
+}
+
+impl RawSnapshot {
+    /// Encodes `state` (any serializable type) as a snapshot at `seq`.
+    pub fn of<T: Serialize>(seq: u64, state: &T) -> Result<RawSnapshot, StoreError> {
+        let state = serde_json::value::to_raw_value(state)
+            .map_err(|source| StoreError::Encode { seq, source })?;
+        Ok(RawSnapshot { seq, state })
+    }
+
+    pub fn from_value(snap: &Snapshot) -> Result<RawSnapshot, StoreError> {
+        Self::of(snap.seq, &snap.state)
+    }
+
+    /// Decodes the state into `T` directly from the text.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.state.get())
+    }
+}
+
+/// State folded through `seq`, as a JSON value (convenient for small states and tests).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Snapshot {
     pub seq: u64,
@@ -129,7 +155,7 @@ struct TornTail {
 pub struct Store {
     dir: PathBuf,
     journal: PathBuf,
-    snapshot: Option<Snapshot>,
+    snapshot: Option<RawSnapshot>,
     /// First segment holding records after the snapshot (1 without a snapshot).
     snapshot_from: u64,
     /// End of what this Store has read or written.
@@ -186,7 +212,24 @@ impl Store {
 
     /// The snapshot found at open (or written since by this Store), already verified.
     pub fn snapshot(&self) -> Result<Option<Snapshot>, StoreError> {
-        Ok(self.snapshot.clone())
+        self.snapshot
+            .as_ref()
+            .map(|raw| {
+                let state = raw.decode().map_err(|e| StoreError::SnapshotCorrupt {
+                    path: self.dir.join(snapshot::FILE_NAME),
+                    reason: format!("state is not JSON: {e}"),
+                })?;
+                Ok(Snapshot {
+                    seq: raw.seq,
+                    state,
+                })
+            })
+            .transpose()
+    }
+
+    /// The snapshot as encoded text, for readers that decode it into their own type.
+    pub fn raw_snapshot(&self) -> Option<&RawSnapshot> {
+        self.snapshot.as_ref()
     }
 
     /// Seq of the last record this Store has read or written (the snapshot's seq before that).
@@ -404,6 +447,11 @@ impl Store {
     /// lock for the duration; see [`WriteTxn::write_snapshot`].
     pub fn write_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
         self.begin()?.write_snapshot(snap)
+    }
+
+    /// [`Store::write_snapshot`] for an already encoded state.
+    pub fn write_raw_snapshot(&mut self, snap: RawSnapshot) -> Result<(), StoreError> {
+        self.begin()?.write_raw_snapshot(snap)
     }
 
     /// Every record of every segment, including those a snapshot covers, with seq >
@@ -646,6 +694,11 @@ impl WriteTxn<'_> {
     /// first). Order: new segment, then snapshot (temp, fsync, rename, dir fsync); a crash in
     /// between leaves the previous snapshot valid with every record after it.
     pub fn write_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
+        self.write_raw_snapshot(RawSnapshot::from_value(snap)?)
+    }
+
+    /// [`WriteTxn::write_snapshot`] for an already encoded state.
+    pub fn write_raw_snapshot(&mut self, snap: RawSnapshot) -> Result<(), StoreError> {
         let store = &mut *self.store;
         if snap.seq != store.last_seq {
             return Err(StoreError::SnapshotNotAtTail {
@@ -673,8 +726,8 @@ impl WriteTxn<'_> {
                 offset: HEADER_LEN as u64,
             };
         }
-        snapshot::store(&store.dir, snap, journal_from)?;
-        store.snapshot = Some(snap.clone());
+        snapshot::store(&store.dir, &snap, journal_from)?;
+        store.snapshot = Some(snap);
         store.snapshot_from = journal_from;
         Ok(())
     }

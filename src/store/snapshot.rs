@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::durable;
-use super::{FORMAT_VERSION, Snapshot, StoreError};
+use super::{FORMAT_VERSION, RawSnapshot, StoreError};
 use crate::util::sha256_hex;
 
 pub const FILE_NAME: &str = "snapshot.json";
@@ -20,7 +20,7 @@ pub const FILE_NAME: &str = "snapshot.json";
 /// A snapshot as loaded, plus where the journal continues after it.
 #[derive(Debug, Clone)]
 pub struct Loaded {
-    pub snapshot: Snapshot,
+    pub snapshot: RawSnapshot,
     pub journal_from: u64,
     pub state_bytes: usize,
 }
@@ -40,19 +40,18 @@ struct Envelope<'a> {
     state: &'a RawValue,
 }
 
-pub fn encode(snap: &Snapshot, journal_from: u64) -> Result<Vec<u8>, StoreError> {
+pub fn encode(snap: &RawSnapshot, journal_from: u64) -> Result<Vec<u8>, StoreError> {
     let encode_err = |source| StoreError::Encode {
         seq: snap.seq,
         source,
     };
-    let state = serde_json::to_string(&snap.state).map_err(encode_err)?;
-    let raw = RawValue::from_string(state).map_err(encode_err)?;
+    let raw: &RawValue = &snap.state;
     let envelope = Envelope {
         format: FORMAT_VERSION,
         seq: snap.seq,
         journal_from,
         state_sha256: sha256_hex(raw.get().as_bytes()),
-        state: &raw,
+        state: raw,
     };
     serde_json::to_vec(&envelope).map_err(encode_err)
 }
@@ -85,10 +84,10 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
     if envelope.journal_from == 0 {
         return Err(bad("journal_from must be at least 1".into()));
     }
-    let state = serde_json::from_str(envelope.state.get())
-        .map_err(|e| bad(format!("state is not JSON: {e}")))?;
+    // The state stays raw text: its reader deserializes it straight into its own type.
+    let state = envelope.state.to_owned();
     Ok(Loaded {
-        snapshot: Snapshot {
+        snapshot: RawSnapshot {
             seq: envelope.seq,
             state,
         },
@@ -108,7 +107,7 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, StoreError> {
 }
 
 /// Durably replaces `<dir>/snapshot.json`.
-pub fn store(dir: &Path, snap: &Snapshot, journal_from: u64) -> Result<(), StoreError> {
+pub fn store(dir: &Path, snap: &RawSnapshot, journal_from: u64) -> Result<(), StoreError> {
     let bytes = encode(snap, journal_from)?;
     durable::write_atomic(&dir.join(FILE_NAME), &bytes)
 }
@@ -129,27 +128,30 @@ pub fn remove_stale_temps(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Snapshot;
     use serde_json::json;
 
     #[test]
     fn roundtrip() {
-        let snap = Snapshot {
+        let snap = RawSnapshot::from_value(&Snapshot {
             seq: 42,
             state: json!({"b": [1, 2], "a": {"z": "y"}}),
-        };
+        })
+        .unwrap();
         let bytes = encode(&snap, 3).unwrap();
         let loaded = decode(Path::new("s.json"), &bytes).unwrap();
         assert_eq!(loaded.snapshot.seq, 42);
-        assert_eq!(loaded.snapshot.state, snap.state);
+        assert_eq!(loaded.snapshot.state.get(), snap.state.get());
         assert_eq!(loaded.journal_from, 3);
     }
 
     #[test]
     fn damaged_state_is_detected() {
-        let snap = Snapshot {
+        let snap = RawSnapshot::from_value(&Snapshot {
             seq: 1,
             state: json!({"count": 12345}),
-        };
+        })
+        .unwrap();
         let bytes = encode(&snap, 1).unwrap();
         let text = String::from_utf8(bytes).unwrap().replace("12345", "12346");
         match decode(Path::new("s.json"), text.as_bytes()) {
@@ -174,10 +176,11 @@ mod tests {
     #[test]
     fn truncated_snapshot_is_corrupt() {
         let bytes = encode(
-            &Snapshot {
+            &RawSnapshot::from_value(&Snapshot {
                 seq: 1,
                 state: json!([1, 2, 3]),
-            },
+            })
+            .unwrap(),
             1,
         )
         .unwrap();

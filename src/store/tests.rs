@@ -385,10 +385,11 @@ fn crash_between_snapshot_temp_write_and_rename_keeps_old_snapshot() {
     append_n(&mut store, 1);
     // The first half of a snapshot write, then the "crash": no rename.
     let newer = snapshot::encode(
-        &Snapshot {
+        &RawSnapshot::from_value(&Snapshot {
             seq: 3,
             state: json!("new"),
-        },
+        })
+        .unwrap(),
         3,
     )
     .unwrap();
