@@ -236,6 +236,33 @@ impl ExternalAdapter {
     fn op(&self) -> &str {
         &self.desc.name
     }
+
+    /// `execute` and `reconcile` share one shape: send the plan, read back an outcome. A
+    /// malformed outcome proves nothing, so it counts as possibly partial.
+    async fn outcome_call(
+        &self,
+        method: &str,
+        ctx: &AdapterCtx,
+        plan: &Resolved,
+        timeout: std::time::Duration,
+    ) -> Result<Outcome, ExecError> {
+        let v = self
+            .conn
+            .call(
+                method,
+                json!({"operation": self.op(), "operation_id": ctx.operation_id, "plan": plan}),
+                timeout,
+            )
+            .await
+            .map_err(exec_err)?;
+        serde_json::from_value(v).map_err(|_| {
+            ExecError::new(
+                FailureKind::PossiblyPartial,
+                codes::UPSTREAM_UNKNOWN,
+                "the provider gave a malformed outcome",
+            )
+        })
+    }
 }
 
 impl Adapter for ExternalAdapter {
@@ -335,24 +362,7 @@ impl Adapter for ExternalAdapter {
         ctx: &'a AdapterCtx,
         plan: &'a Resolved,
     ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
-        Box::pin(async move {
-            let v = self
-                .conn
-                .call(
-                    "execute",
-                    json!({"operation": self.op(), "operation_id": ctx.operation_id, "plan": plan}),
-                    EXECUTE_TIMEOUT,
-                )
-                .await
-                .map_err(exec_err)?;
-            serde_json::from_value(v).map_err(|_| {
-                ExecError::new(
-                    FailureKind::PossiblyPartial,
-                    codes::UPSTREAM_UNKNOWN,
-                    "the provider gave a malformed outcome",
-                )
-            })
-        })
+        Box::pin(self.outcome_call("execute", ctx, plan, EXECUTE_TIMEOUT))
     }
 
     fn reconcile<'a>(
@@ -360,24 +370,7 @@ impl Adapter for ExternalAdapter {
         ctx: &'a AdapterCtx,
         plan: &'a Resolved,
     ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
-        Box::pin(async move {
-            let v = self
-                .conn
-                .call(
-                    "reconcile",
-                    json!({"operation": self.op(), "operation_id": ctx.operation_id, "plan": plan}),
-                    CALL_TIMEOUT,
-                )
-                .await
-                .map_err(exec_err)?;
-            serde_json::from_value(v).map_err(|_| {
-                ExecError::new(
-                    FailureKind::PossiblyPartial,
-                    codes::UPSTREAM_UNKNOWN,
-                    "the provider gave a malformed outcome",
-                )
-            })
-        })
+        Box::pin(self.outcome_call("reconcile", ctx, plan, CALL_TIMEOUT))
     }
 }
 
