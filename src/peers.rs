@@ -17,28 +17,43 @@ pub struct Peer {
 #[derive(Debug)]
 pub struct Instance {
     pub me: Peer,
-    file: Option<PathBuf>,
+    file: std::sync::Mutex<Option<PathBuf>>,
+    gaffer_dir: PathBuf,
     dir: PathBuf,
 }
 
 impl Instance {
+    /// Records this process's presence if the store exists (reading never creates it). Call
+    /// [`Instance::ensure_registered`] again before writing: other processes judge whether
+    /// work claimed by us is orphaned by these files.
     pub fn register(gaffer_dir: &Path) -> Instance {
         let me = Peer {
             pid: std::process::id(),
             started_ms: crate::util::now_ms(),
         };
-        let dir = gaffer_dir.join("peers");
-        let mut file = None;
-        if gaffer_dir.is_dir() {
-            let path = dir.join(format!("{}.json", me.pid));
-            let written = std::fs::create_dir_all(&dir)
-                .and_then(|()| std::fs::write(&path, serde_json::to_vec(&me).unwrap_or_default()));
-            match written {
-                Ok(()) => file = Some(path),
-                Err(e) => tracing::debug!(error = %e, "presence file not written"),
-            }
+        let instance = Instance {
+            me,
+            file: std::sync::Mutex::new(None),
+            gaffer_dir: gaffer_dir.to_path_buf(),
+            dir: gaffer_dir.join("peers"),
+        };
+        instance.ensure_registered();
+        instance
+    }
+
+    /// Writes the presence file once the store directory exists; cheap when already done.
+    pub fn ensure_registered(&self) {
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if file.is_some() || !self.gaffer_dir.is_dir() {
+            return;
         }
-        Instance { me, file, dir }
+        let path = self.dir.join(format!("{}.json", self.me.pid));
+        let written = std::fs::create_dir_all(&self.dir)
+            .and_then(|()| std::fs::write(&path, serde_json::to_vec(&self.me).unwrap_or_default()));
+        match written {
+            Ok(()) => *file = Some(path),
+            Err(e) => tracing::warn!(error = %e, "presence file not written"),
+        }
     }
 
     /// Other live gaffer processes on this workspace.
@@ -59,7 +74,8 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        if let Some(f) = &self.file {
+        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = file.as_ref() {
             let _ = std::fs::remove_file(f);
         }
     }

@@ -132,8 +132,12 @@ pub enum CommitError<E> {
     Store(WorkspaceError),
 }
 
+/// Called under the store lock before each append (see [`Workspace::before_write`]).
+type WriteHook = Arc<dyn Fn() + Send + Sync>;
+
 struct Inner {
     store: Store,
+    before_write: Option<WriteHook>,
     state: State,
     since_snapshot: u64,
     /// When the journal was last checked for other processes' appends.
@@ -203,6 +207,7 @@ impl Workspace {
         tracing::info!(workspace = %root.display(), seq = state.last_seq, replayed, "workspace opened");
         let inner = Arc::new(Mutex::new(Inner {
             store,
+            before_write: None,
             state,
             since_snapshot: replayed,
             last_poll: Instant::now(),
@@ -312,6 +317,12 @@ impl Workspace {
         }
         rx.await
             .unwrap_or(Err(CommitError::Store(WorkspaceError::CommitPanicked)))
+    }
+
+    /// Registers `hook` to run under the store lock before every append, once the store
+    /// directory exists (used to record this process's presence before it writes anything).
+    pub fn before_write(&self, hook: impl Fn() + Send + Sync + 'static) {
+        lock(&self.inner).before_write = Some(Arc::new(hook));
     }
 
     /// Notifications from every record folded from now on (this process's and others').
@@ -492,6 +503,7 @@ fn run_batch(
         let next_seq = inner.state.last_seq + 1;
         let (staged, notices, completions) = stage_jobs(&mut inner.state, next_seq, jobs)?;
         if !staged.is_empty() {
+            let hook = inner.before_write.clone();
             let mut txn = match inner.store.begin() {
                 Ok(t) => t,
                 Err(e) => {
@@ -500,6 +512,9 @@ fn run_batch(
                     return Err(e);
                 }
             };
+            if let Some(h) = hook {
+                h();
+            }
             // Nobody can have written first (creators hold the root lock); check anyway.
             let others = txn.take_new()?;
             if !others.is_empty() || txn.next_seq() != next_seq {
@@ -522,6 +537,7 @@ fn run_batch(
         return Ok(());
     }
     drop(root_lock);
+    let hook = inner.before_write.clone();
     let mut txn = match inner.store.begin() {
         Ok(t) => t,
         Err(e) => {
@@ -533,6 +549,9 @@ fn run_batch(
             return Ok(());
         }
     };
+    if let Some(h) = hook {
+        h();
+    }
     let mut notices = Vec::new();
     let others = txn.take_new()?;
     inner.since_snapshot += others.len() as u64;

@@ -418,3 +418,40 @@ fn end_of_input_still_answers_every_request_already_sent() {
     }
     assert_eq!(common::wait_exit(&mut s.child, Duration::from_secs(20)), 0);
 }
+
+#[test]
+fn a_process_that_created_the_store_is_seen_as_a_peer() {
+    let ws = workspace();
+    // A starts before `.gaffer/` exists, then creates it with its first write.
+    let mut a = Server::start(ws.path(), Wire::Ndjson, &[]);
+    let a_pid = a.call("gaffer/status", json!({}))["pid"].clone();
+    let bundle = json!({
+        "metadata": {"id": "peer-b", "revision": "r1", "created_at": "2026-01-01T00:00:00Z",
+                     "provenance": {"source": "test"}},
+        "profiles": [{"selector": {"kind": "builtin", "value": "builtin:coder"},
+                      "command": ["sh", "-c", "cat"]}]
+    });
+    a.call("bundles/sync", json!({"bundle": bundle}));
+    let mut b = Server::start(ws.path(), Wire::Ndjson, &[]);
+    let st = b.call("gaffer/status", json!({}));
+    let peers: Vec<Value> = st["peers"]
+        .as_array()
+        .expect("peers")
+        .iter()
+        .map(|p| p["pid"].clone())
+        .collect();
+    assert!(peers.contains(&a_pid), "B sees A ({a_pid}) among {peers:?}");
+    // And A sees B once B has registered (B opened an existing store).
+    let st = a.call("gaffer/status", json!({}));
+    let peers: Vec<Value> = st["peers"]
+        .as_array()
+        .expect("peers")
+        .iter()
+        .map(|p| p["pid"].clone())
+        .collect();
+    assert!(peers.contains(&st_pid(&mut b)), "A sees B among {peers:?}");
+}
+
+fn st_pid(s: &mut Server) -> Value {
+    s.call("gaffer/status", json!({}))["pid"].clone()
+}

@@ -32,7 +32,7 @@ pub struct App {
     pub workspace: Arc<Workspace>,
     pub config: AppConfig,
     /// Identity of this gaffer process, for presence and ownership.
-    pub instance: crate::peers::Instance,
+    pub instance: Arc<crate::peers::Instance>,
     /// The workers whose OS processes this gaffer process owns.
     pub workers: Arc<crate::workers::WorkerRuntime>,
     /// Operations: submit, approvals, execute-once dispatch (started by `Host::attach`).
@@ -43,7 +43,13 @@ impl App {
     /// Opens the workspace at `root` and starts this process's domain runtimes.
     pub fn open(root: &Path, config: AppConfig) -> Result<Arc<App>, WorkspaceError> {
         let workspace = Workspace::open(root)?;
-        let instance = crate::peers::Instance::register(&workspace.gaffer_dir());
+        let instance = Arc::new(crate::peers::Instance::register(&workspace.gaffer_dir()));
+        {
+            // Other processes judge whether our claimed work is orphaned by presence files, so
+            // ours exists before anything we write (also when this process creates the store).
+            let instance = Arc::clone(&instance);
+            workspace.before_write(move || instance.ensure_registered());
+        }
         let workers = crate::workers::WorkerRuntime::new(Arc::clone(&workspace));
         workers.start();
         let operations = crate::operations::open_runtime(
