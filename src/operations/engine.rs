@@ -273,29 +273,16 @@ impl OperationRuntime {
         })
     }
 
-    /// `Workspace::commit`, retried a few times when the store reports a lost race with
-    /// another process (the closure re-validates against the fresh state on every attempt).
+    /// Every operations change goes through the workspace's one commit path: the closure
+    /// validates against state that already holds every other process's records.
     async fn commit<T, F>(&self, f: F) -> Result<T, CommitError<OpError>>
     where
         F: FnOnce(&crate::workspace::State) -> Result<(Vec<NewRecord>, T), OpError>
-            + Clone
             + Send
             + 'static,
         T: Send + 'static,
     {
-        let mut attempt = 0;
-        loop {
-            match self.ws.commit(f.clone()).await {
-                Err(CommitError::Store(crate::workspace::WorkspaceError::Unavailable(m)))
-                    if attempt < 5 =>
-                {
-                    attempt += 1;
-                    tracing::debug!(reason = %m, attempt, "store busy; retrying the commit");
-                    tokio::time::sleep(Duration::from_millis(5 * attempt)).await;
-                }
-                r => return r,
-            }
-        }
+        self.ws.commit(f).await
     }
 
     pub fn registry(&self) -> &Registry {

@@ -91,10 +91,6 @@ impl Progress {
         }
     }
 
-    pub fn is_active(&self) -> bool {
-        self.target.is_some()
-    }
-
     fn send(&self, lsp_value: Value, mcp_progress: f64, message: Option<&str>) {
         let Some((token, style, out)) = &self.target else {
             return;

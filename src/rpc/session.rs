@@ -110,7 +110,6 @@ struct Conn<H: Host> {
     profile: Option<Profile>,
     client: Option<Arc<ClientInfo>>,
     state: Option<Arc<H::State>>,
-    initialized: bool,
     shutdown: bool,
     writes_issued: u64,
     tasks: JoinSet<()>,
@@ -178,7 +177,6 @@ where
         },
         client: None,
         state: None,
-        initialized: false,
         shutdown: false,
         writes_issued: 0,
         tasks: JoinSet::new(),
@@ -397,7 +395,8 @@ impl<H: Host> Conn<H> {
     fn on_notification(&mut self, method: &str, params: Value) -> bool {
         match method {
             "exit" => return true,
-            "initialized" | "notifications/initialized" => self.initialized = true,
+            // The handshake's last step carries nothing gaffer needs.
+            "initialized" | "notifications/initialized" => {}
             "$/cancelRequest" => {
                 if let Some(id) = params.get("id").and_then(id_of) {
                     self.cancel(&id);

@@ -28,7 +28,7 @@ pub fn decode_closed<T: DeserializeOwned>(root: &str, v: &Value) -> Result<T, Ad
 
 /// JSON Schema of a closed input type, for the catalog.
 pub fn schema_of<T: JsonSchema>() -> Value {
-    serde_json::to_value(schemars::schema_for!(T)).unwrap_or(Value::Null)
+    crate::rpc::router::schema_of::<T>().to_value()
 }
 
 pub fn to_value<T: serde::Serialize>(v: &T) -> Value {

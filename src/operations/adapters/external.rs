@@ -237,6 +237,14 @@ impl ExternalAdapter {
         &self.desc.name
     }
 
+    /// A call made before anything executes: provider failures are adapter errors.
+    async fn ask(&self, method: &str, params: Value) -> Result<Value, AdapterError> {
+        self.conn
+            .call(method, params, CALL_TIMEOUT)
+            .await
+            .map_err(adapter_err)
+    }
+
     /// `execute` and `reconcile` share one shape: send the plan, read back an outcome. A
     /// malformed outcome proves nothing, so it counts as possibly partial.
     async fn outcome_call(
@@ -276,15 +284,8 @@ impl Adapter for ExternalAdapter {
         arguments: &'a Value,
     ) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
         Box::pin(async move {
-            let v = self
-                .conn
-                .call(
-                    "decode",
-                    json!({"operation": self.op(), "target": target, "arguments": arguments}),
-                    CALL_TIMEOUT,
-                )
-                .await
-                .map_err(adapter_err)?;
+            let params = json!({"operation": self.op(), "target": target, "arguments": arguments});
+            let v = self.ask("decode", params).await?;
             let d: Decoded = parse(v, "decode result")?;
             if !d.target.is_object() || !d.arguments.is_object() {
                 return Err(AdapterError::coded(
@@ -302,16 +303,9 @@ impl Adapter for ExternalAdapter {
         input: Decoded,
     ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
         Box::pin(async move {
-            let v = self
-                .conn
-                .call(
-                    "resolve",
-                    json!({"operation": self.op(), "operation_id": ctx.operation_id, "client_id": ctx.client_id,
-                           "target": input.target, "arguments": input.arguments}),
-                    CALL_TIMEOUT,
-                )
-                .await
-                .map_err(adapter_err)?;
+            let params = json!({"operation": self.op(), "operation_id": ctx.operation_id, "client_id": ctx.client_id,
+                                "target": input.target, "arguments": input.arguments});
+            let v = self.ask("resolve", params).await?;
             let pre = v.get("preconditions").cloned().unwrap_or(Value::Null);
             Ok(Resolved {
                 target: input.target,
@@ -327,14 +321,8 @@ impl Adapter for ExternalAdapter {
     ) -> BoxFuture<'a, Result<Classification, AdapterError>> {
         Box::pin(async move {
             let v = self
-                .conn
-                .call(
-                    "authorize",
-                    json!({"operation": self.op(), "plan": plan}),
-                    CALL_TIMEOUT,
-                )
-                .await
-                .map_err(adapter_err)?;
+                .ask("authorize", json!({"operation": self.op(), "plan": plan}))
+                .await?;
             parse(v, "classification")
         })
     }
@@ -345,14 +333,8 @@ impl Adapter for ExternalAdapter {
     ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
         Box::pin(async move {
             let v = self
-                .conn
-                .call(
-                    "present",
-                    json!({"operation": self.op(), "plan": plan}),
-                    CALL_TIMEOUT,
-                )
-                .await
-                .map_err(adapter_err)?;
+                .ask("present", json!({"operation": self.op(), "plan": plan}))
+                .await?;
             parse::<Presentation>(v, "presentation")?.bounded()
         })
     }
