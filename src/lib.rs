@@ -9,9 +9,11 @@
 
 pub mod bundles;
 pub mod cli;
+pub mod clients;
 pub mod jcs;
 pub mod methods;
 pub mod operations;
+pub mod operator;
 pub mod patterns;
 pub mod peers;
 pub mod rpc;

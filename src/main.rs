@@ -41,6 +41,9 @@ fn config(g: &Global) -> AppConfig {
     AppConfig {
         workspace: g.workspace.clone(),
         patterns_policy: g.patterns_policy.clone(),
+        client_token: std::env::var(gaffer::clients::TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.trim().is_empty()),
     }
 }
 

@@ -88,6 +88,13 @@ pub struct State {
     pub workers: crate::workers::WorkerState,
     #[serde(default)]
     pub operations: crate::operations::OperationState,
+    #[serde(default)]
+    pub trust: crate::operations::trust::TrustState,
+    #[serde(default)]
+    pub clients: crate::clients::ClientState,
+    // MERGE-SHIM: replaced by the chain branch's workspace id.
+    #[serde(default)]
+    pub shim_workspace_id: Option<String>,
 }
 
 impl State {
@@ -99,6 +106,17 @@ impl State {
             "bundle" => self.bundles.apply(rec, out),
             "worker" => self.workers.apply(rec, out),
             "operation" | "approval" => self.operations.apply(rec, out),
+            "trust" => self.trust.apply(rec, out),
+            "client" => self.clients.apply(rec, out),
+            "store" => {
+                if self.shim_workspace_id.is_none() {
+                    self.shim_workspace_id = rec
+                        .payload
+                        .get("workspace_id")
+                        .and_then(|v| v.as_str())
+                        .map(str::to_string);
+                }
+            }
             "gaffer" => {}
             _ => tracing::warn!(kind = %rec.kind, seq = rec.seq, "unknown record kind skipped"),
         }
@@ -326,6 +344,40 @@ impl Workspace {
     }
 
     /// Notifications from every record folded from now on (this process's and others').
+    // MERGE-SHIM: the chain branch provides these.
+    pub fn workspace_id(&self) -> Option<String> {
+        self.read(|s| s.shim_workspace_id.clone())
+    }
+    pub fn journal_head(&self) -> crate::operator::Head {
+        crate::operator::Head {
+            seq: self.seq(),
+            hash: String::new(),
+        }
+    }
+    pub fn chain_ok(&self) -> bool {
+        true
+    }
+    pub async fn ensure_workspace_id(&self) -> Result<String, WorkspaceError> {
+        if let Some(id) = self.workspace_id() {
+            return Ok(id);
+        }
+        let id =
+            crate::util::new_id("ws_").map_err(|e| WorkspaceError::Unavailable(e.to_string()))?;
+        let rec = NewRecord::new("store.created", serde_json::json!({"workspace_id": id}))?;
+        self.commit(move |s: &State| {
+            if s.shim_workspace_id.is_some() {
+                return Ok::<_, WorkspaceError>((vec![], ()));
+            }
+            Ok((vec![rec], ()))
+        })
+        .await
+        .map_err(|e| match e {
+            CommitError::Rejected(e) | CommitError::Store(e) => e,
+        })?;
+        self.workspace_id()
+            .ok_or_else(|| WorkspaceError::Unavailable("no workspace id".into()))
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
         self.events.subscribe()
     }

@@ -54,66 +54,127 @@ pub fn run(root: &Path) -> Report {
             detail: "no .gaffer/ yet; it is created on the first write".into(),
         });
     }
-    match crate::operations::operator::key_path() {
-        Ok(path) => {
-            let inside = path
-                .canonicalize()
-                .ok()
-                .zip(root.canonicalize().ok())
-                .is_some_and(|(k, r)| k.starts_with(r));
-            checks.push(Check {
-                name: "operator_key",
-                ok: !inside,
-                detail: if inside {
-                    format!("{} is inside the workspace: an agent could read it and approve its own operations", path.display())
-                } else if path.is_file() {
-                    format!("{} present", path.display())
-                } else {
-                    format!("{} missing: operator connections are refused until `gaffer operator init`", path.display())
-                },
-            });
-        }
-        Err(_) => checks.push(Check {
+    key_checks(root, &mut checks);
+    trust_checks(root, &mut checks);
+    let ok = checks.iter().all(|c| c.ok);
+    Report {
+        ok,
+        workspace: root.display().to_string(),
+        checks,
+    }
+}
+
+/// The private key must sit outside the workspace; serving processes need only the public one.
+fn key_checks(root: &Path, checks: &mut Vec<Check>) {
+    use crate::operator::{OperatorPublic, OperatorSigner, key_path, public_key_path};
+    let (Ok(private), Ok(public)) = (key_path(), public_key_path()) else {
+        checks.push(Check {
             name: "operator_key",
             ok: true,
             detail: "no config directory (set GAFFER_OPERATOR_KEY_FILE)".into(),
-        }),
-    }
-    // Policy and providers act only while the operator's signature covers them.
+        });
+        return;
+    };
+    let inside = |p: &Path| {
+        p.canonicalize()
+            .ok()
+            .zip(root.canonicalize().ok())
+            .is_some_and(|(k, r)| k.starts_with(r))
+    };
+    let (ok, detail) = if inside(&private) {
+        (
+            false,
+            format!(
+                "{} is inside the workspace: an agent could read it and approve its own operations",
+                private.display()
+            ),
+        )
+    } else {
+        match OperatorSigner::load_from(&private) {
+            Ok(_) => (true, format!("{} present (Ed25519)", private.display())),
+            Err(crate::operator::OperatorKeyError::Missing(_)) => (
+                true,
+                format!(
+                    "{} not readable here (fine for a serving process: it needs only the public key)",
+                    private.display()
+                ),
+            ),
+            Err(e) => (false, e.to_string()),
+        }
+    };
+    checks.push(Check {
+        name: "operator_key",
+        ok,
+        detail,
+    });
+    let (ok, detail) = match OperatorPublic::load_from(&public) {
+        Ok(k) => (
+            true,
+            format!(
+                "{} present, fingerprint {}",
+                public.display(),
+                k.fingerprint()
+            ),
+        ),
+        Err(e) => (
+            false,
+            format!(
+                "{e}: approvals, trust and operator logins cannot be verified until `gaffer operator init`"
+            ),
+        ),
+    };
+    checks.push(Check {
+        name: "operator_public_key",
+        ok,
+        detail,
+    });
+}
+
+/// Policy and providers act only as far as the operator's signature covers them.
+fn trust_checks(root: &Path, checks: &mut Vec<Check>) {
+    use crate::operations::trust::{TrustStatus, check};
+    let Ok(ws) = crate::workspace::Workspace::open(root) else {
+        return;
+    };
+    let key = crate::operator::current_public();
     for (name, file) in [
         ("policy_trust", "policy.yaml"),
         ("providers_trust", "providers.yaml"),
     ] {
-        match crate::operations::trust::check(&dir, file) {
+        let (ok, detail) = match check(&ws, file, key.as_ref()) {
             Ok(c) => {
-                use crate::operations::trust::TrustStatus;
-                let ok = matches!(c.status, TrustStatus::Absent | TrustStatus::Trusted);
-                let effect = match (file, ok) {
-                    (_, true) => "",
-                    ("policy.yaml", false) => {
+                let ok = matches!(c.status, TrustStatus::Absent | TrustStatus::Trusted)
+                    && c.invalid_records == 0;
+                let effect = match c.status {
+                    TrustStatus::Absent | TrustStatus::Trusted => "",
+                    TrustStatus::Changed | TrustStatus::Deleted => {
+                        ": the last trusted content is enforced and the file's new allow rules are ignored; review it and run `gaffer trust` to accept it"
+                    }
+                    TrustStatus::ContentMissing => {
+                        ": every operation is refused until the operator trusts the file again"
+                    }
+                    _ if file == "policy.yaml" => {
                         ": its allow rules are ignored (every operation not denied needs a human); run `gaffer trust` after reviewing it"
                     }
                     _ => {
                         ": external providers are not started; run `gaffer trust` after reviewing it"
                     }
                 };
-                checks.push(Check {
-                    name,
+                let forged = if c.invalid_records > 0 {
+                    format!(
+                        " ({} trust record(s) in the journal do not verify and are ignored)",
+                        c.invalid_records
+                    )
+                } else {
+                    String::new()
+                };
+                (
                     ok,
-                    detail: format!(".gaffer/{file}: {}{effect}", c.status.describe()),
-                });
+                    format!(".gaffer/{file}: {}{effect}{forged}", c.status.describe()),
+                )
             }
-            Err(e) => checks.push(Check {
-                name,
-                ok: false,
-                detail: e.to_string(),
-            }),
-        }
-    }
-    let ok = checks.iter().all(|c| c.ok);
-    Report {
-        ok,
-        workspace: root.display().to_string(),
-        checks,
+            Err(e) => (false, e.to_string()),
+        };
+        checks.push(Check { name, ok, detail });
     }
 }

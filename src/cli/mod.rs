@@ -3,6 +3,7 @@
 pub mod bundles;
 pub mod doctor;
 pub mod operations;
+pub mod operator;
 pub mod patterns;
 pub mod store;
 pub mod workers;

@@ -2,6 +2,7 @@
 
 pub mod approvals;
 pub mod bundles;
+pub mod identity;
 pub mod operations;
 pub mod patterns;
 pub mod schema;
@@ -25,6 +26,9 @@ pub struct AppConfig {
     pub workspace: Option<PathBuf>,
     /// `--patterns-policy`: a selection policy file instead of `.gaffer/patterns.yaml`.
     pub patterns_policy: Option<PathBuf>,
+    /// `GAFFER_CLIENT_TOKEN` as this process was started with: the identity of connections
+    /// that present no token of their own.
+    pub client_token: Option<String>,
 }
 
 /// Everything a handler can reach: the workspace and the domain runtimes of this process.
@@ -78,27 +82,6 @@ pub fn store_error(context: &str, e: &WorkspaceError) -> RpcError {
     )
 }
 
-/// Checks a presented operator key. The reason goes to the log; the client learns only
-/// whether a key is set up here (never anything about the key itself).
-fn authenticate_operator(presented: &str) -> Result<(), RpcError> {
-    use crate::operations::operator::OperatorKeyError;
-    crate::operations::authenticate_operator(presented).map_err(|e| {
-        tracing::warn!(error = %e, "operator authentication refused");
-        match e {
-            OperatorKeyError::NoLocation | OperatorKeyError::Missing(_) => RpcError::app(
-                AppCode::Forbidden,
-                "operator_key_missing",
-                "no operator key is set up on this machine; run `gaffer operator init`",
-            ),
-            _ => RpcError::app(
-                AppCode::Forbidden,
-                "operator_key_invalid",
-                "the operator key does not match",
-            ),
-        }
-    })
-}
-
 /// Builds the full method table.
 pub fn router() -> Router<App> {
     let mut r = Router::new();
@@ -126,8 +109,14 @@ pub async fn call_local(
     method: &str,
     params: Value,
 ) -> Result<Value, RpcError> {
+    // A one-shot command is whoever its environment's credential says (else anonymous); the
+    // operator role is given only by commands that hold the private key.
+    let id = match role {
+        Role::Operator => "operator".to_string(),
+        Role::Agent => app.identify(&Value::Null, Profile::Raw)?,
+    };
     let ctx = CallCtx::local(ClientInfo {
-        id: "cli".into(),
+        id,
         role,
         profile: Profile::Raw,
     });
@@ -212,29 +201,16 @@ impl Host for Server {
         Ok(app)
     }
 
-    fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError> {
-        let opts = init.get("initializationOptions").unwrap_or(init);
-        match opts.get("role").and_then(Value::as_str) {
-            None | Some("agent") => Ok(Role::Agent),
-            Some("operator") => {
-                if profile == Profile::Mcp {
-                    return Err(RpcError::app(
-                        AppCode::Forbidden,
-                        "operator_not_on_mcp",
-                        "the MCP surface never carries operator connections",
-                    ));
-                }
-                let key = opts
-                    .get("operatorKey")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                authenticate_operator(key).map(|()| Role::Operator)
-            }
-            Some(other) => Err(RpcError::invalid_params(
-                "initializationOptions.role",
-                format!("unknown role {other:?}; expected \"agent\" or \"operator\""),
-            )),
-        }
+    fn identify(&self, state: &App, init: &Value, profile: Profile) -> Result<String, RpcError> {
+        state.identify(init, profile)
+    }
+
+    fn login_challenge(&self, state: &App, connection_id: &str) -> Result<String, RpcError> {
+        state.login_challenge(connection_id)
+    }
+
+    fn login_verify(&self, state: &App, challenge: &str, signature: &str) -> Result<(), RpcError> {
+        state.login_verify(challenge, signature)
     }
 
     fn subscribe(&self, state: &App) -> broadcast::Receiver<Notice> {

@@ -5,25 +5,26 @@
 //! - [`lifecycle`]: the eight states, allowed transitions, stable error codes.
 //! - [`policy`]: `.gaffer/policy.yaml` rules and the decision order.
 //! - [`plan`]: the immutable, digest-identified plan an approval is bound to.
-//! - [`operator`]: the operator key (outside the workspace) and decision signatures.
+//! - [`decision`]: what an operator signs when deciding.
+//! - [`authorize`]: the one authorization check every execution passes at its claim.
 //! - [`adapter`]: the provider contract and the catalog-checked registry.
 //! - [`adapters`]: built-in providers (workspace files, commands) and external ones.
 //! - [`state`]: the journal fold of operations and approvals.
-//! - [`trust`]: operator signatures over `policy.yaml` and `providers.yaml`.
+//! - [`trust`]: operator-signed trust records for `policy.yaml` and `providers.yaml`.
 
 pub mod adapter;
 pub mod adapters;
+pub mod authorize;
 pub mod canonical;
+pub mod decision;
 pub mod engine;
 pub mod lifecycle;
-pub mod operator;
 pub mod plan;
 pub mod policy;
 pub mod state;
 pub mod trust;
 pub mod views;
 
-pub use operator::authenticate_operator;
 pub use state::OperationState;
 
 use std::sync::Arc;
@@ -41,10 +42,12 @@ pub fn open_runtime(
     let mut all = adapters::workspace::adapters();
     all.extend(adapters::command::adapters());
     let gaffer_dir = ws.gaffer_dir();
-    let providers =
-        trust::check(&gaffer_dir, adapters::external::PROVIDERS_FILE).map_err(|e| e.to_string())?;
-    match (&providers.bytes, providers.status) {
-        (Some(bytes), trust::TrustStatus::Trusted) => {
+    let key = crate::operator::current_public();
+    let providers = trust::check(&ws, adapters::external::PROVIDERS_FILE, key.as_ref())
+        .map_err(|e| e.to_string())?;
+    // The last trusted content is what runs, whatever the file on disk says now.
+    match (providers.enforced(), providers.status) {
+        (Some(bytes), _) => {
             let file = gaffer_dir.join(adapters::external::PROVIDERS_FILE);
             let text =
                 std::str::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", file.display()))?;
@@ -53,7 +56,9 @@ pub fn open_runtime(
             catalogs.extend(ext_catalogs);
             all.extend(ext_adapters);
         }
-        (Some(_), status) => {
+        (None, status)
+            if providers.disk.is_some() || status == trust::TrustStatus::ContentMissing =>
+        {
             tracing::warn!(
                 ?status,
                 "providers.yaml is not trusted by the operator; no external provider is started \

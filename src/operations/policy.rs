@@ -228,6 +228,9 @@ pub struct Policy {
     /// The file is not signed by the operator: only its deny rules were kept, and every
     /// other operation waits for a human with the default bounds.
     pub untrusted: bool,
+    /// Set when the trusted policy cannot be had (its kept bytes are missing or unreadable):
+    /// every operation is denied, so no trusted deny rule is ever lost.
+    pub refuse_all: Option<String>,
 }
 
 /// An approved, still usable approval that acts as an extra allow rule.
@@ -308,6 +311,7 @@ impl Policy {
         Ok(Policy {
             rules: Some(parsed.rules),
             untrusted: false,
+            refuse_all: None,
         })
     }
 
@@ -324,10 +328,51 @@ impl Policy {
         Policy {
             rules: Some(denies),
             untrusted: true,
+            refuse_all: None,
         }
     }
 
+    /// A policy that denies everything, saying why.
+    pub fn refuse_all(why: impl Into<String>) -> Policy {
+        Policy {
+            rules: Some(vec![]),
+            untrusted: false,
+            refuse_all: Some(why.into()),
+        }
+    }
+
+    /// Adds `other`'s deny rules (from an untrusted file: denies only ever restrict).
+    pub fn with_denies_of(mut self, other: Policy) -> Policy {
+        let mut seen: BTreeSet<String> =
+            self.rules.iter().flatten().map(|r| r.id.clone()).collect();
+        let extra: Vec<Rule> = other
+            .rules
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.effect == Effect::Deny)
+            .map(|mut r| {
+                if !seen.insert(r.id.clone()) {
+                    r.id = format!("untrusted:{}", r.id);
+                }
+                r
+            })
+            .collect();
+        if !extra.is_empty() {
+            self.rules.get_or_insert_with(Vec::new).extend(extra);
+        }
+        self
+    }
+
     pub fn decide(&self, req: &PolicyRequest<'_>, grants: &[ActiveGrant], now_ms: u64) -> Decision {
+        if let Some(why) = &self.refuse_all {
+            return Decision {
+                effect: DecisionEffect::Deny,
+                reason: "policy_unavailable".into(),
+                rule_ids: vec![why.clone()],
+                grant_id: None,
+                grant_policy: None,
+            };
+        }
         let Some(rules) = &self.rules else {
             // Without a policy file a human decides everything; an active grant still counts.
             if let Some(g) = grants.iter().find(|g| grant_covers(g, req, now_ms)) {
@@ -432,7 +477,13 @@ fn line_of_nth_id(text: &str, id: &str, nth: usize) -> Option<usize> {
 
 fn rule_matches(rule: &Rule, req: &PolicyRequest<'_>) -> bool {
     let any_of = |patterns: &[String], value: &str| patterns.iter().any(|p| glob_match(p, value));
-    if !any_of(&rule.clients, req.client) || !any_of(&rule.operations, req.operation) {
+    // An unauthenticated connection is matched only by rules that name it: no glob reaches it.
+    let client_ok = if req.client == crate::clients::ANONYMOUS {
+        rule.clients.iter().any(|p| p == crate::clients::ANONYMOUS)
+    } else {
+        any_of(&rule.clients, req.client)
+    };
+    if !client_ok || !any_of(&rule.operations, req.operation) {
         return false;
     }
     // Allow and request rules need every value to match; a deny rule fires on any value.

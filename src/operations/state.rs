@@ -8,9 +8,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::adapter::Presentation;
-use super::canonical::jcs;
+use super::decision::DecisionPayload;
 use super::lifecycle::OpState;
 use super::policy::{Classification, GrantMode};
+use crate::operator::signed::OperatorSignature;
 
 pub const KIND_CREATED: &str = "operation.created";
 pub const KIND_TRANSITIONED: &str = "operation.transitioned";
@@ -96,7 +97,9 @@ pub enum DecisionKind {
     Deny,
 }
 
-/// An operator's decision, signed with the operator key.
+/// An operator's decision: the signed envelope, and the facts read from its payload for
+/// sweeps and views. Authority never comes from these copies: the execution check opens the
+/// envelope with the public key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SignedDecision {
     pub decision: DecisionKind,
@@ -105,7 +108,31 @@ pub struct SignedDecision {
     pub decided_at_ms: u64,
     pub expires_at_ms: Option<u64>,
     pub max_uses: u32,
-    pub hmac: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub operator_signature: OperatorSignature,
+}
+
+impl SignedDecision {
+    fn approval_id_differs(&self, id: &str) -> bool {
+        serde_json::from_str::<DecisionPayload>(&self.operator_signature.payload)
+            .map_or(true, |p| p.approval_id != id)
+    }
+
+    /// Reads the facts of an envelope without verifying it (the fold has no key; the
+    /// execution check verifies).
+    pub fn unverified(sig: OperatorSignature) -> Result<SignedDecision, String> {
+        let p: DecisionPayload = serde_json::from_str(&sig.payload).map_err(|e| e.to_string())?;
+        Ok(SignedDecision {
+            decision: p.decision,
+            revision: p.revision,
+            decided_at_ms: p.decided_at_ms,
+            expires_at_ms: p.expires_at_ms,
+            max_uses: p.max_uses,
+            reason: p.reason,
+            operator_signature: sig,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -131,21 +158,6 @@ pub struct Approval {
 }
 
 impl Approval {
-    /// The bytes the operator key signs for a decision.
-    pub fn decision_message(&self, d: &SignedDecision) -> Vec<u8> {
-        let v = serde_json::json!({
-            "approval_id": self.id,
-            "operation_id": self.operation_id,
-            "plan_digest": self.plan_digest,
-            "decision": d.decision,
-            "revision": d.revision,
-            "decided_at_ms": d.decided_at_ms,
-            "expires_at_ms": d.expires_at_ms,
-            "max_uses": d.max_uses,
-        });
-        jcs(&v).into_bytes()
-    }
-
     pub fn uses_spent(&self) -> u32 {
         self.uses
             .values()
@@ -213,7 +225,7 @@ pub struct Transitioned {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decided {
     pub approval_id: String,
-    pub decision: SignedDecision,
+    pub operator_signature: OperatorSignature,
     pub idempotency_key: String,
     pub command_digest: String,
 }
@@ -223,6 +235,7 @@ pub struct Revoked {
     pub approval_id: String,
     pub revision: u64,
     pub at_ms: u64,
+    pub operator_signature: OperatorSignature,
     #[serde(default)]
     pub idempotency_key: Option<String>,
     #[serde(default)]
@@ -451,20 +464,25 @@ impl OperationState {
                 d.approval_id
             )));
         };
-        if a.status != ApprovalStatus::Pending || a.revision + 1 != d.decision.revision {
+        let decision = SignedDecision::unverified(d.operator_signature)
+            .map_err(|e| ApplyError::Invalid(format!("decision payload: {e}")))?;
+        if decision.approval_id_differs(&a.id)
+            || a.status != ApprovalStatus::Pending
+            || a.revision + 1 != decision.revision
+        {
             return Err(ApplyError::Invalid(format!(
                 "approval {} is {:?} at revision {}",
                 a.id, a.status, a.revision
             )));
         }
-        a.status = match d.decision.decision {
+        a.status = match decision.decision {
             DecisionKind::Approve => ApprovalStatus::Active,
             DecisionKind::Deny => ApprovalStatus::Denied,
         };
-        a.revision = d.decision.revision;
+        a.revision = decision.revision;
         a.decision_keys
             .insert(d.idempotency_key.clone(), d.command_digest.clone());
-        a.decision = Some(d.decision);
+        a.decision = Some(decision);
         Ok(())
     }
 
@@ -720,17 +738,45 @@ pub(crate) mod tests {
         .unwrap()
     }
 
+    /// An unsigned envelope: the fold reads its facts; only execution verifies signatures.
+    fn envelope(payload: &impl serde::Serialize) -> OperatorSignature {
+        OperatorSignature {
+            head: crate::operator::Head {
+                seq: 1,
+                hash: "h".into(),
+            },
+            payload: crate::operator::signed::canonical_text(payload),
+            signature: "unsigned".into(),
+        }
+    }
+
     fn decided(a: &str, rev: u64, kind: DecisionKind) -> Value {
+        let payload = DecisionPayload {
+            domain: "gaffer/decision/v1".into(),
+            workspace_id: "ws".into(),
+            approval_id: a.into(),
+            operation_id: "op_1".into(),
+            client: "agent".into(),
+            operation: "kv.set".into(),
+            plan_digest: "d".into(),
+            classification_digest: "c".into(),
+            mode: GrantMode::Execution,
+            decision: kind,
+            revision: rev,
+            decided_at_ms: 15,
+            expires_at_ms: Some(500),
+            max_uses: 1,
+            narrowed_duration_seconds: None,
+            narrowed_max_uses: None,
+            reason: None,
+            head: crate::operator::Head {
+                seq: 1,
+                hash: "h".into(),
+            },
+        };
         serde_json::to_value(Decided {
             approval_id: a.into(),
-            decision: SignedDecision {
-                decision: kind,
-                revision: rev,
-                decided_at_ms: 15,
-                expires_at_ms: Some(500),
-                max_uses: 1,
-                hmac: "x".into(),
-            },
+            operator_signature: envelope(&payload),
             idempotency_key: "k".into(),
             command_digest: "c".into(),
         })
@@ -913,6 +959,7 @@ pub(crate) mod tests {
             approval_id: "ap_1".into(),
             revision: 3,
             at_ms: 1,
+            operator_signature: envelope(&serde_json::json!({})),
             idempotency_key: None,
             command_digest: None,
         })

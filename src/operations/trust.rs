@@ -1,70 +1,149 @@
-//! Operator trust for the workspace files that grant power: `.gaffer/policy.yaml` (allow rules)
-//! and `.gaffer/providers.yaml` (executables gaffer starts). An agent may write files in the
-//! workspace, so these files count only when `.gaffer/trust.json` holds an HMAC, under the
-//! operator key kept outside the workspace, over their exact bytes.
+//! Operator trust for the workspace files that grant power: `.gaffer/policy.yaml` (allow
+//! rules) and `.gaffer/providers.yaml` (executables gaffer starts).
+//!
+//! The agent can write every file in the workspace, so a file's content counts only as far as
+//! an operator-signed `trust.signed` journal record vouches for it. The signature binds the
+//! workspace id, the file name, the sha256 of its bytes, a version and the journal head; the
+//! trusted bytes are kept as a blob. The latest valid version is the trusted content whatever
+//! happens to the file on disk afterwards: an edit, a deletion or an older copy restored
+//! changes nothing that was trusted (its deny rules always hold) and its new allows count for
+//! nothing until the operator trusts again. A record copied from another workspace names
+//! another workspace id; a replayed older record has an older version.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::operator::OperatorKey;
+use crate::operator::signed::{Head, OperatorSignature, Payload};
+use crate::operator::{OperatorPublic, OperatorSigner};
+use crate::workspace::{NewRecord, Workspace};
 
-pub const TRUST_FILE: &str = "trust.json";
+pub const KIND_SIGNED: &str = "trust.signed";
 /// The files whose content must be operator-signed before gaffer acts on it.
 pub const TRUSTED_FILES: [&str; 2] = [
     super::policy::POLICY_FILE,
     super::adapters::external::PROVIDERS_FILE,
 ];
-const TRUST_VERSION: u32 = 1;
-/// Keeps a trust signature from ever being mistaken for any other HMAC made with the key.
-const DOMAIN: &str = "gaffer-trust-v1";
+/// Records kept per file: a flood of forged ones cannot grow memory, and a valid one is
+/// always among the newest (the operator's next trust appends after any flood).
+const MAX_RECORDS_KEPT: usize = 16;
 
-/// One signed file in `trust.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct TrustEntry {
-    /// sha256 (hex) of the exact bytes that were trusted.
-    pub sha256: String,
-    /// HMAC-SHA256 (hex) under the operator key of [`message`].
-    pub hmac: String,
+pub struct TrustPayload {
+    /// Always `gaffer/trust/v1`.
+    pub domain: String,
+    pub workspace_id: String,
+    /// File name inside `.gaffer/`.
+    pub file: String,
+    /// sha256 of the trusted bytes; `None` trusts the file's absence.
+    pub sha256: Option<String>,
+    /// One more than the latest valid version the operator's process saw.
+    pub version: u64,
     pub signed_at_ms: u64,
+    pub head: Head,
 }
 
+impl Payload for TrustPayload {
+    const DOMAIN: &'static str = "gaffer/trust/v1";
+    fn domain(&self) -> &str {
+        &self.domain
+    }
+    fn head(&self) -> &Head {
+        &self.head
+    }
+}
+
+/// A `trust.signed` record. `file` is repeated outside the signature only to index it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TrustFile {
-    pub version: u32,
-    /// Keyed by file name inside `.gaffer/`.
+pub struct TrustRecord {
+    pub file: String,
+    pub operator_signature: OperatorSignature,
+}
+
+/// Trust records as folded (unverified: every check opens them again).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TrustState {
     #[serde(default)]
-    pub files: BTreeMap<String, TrustEntry>,
+    pub files: BTreeMap<String, Vec<OperatorSignature>>,
+    /// Seq of the last trust record folded (a cheap change stamp).
+    #[serde(default)]
+    pub last_seq: u64,
+}
+
+impl TrustState {
+    pub fn apply(
+        &mut self,
+        rec: &crate::workspace::Record,
+        _out: &mut Vec<crate::workspace::Notice>,
+    ) {
+        match TrustRecord::deserialize(&rec.payload) {
+            Ok(r) if rec.kind == KIND_SIGNED && TRUSTED_FILES.contains(&r.file.as_str()) => {
+                let v = self.files.entry(r.file).or_default();
+                v.push(r.operator_signature);
+                if v.len() > MAX_RECORDS_KEPT {
+                    v.remove(0);
+                }
+                self.last_seq = rec.seq;
+            }
+            _ => tracing::warn!(seq = rec.seq, kind = %rec.kind, "trust record skipped"),
+        }
+    }
+
+    /// The latest valid trust of `file` in `workspace_id`, and how many records did not verify.
+    pub fn latest(
+        &self,
+        file: &str,
+        key: &OperatorPublic,
+        workspace_id: &str,
+    ) -> (Option<TrustPayload>, usize) {
+        let mut best: Option<TrustPayload> = None;
+        let mut invalid = 0;
+        for sig in self.files.get(file).into_iter().flatten() {
+            match sig.open::<TrustPayload>(key) {
+                Ok(p) if p.file == file && p.workspace_id == workspace_id => {
+                    if best.as_ref().is_none_or(|b| p.version >= b.version) {
+                        best = Some(p);
+                    }
+                }
+                _ => invalid += 1,
+            }
+        }
+        (best, invalid)
+    }
 }
 
 /// Where a trust-gated file stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TrustStatus {
-    /// The file does not exist (nothing to trust).
+    /// No file and no trust: nothing to trust.
     Absent,
-    /// Signed by the operator key and unchanged since.
+    /// The file on disk is exactly what the operator trusted (or trusted as absent).
     Trusted,
-    /// Its bytes differ from the ones the operator signed.
+    /// The file differs from the trusted content: the trusted content is enforced.
     Changed,
-    /// `trust.json` has no entry for it (or cannot be read).
+    /// The trusted file was deleted: the trusted content is enforced.
+    Deleted,
+    /// No valid trust record: only the file's deny rules count.
     NeverTrusted,
-    /// The entry's signature does not verify under this machine's operator key (forged, or
-    /// signed with another key).
-    BadSignature,
-    /// There is no usable operator key here, so nothing can be trusted.
+    /// No operator public key here, so nothing can be verified as trusted.
     NoOperatorKey,
+    /// A valid trust record whose kept bytes are missing or corrupt: everything is refused.
+    ContentMissing,
 }
 
 impl TrustStatus {
-    /// Whether gaffer may act on the file's content. An absent file grants nothing.
+    /// The disk file is what gaffer enforces.
     pub fn is_trusted(self) -> bool {
         self == TrustStatus::Trusted
+    }
+
+    /// The disk differs from the trusted content (reported by doctor and status).
+    pub fn is_drift(self) -> bool {
+        matches!(self, TrustStatus::Changed | TrustStatus::Deleted)
     }
 
     /// Words for messages people read.
@@ -72,12 +151,17 @@ impl TrustStatus {
         match self {
             TrustStatus::Absent => "absent",
             TrustStatus::Trusted => "trusted",
-            TrustStatus::Changed => "changed since it was trusted",
-            TrustStatus::NeverTrusted => "never trusted",
-            TrustStatus::BadSignature => {
-                "its trust signature does not verify under this operator key"
+            TrustStatus::Changed => {
+                "changed since it was trusted (the trusted content is enforced)"
             }
-            TrustStatus::NoOperatorKey => "no operator key on this machine",
+            TrustStatus::Deleted => {
+                "deleted since it was trusted (the trusted content is enforced)"
+            }
+            TrustStatus::NeverTrusted => "never trusted",
+            TrustStatus::NoOperatorKey => "no operator public key on this machine",
+            TrustStatus::ContentMissing => {
+                "trusted, but the trusted bytes are missing from the store (everything is refused)"
+            }
         }
     }
 }
@@ -86,7 +170,7 @@ impl TrustStatus {
 pub enum TrustError {
     #[error("{path}: {source}")]
     Io {
-        path: PathBuf,
+        path: std::path::PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -94,177 +178,180 @@ pub enum TrustError {
     Invalid(String),
 }
 
-/// The signed message: domain, file name and digest, NUL-separated.
-pub fn message(file: &str, sha256_hex: &str) -> Vec<u8> {
-    format!("{DOMAIN}\0{file}\0{sha256_hex}").into_bytes()
-}
-
-/// Reads `trust.json`; a missing or unreadable one holds no entries (fails closed).
-pub fn read_trust_file(gaffer_dir: &Path) -> TrustFile {
-    let path = gaffer_dir.join(TRUST_FILE);
-    let empty = TrustFile {
-        version: TRUST_VERSION,
-        files: BTreeMap::new(),
-    };
-    match std::fs::read(&path) {
-        Ok(bytes) => match serde_json::from_slice::<TrustFile>(&bytes) {
-            Ok(t) if t.version == TRUST_VERSION => t,
-            Ok(t) => {
-                tracing::warn!(
-                    version = t.version,
-                    "trust.json has an unknown version; ignoring it"
-                );
-                empty
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "trust.json is malformed; ignoring it");
-                empty
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => empty,
-        Err(e) => {
-            tracing::warn!(error = %e, "trust.json cannot be read; ignoring it");
-            empty
-        }
-    }
-}
-
-/// Checks `bytes` (the current content of `file`, `None` when absent) against `trust`.
-pub fn status_of(
-    trust: &TrustFile,
-    file: &str,
-    bytes: Option<&[u8]>,
-    key: Option<&OperatorKey>,
-) -> TrustStatus {
-    let Some(bytes) = bytes else {
-        return TrustStatus::Absent;
-    };
-    let Some(key) = key else {
-        return TrustStatus::NoOperatorKey;
-    };
-    let Some(entry) = trust.files.get(file) else {
-        return TrustStatus::NeverTrusted;
-    };
-    let digest = crate::util::sha256_hex(bytes);
-    if entry.sha256 != digest {
-        return TrustStatus::Changed;
-    }
-    if key.verify(&message(file, &digest), &entry.hmac) {
-        TrustStatus::Trusted
-    } else {
-        TrustStatus::BadSignature
-    }
-}
-
-/// A trust-gated file read once, so the bytes checked are the bytes used.
+/// A trust-gated file checked once, so the bytes checked are the bytes used.
 #[derive(Debug, Clone)]
 pub struct Checked {
     pub status: TrustStatus,
-    /// The content (`None` when the file is absent).
-    pub bytes: Option<Vec<u8>>,
+    /// The file on disk now (`None` when absent).
+    pub disk: Option<Vec<u8>>,
+    /// The latest valid trust, when there is one.
+    pub trust: Option<TrustPayload>,
+    /// The trusted bytes (`None` when trusted as absent, or when they are missing).
+    pub trusted_bytes: Option<Vec<u8>>,
+    /// Trust records for this file that do not verify (forged, copied, or another key's).
+    pub invalid_records: usize,
 }
 
-/// Reads `<gaffer_dir>/<file>` and checks it against `trust.json` and the operator key.
-pub fn check(gaffer_dir: &Path, file: &str) -> Result<Checked, TrustError> {
-    let path = gaffer_dir.join(file);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => Some(b),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(source) => return Err(TrustError::Io { path, source }),
+impl Checked {
+    /// The content gaffer acts on: the trusted bytes when there is a valid trust.
+    pub fn enforced(&self) -> Option<&[u8]> {
+        self.trusted_bytes.as_deref()
+    }
+}
+
+fn read_disk(ws: &Workspace, file: &str) -> Result<Option<Vec<u8>>, TrustError> {
+    let path = ws.gaffer_dir().join(file);
+    match std::fs::read(&path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(TrustError::Io { path, source }),
+    }
+}
+
+/// Checks `file` against the journal's trust records and the operator's public key.
+pub fn check(
+    ws: &Workspace,
+    file: &str,
+    key: Option<&OperatorPublic>,
+) -> Result<Checked, TrustError> {
+    let disk = read_disk(ws, file)?;
+    let sigs = ws.read(|s| s.trust.clone_file(file));
+    let mut out = Checked {
+        status: TrustStatus::NeverTrusted,
+        disk,
+        trust: None,
+        trusted_bytes: None,
+        invalid_records: 0,
     };
-    let key = match bytes {
-        Some(_) => match OperatorKey::load() {
-            Ok(k) => Some(k),
+    let (Some(key), Some(ws_id)) = (key, ws.workspace_id()) else {
+        out.status = match (key, &out.disk) {
+            (None, Some(_)) => TrustStatus::NoOperatorKey,
+            (_, None) => TrustStatus::Absent,
+            (Some(_), Some(_)) => TrustStatus::NeverTrusted,
+        };
+        return Ok(out);
+    };
+    let (latest, invalid) = sigs.latest(file, key, &ws_id);
+    out.invalid_records = invalid;
+    let disk_sha = out.disk.as_deref().map(crate::util::sha256_hex);
+    out.status = match &latest {
+        None if out.disk.is_none() => TrustStatus::Absent,
+        None => TrustStatus::NeverTrusted,
+        Some(t) if t.sha256 == disk_sha => TrustStatus::Trusted,
+        Some(t) if t.sha256.is_some() && out.disk.is_none() => TrustStatus::Deleted,
+        Some(_) => TrustStatus::Changed,
+    };
+    if let Some(sha) = latest.as_ref().and_then(|t| t.sha256.as_deref()) {
+        match ws.get_blob(sha) {
+            Ok(bytes) => out.trusted_bytes = Some(bytes),
             Err(e) => {
-                tracing::debug!(error = %e, "no operator key; workspace files cannot be trusted");
-                None
+                tracing::error!(file, error = %e, "the trusted content is missing from the store");
+                out.status = TrustStatus::ContentMissing;
             }
-        },
-        None => None,
-    };
-    let status = status_of(
-        &read_trust_file(gaffer_dir),
-        file,
-        bytes.as_deref(),
-        key.as_ref(),
-    );
-    Ok(Checked { status, bytes })
+        }
+    }
+    out.trust = latest;
+    Ok(out)
 }
 
-/// What `sign_files` trusted.
+impl TrustState {
+    fn clone_file(&self, file: &str) -> TrustState {
+        TrustState {
+            files: self
+                .files
+                .get(file)
+                .map(|v| BTreeMap::from([(file.to_string(), v.clone())]))
+                .unwrap_or_default(),
+            last_seq: self.last_seq,
+        }
+    }
+}
+
+/// What `sign` trusted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Signed {
     pub file: String,
-    pub sha256: String,
+    pub sha256: Option<String>,
+    pub version: u64,
 }
 
-/// Signs the current content of every trust-gated file that exists and writes `trust.json`
-/// atomically. Entries of files that no longer exist are dropped, so deleting a file and later
-/// restoring an old version does not silently regain trust.
-pub fn sign_files(gaffer_dir: &Path, key: &OperatorKey) -> Result<Vec<Signed>, TrustError> {
-    sign_files_expecting(gaffer_dir, key, &BTreeMap::new())
-}
-
-/// [`sign_files`], refusing (and writing nothing) unless each file named in `expect` still
-/// has the digest the operator reviewed, so a file swapped between review and signing is
-/// not trusted.
-pub fn sign_files_expecting(
-    gaffer_dir: &Path,
-    key: &OperatorKey,
+/// Signs the current content of `files` (each one of [`TRUSTED_FILES`]; an absent file is
+/// trusted as absent) and appends the records. Refuses, writing nothing, unless each file in
+/// `expect` still has the digest the operator reviewed, and refuses a file gaffer could not
+/// load anyway.
+pub async fn sign(
+    ws: &std::sync::Arc<Workspace>,
+    signer: &OperatorSigner,
+    files: &[String],
     expect: &BTreeMap<String, String>,
 ) -> Result<Vec<Signed>, TrustError> {
-    if let Some(unknown) = expect.keys().find(|f| !TRUSTED_FILES.contains(&f.as_str())) {
+    if let Some(unknown) = files.iter().find(|f| !TRUSTED_FILES.contains(&f.as_str())) {
         return Err(TrustError::Invalid(format!(
-            "expect: {unknown:?} is not one of {TRUSTED_FILES:?}"
+            "{unknown:?} is not one of {TRUSTED_FILES:?}"
         )));
     }
-    let now = crate::util::now_ms();
-    let mut out = TrustFile {
-        version: TRUST_VERSION,
-        files: BTreeMap::new(),
-    };
+    let ws_id = ws
+        .ensure_workspace_id()
+        .await
+        .map_err(|e| TrustError::Invalid(format!("cannot create the store: {e}")))?;
+    let key = signer.public();
+    let head = ws.journal_head();
+    let mut records = Vec::new();
     let mut signed = Vec::new();
-    for file in TRUSTED_FILES {
-        let path = gaffer_dir.join(file);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(TrustError::Io { path, source }),
-        };
-        validate(file, &path, &bytes)?;
-        let sha256 = crate::util::sha256_hex(&bytes);
+    for file in files {
+        let disk = read_disk(ws, file)?;
+        let sha256 = disk.as_deref().map(crate::util::sha256_hex);
+        if let Some(bytes) = &disk {
+            validate(file, &ws.gaffer_dir().join(file), bytes)?;
+        }
         if let Some(want) = expect.get(file)
-            && !want.eq_ignore_ascii_case(&sha256)
+            && sha256
+                .as_deref()
+                .is_none_or(|h| !want.eq_ignore_ascii_case(h))
         {
             return Err(TrustError::Invalid(format!(
-                "{} has sha256 {sha256}, not the expected {want}; review it again",
-                path.display()
+                "{file} has sha256 {}, not the expected {want}; review it again",
+                sha256.as_deref().unwrap_or("(absent)")
             )));
         }
-        out.files.insert(
-            file.to_string(),
-            TrustEntry {
-                hmac: key.sign(&message(file, &sha256)),
-                sha256: sha256.clone(),
-                signed_at_ms: now,
-            },
-        );
+        if let Some(bytes) = &disk {
+            ws.put_blob(bytes)
+                .map_err(|e| TrustError::Invalid(format!("cannot keep the trusted bytes: {e}")))?;
+        }
+        let (latest, _) = ws.read(|s| s.trust.latest(file, &key, &ws_id));
+        let payload = TrustPayload {
+            domain: TrustPayload::DOMAIN.into(),
+            workspace_id: ws_id.clone(),
+            file: file.clone(),
+            sha256: sha256.clone(),
+            version: latest.map_or(1, |l| l.version + 1),
+            signed_at_ms: crate::util::now_ms(),
+            head: head.clone(),
+        };
         signed.push(Signed {
-            file: file.to_string(),
+            file: file.clone(),
             sha256,
+            version: payload.version,
         });
+        let rec = TrustRecord {
+            file: file.clone(),
+            operator_signature: OperatorSignature::sign(signer, &payload),
+        };
+        records.push(
+            NewRecord::new(KIND_SIGNED, &rec).map_err(|e| TrustError::Invalid(e.to_string()))?,
+        );
     }
-    if let Some(missing) = expect.keys().find(|f| !out.files.contains_key(f.as_str())) {
-        return Err(TrustError::Invalid(format!(
-            "expect: {missing} does not exist"
-        )));
-    }
-    write_atomic(&gaffer_dir.join(TRUST_FILE), &out)?;
+    ws.commit(move |_| Ok::<_, TrustError>((records, ())))
+        .await
+        .map_err(|e| match e {
+            crate::workspace::CommitError::Rejected(e) => e,
+            crate::workspace::CommitError::Store(e) => TrustError::Invalid(e.to_string()),
+        })?;
     Ok(signed)
 }
 
 /// An operator should not sign a file gaffer would refuse to load anyway.
-fn validate(file: &str, path: &Path, bytes: &[u8]) -> Result<(), TrustError> {
+fn validate(file: &str, path: &std::path::Path, bytes: &[u8]) -> Result<(), TrustError> {
     let text = std::str::from_utf8(bytes)
         .map_err(|_| TrustError::Invalid(format!("{}: not UTF-8", path.display())))?;
     if file == super::policy::POLICY_FILE {
@@ -275,139 +362,56 @@ fn validate(file: &str, path: &Path, bytes: &[u8]) -> Result<(), TrustError> {
     Ok(())
 }
 
-fn write_atomic(path: &Path, value: &TrustFile) -> Result<(), TrustError> {
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| TrustError::Io { path: p, source }
+/// The policy gaffer enforces now:
+/// - a valid trust with kept bytes: that content, plus any deny rules of the file on disk
+///   when it has drifted (an edit can add denies, never remove or widen);
+/// - a valid trust of the file's absence: no rules (a human decides), plus the disk's denies;
+/// - no valid trust: only the disk file's deny rules (every other operation waits for a human);
+/// - a valid trust whose bytes are missing, or any unreadable trusted content: deny everything.
+pub fn effective_policy(ws: &Workspace, key: Option<&OperatorPublic>) -> super::policy::Policy {
+    use super::policy::{POLICY_FILE, Policy};
+    let file = ws.gaffer_dir().join(POLICY_FILE);
+    let parse = |bytes: &[u8]| {
+        std::str::from_utf8(bytes)
+            .map_err(|_| format!("{}: not UTF-8", file.display()))
+            .and_then(|t| Policy::parse(t, &file).map_err(|e| e.to_string()))
     };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let mut text = serde_json::to_vec_pretty(value)
-        .map_err(|e| TrustError::Invalid(format!("cannot encode trust.json: {e}")))?;
-    text.push(b'\n');
-    let suffix = super::operator::random_bytes(6)
-        .map(|b| crate::util::hex(&b))
-        .map_err(io(path))?;
-    let tmp = dir.join(format!(".{TRUST_FILE}.{suffix}.tmp"));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(io(&tmp))?;
-        f.write_all(&text).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(io(path))?;
-        // The rename is durable only once the directory entry is.
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
+    let checked = match check(ws, POLICY_FILE, key) {
+        Ok(c) => c,
+        Err(e) => return Policy::refuse_all(format!("the policy cannot be read: {e}")),
+    };
+    if checked.status == TrustStatus::ContentMissing {
+        return Policy::refuse_all("the trusted policy's bytes are missing from the store");
+    }
+    let disk = match checked.disk.as_deref().map(parse) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) if checked.trust.is_none() => {
+            return Policy::refuse_all(format!("the policy file is invalid: {e}"));
         }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(dir: &Path, name: &str) -> OperatorKey {
-        let p = dir.join(name);
-        OperatorKey::init(&p, None).unwrap();
-        OperatorKey::load_from(&p).unwrap()
-    }
-
-    #[test]
-    fn signing_then_editing_then_forging() {
-        let cfg = tempfile::tempdir().unwrap();
-        let ws = tempfile::tempdir().unwrap();
-        let (k, other) = (key(cfg.path(), "a"), key(cfg.path(), "b"));
-        let policy = "rules:\n  - id: r\n    effect: allow\n";
-        std::fs::write(ws.path().join("policy.yaml"), policy).unwrap();
-        let signed = sign_files(ws.path(), &k).unwrap();
-        assert_eq!(signed.len(), 1);
-        assert_eq!(signed[0].sha256, crate::util::sha256_hex(policy.as_bytes()));
-        let t = read_trust_file(ws.path());
-        let st = |t: &TrustFile, b: &[u8], k: Option<&OperatorKey>| {
-            status_of(t, "policy.yaml", Some(b), k)
-        };
-        assert_eq!(st(&t, policy.as_bytes(), Some(&k)), TrustStatus::Trusted);
-        assert_eq!(st(&t, b"rules: []\n", Some(&k)), TrustStatus::Changed);
-        assert_eq!(
-            st(&t, policy.as_bytes(), Some(&other)),
-            TrustStatus::BadSignature
-        );
-        assert_eq!(st(&t, policy.as_bytes(), None), TrustStatus::NoOperatorKey);
-        assert_eq!(
-            status_of(&t, "providers.yaml", Some(b"providers: []\n"), Some(&k)),
-            TrustStatus::NeverTrusted
-        );
-        assert_eq!(
-            status_of(&t, "policy.yaml", None, Some(&k)),
-            TrustStatus::Absent
-        );
-        // A signature for one file does not transfer to another with the same bytes.
-        let mut moved = t.clone();
-        let e = moved.files.remove("policy.yaml").unwrap();
-        moved.files.insert("providers.yaml".into(), e);
-        assert_eq!(
-            status_of(&moved, "providers.yaml", Some(policy.as_bytes()), Some(&k)),
-            TrustStatus::BadSignature
-        );
-        // No temp files are left behind.
-        let names: Vec<String> = std::fs::read_dir(ws.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
-    }
-
-    #[test]
-    fn an_invalid_policy_is_not_signed_and_nothing_is_written() {
-        let cfg = tempfile::tempdir().unwrap();
-        let ws = tempfile::tempdir().unwrap();
-        let k = key(cfg.path(), "a");
-        std::fs::write(
-            ws.path().join("policy.yaml"),
-            "rules:\n  - id: r\n    effect: maybe\n",
-        )
-        .unwrap();
-        let e = sign_files(ws.path(), &k).unwrap_err();
-        assert!(e.to_string().contains("rules[0].effect"), "{e}");
-        assert!(!ws.path().join(TRUST_FILE).exists());
-    }
-
-    #[test]
-    fn an_expected_digest_that_no_longer_matches_signs_nothing() {
-        let cfg = tempfile::tempdir().unwrap();
-        let ws = tempfile::tempdir().unwrap();
-        let k = key(cfg.path(), "a");
-        std::fs::write(ws.path().join("policy.yaml"), "rules: []\n").unwrap();
-        let reviewed = crate::util::sha256_hex(b"rules: []\n");
-        let expect = |f: &str, d: &str| BTreeMap::from([(f.to_string(), d.to_string())]);
-        std::fs::write(ws.path().join("policy.yaml"), "rules: [] # swapped\n").unwrap();
-        let e = sign_files_expecting(ws.path(), &k, &expect("policy.yaml", &reviewed)).unwrap_err();
-        assert!(e.to_string().contains("not the expected"), "{e}");
-        assert!(!ws.path().join(TRUST_FILE).exists());
-        let e =
-            sign_files_expecting(ws.path(), &k, &expect("providers.yaml", &reviewed)).unwrap_err();
-        assert!(e.to_string().contains("does not exist"), "{e}");
-        let e = sign_files_expecting(ws.path(), &k, &expect("trust.json", &reviewed)).unwrap_err();
-        assert!(e.to_string().contains("not one of"), "{e}");
-        assert!(!ws.path().join(TRUST_FILE).exists());
-        std::fs::write(ws.path().join("policy.yaml"), "rules: []\n").unwrap();
-        let signed =
-            sign_files_expecting(ws.path(), &k, &expect("policy.yaml", &reviewed)).unwrap();
-        assert_eq!(signed[0].sha256, reviewed);
-    }
-
-    #[test]
-    fn a_malformed_trust_file_trusts_nothing() {
-        let ws = tempfile::tempdir().unwrap();
-        std::fs::write(ws.path().join(TRUST_FILE), "{not json").unwrap();
-        assert!(read_trust_file(ws.path()).files.is_empty());
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "the edited policy file is invalid; the trusted one holds");
+            None
+        }
+    };
+    let Some(_trust) = &checked.trust else {
+        if let Some(p) = &disk {
+            tracing::warn!(
+                status = ?checked.status,
+                "policy.yaml is not trusted by the operator; only its deny rules apply and every \
+                 other operation waits for approval (run `gaffer trust`)"
+            );
+            return p.clone().into_untrusted();
+        }
+        return Policy::default();
+    };
+    let trusted = match checked.enforced().map(parse) {
+        None => Policy::default(),
+        Some(Ok(p)) => p,
+        Some(Err(e)) => return Policy::refuse_all(format!("the trusted policy is invalid: {e}")),
+    };
+    match disk {
+        Some(d) if checked.status.is_drift() => trusted.with_denies_of(d),
+        _ => trusted,
     }
 }

@@ -1,4 +1,6 @@
-//! What clients see of operations and approvals (no plan text, no signatures).
+//! What clients see of operations and approvals (no plan text, no signatures). What an
+//! operator decides from is rendered from the plan text itself ([`PlanShown`]), never from
+//! the unsigned fields beside it in a record.
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -6,7 +8,17 @@ use serde_json::Value;
 
 use super::adapter::Presentation;
 use super::lifecycle::OpState;
+use super::policy::{Classification, GrantMode};
 use super::state::{Approval, ApprovalStatus, OpFailure, Operation, UseState};
+
+/// A plan as its adapter presents it, decoded from the digest-checked plan text.
+#[derive(Debug, Clone)]
+pub struct PlanShown {
+    pub target: Value,
+    pub arguments: Value,
+    pub presentation: Presentation,
+    pub classification: Classification,
+}
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct OperationView {
@@ -71,6 +83,7 @@ pub struct ApprovalView {
     /// Pass this as `expected_revision` when deciding.
     pub revision: u64,
     pub plan_digest: String,
+    pub mode: GrantMode,
     pub created_at: String,
     pub pending_expires_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -79,22 +92,38 @@ pub struct ApprovalView {
     pub requested_max_uses: u32,
     pub uses_spent: u32,
     pub retained: bool,
+    /// The requester's stated reason (the agent's words, not part of what runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Rendered by the adapter from the plan text; absent when the plan does not verify.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    /// What would run, from the plan text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arguments: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub classification: Option<Classification>,
+    /// Why the plan cannot be shown (it does not verify, or its adapter refuses it now).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_problem: Option<String>,
+    /// The operator's reason for a denial.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub operation_state: Option<OpState>,
 }
 
 impl ApprovalView {
-    pub fn of(a: &Approval, op: Option<&Operation>) -> ApprovalView {
+    pub fn of(
+        a: &Approval,
+        op: Option<&Operation>,
+        shown: Result<&PlanShown, &str>,
+    ) -> ApprovalView {
+        let plan = shown.ok();
         ApprovalView {
             approval_id: a.id.clone(),
             operation_id: a.operation_id.clone(),
@@ -103,6 +132,7 @@ impl ApprovalView {
             status: a.status,
             revision: a.revision,
             plan_digest: a.plan_digest.clone(),
+            mode: a.mode,
             created_at: rfc3339(a.created_at_ms),
             pending_expires_at: rfc3339(a.pending_expires_at_ms),
             expires_at: a
@@ -114,11 +144,14 @@ impl ApprovalView {
             requested_max_uses: a.requested_max_uses,
             uses_spent: a.uses_spent(),
             retained: a.uses.values().any(|u| *u == UseState::Retained),
-            title: op.map(|o| o.presentation.title.clone()),
-            summary: op.map(|o| o.presentation.summary.clone()),
             reason: op.map(|o| o.reason.clone()),
-            target: op.map(|o| o.target.clone()),
-            arguments: op.map(|o| o.arguments.clone()),
+            title: plan.map(|p| p.presentation.title.clone()),
+            summary: plan.map(|p| p.presentation.summary.clone()),
+            target: plan.map(|p| p.target.clone()),
+            arguments: plan.map(|p| p.arguments.clone()),
+            classification: plan.map(|p| p.classification.clone()),
+            plan_problem: shown.err().map(str::to_string),
+            decision_reason: a.decision.as_ref().and_then(|d| d.reason.clone()),
             operation_state: op.map(|o| o.state),
         }
     }

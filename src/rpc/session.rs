@@ -37,7 +37,6 @@ pub const MCP_HANDSHAKE_VERSIONS: &[&str] =
 /// The stateless MCP revision: no handshake, `_meta` on every request, `server/discover`.
 pub const MCP_STATELESS_VERSION: &str = "2026-07-28";
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-const META_CLIENT: &str = "io.modelcontextprotocol/clientInfo";
 
 /// A server-pushed notification as the host hands it to the session.
 #[derive(Clone, Debug)]
@@ -55,8 +54,25 @@ pub trait Host: Send + Sync + 'static {
     /// Opens the state this connection works on. Called once: at `initialize` with its params
     /// (so an LSP `rootUri` can choose the workspace) or before the first other request.
     fn attach(&self, init: Option<&Value>) -> Result<Arc<Self::State>, RpcError>;
-    /// The role a connection gets from its initialize params (operator needs proof).
-    fn authenticate(&self, init: &Value, profile: Profile) -> Result<Role, RpcError>;
+    /// The identity a connection proves (a credential the operator issued, presented in the
+    /// initialize params or given to the process), or the shared anonymous identity. A name
+    /// the client picks for itself is never an identity.
+    fn identify(
+        &self,
+        state: &Self::State,
+        init: &Value,
+        profile: Profile,
+    ) -> Result<String, RpcError>;
+    /// A fresh operator-login challenge for this connection (its exact text is signed).
+    fn login_challenge(&self, state: &Self::State, connection_id: &str)
+    -> Result<String, RpcError>;
+    /// Checks the operator's signature over the challenge this connection was given.
+    fn login_verify(
+        &self,
+        state: &Self::State,
+        challenge: &str,
+        signature: &str,
+    ) -> Result<(), RpcError>;
     /// Notifications for clients of `state` (from this process and from other processes).
     fn subscribe(&self, state: &Self::State) -> broadcast::Receiver<Self::Notice>;
     fn push(notice: Self::Notice) -> Push;
@@ -109,6 +125,13 @@ struct Conn<H: Host> {
     framing: Framing,
     profile: Option<Profile>,
     client: Option<Arc<ClientInfo>>,
+    /// Set once the connection proved the operator key; read by the notification forwarder.
+    operator: Arc<std::sync::atomic::AtomicBool>,
+    /// The login challenge this connection was last given.
+    challenge: Option<String>,
+    connection_id: String,
+    /// The identity of a stateless MCP connection (no `initialize`).
+    stateless_client: Option<Arc<ClientInfo>>,
     state: Option<Arc<H::State>>,
     shutdown: bool,
     writes_issued: u64,
@@ -170,6 +193,11 @@ where
         }),
         choice,
         framing,
+        operator: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        challenge: None,
+        connection_id: crate::util::new_id("conn_")
+            .unwrap_or_else(|_| format!("conn_{}", crate::util::now_ms())),
+        stateless_client: None,
         profile: match choice {
             ProfileChoice::Lsp => Some(Profile::Lsp),
             ProfileChoice::Mcp => Some(Profile::Mcp),
@@ -443,7 +471,7 @@ impl<H: Host> Conn<H> {
         // Forward domain notifications to this client for the life of the session.
         let mut rx = self.shared.host.subscribe(&state);
         let out = self.shared.out.clone();
-        let client = self.client.clone();
+        let operator = Arc::clone(&self.operator);
         let profile = self.profile;
         let closing = self.shared.closing.clone();
         tokio::spawn(async move {
@@ -458,7 +486,7 @@ impl<H: Host> Conn<H> {
                         if profile == Some(Profile::Mcp) {
                             continue;
                         }
-                        let operator = client.as_ref().is_some_and(|c| c.role == Role::Operator);
+                        let operator = operator.load(std::sync::atomic::Ordering::Acquire);
                         if push.operators_only && !operator {
                             continue;
                         }
@@ -479,17 +507,75 @@ impl<H: Host> Conn<H> {
         Ok(state)
     }
 
-    fn client_info(&mut self, profile: Profile) -> Arc<ClientInfo> {
-        if let Some(c) = &self.client {
-            return Arc::clone(c);
+    fn client_info(&mut self, profile: Profile) -> Result<Arc<ClientInfo>, RpcError> {
+        if let Some(c) = self.client.as_ref().or(self.stateless_client.as_ref()) {
+            return Ok(Arc::clone(c));
         }
+        let state = self.ensure_attached(None)?;
+        let id = self.shared.host.identify(&state, &Value::Null, profile)?;
         let c = Arc::new(ClientInfo {
-            id: format!("{profile:?}").to_lowercase(),
+            id,
             role: Role::Agent,
             profile,
         });
-        self.client = Some(Arc::clone(&c));
-        c
+        // Stateless MCP has no handshake to mark: its identity is kept aside.
+        if profile == Profile::Mcp {
+            self.stateless_client = Some(Arc::clone(&c));
+        } else {
+            self.client = Some(Arc::clone(&c));
+        }
+        Ok(c)
+    }
+
+    /// `operator/challenge` and `operator/login`: the operator role is proven, never claimed.
+    fn operator_login(
+        &mut self,
+        profile: Profile,
+        method: &str,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        if profile == Profile::Mcp {
+            return Err(RpcError::app(
+                super::message::AppCode::Forbidden,
+                "operator_not_on_mcp",
+                "the MCP surface never carries operator connections",
+            ));
+        }
+        let client = self.client_info(profile)?;
+        let state = self.ensure_attached(None)?;
+        if method == "operator/challenge" {
+            let text = self
+                .shared
+                .host
+                .login_challenge(&state, &self.connection_id)?;
+            self.challenge = Some(text.clone());
+            return Ok(json!({ "challenge": text }));
+        }
+        let signature = params
+            .get("signature")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                RpcError::invalid_params(
+                    "signature",
+                    "`signature` must be the base64url Ed25519 signature of the challenge text",
+                )
+            })?;
+        let issued = self.challenge.take().ok_or_else(|| {
+            RpcError::app(
+                super::message::AppCode::Forbidden,
+                "operator_login_failed",
+                "ask for a challenge first (`operator/challenge`)",
+            )
+        })?;
+        self.shared.host.login_verify(&state, &issued, signature)?;
+        self.operator
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.client = Some(Arc::new(ClientInfo {
+            id: client.id.clone(),
+            role: Role::Operator,
+            profile,
+        }));
+        Ok(json!({ "role": Role::Operator }))
     }
 
     fn on_request(
@@ -516,6 +602,18 @@ impl<H: Host> Conn<H> {
             }
             "ping" => {
                 self.reply(batch, reply_ok(&id, json!({})));
+                return Ok(());
+            }
+            "operator/challenge" | "operator/login" => {
+                if profile == Profile::Lsp && self.client.is_none() {
+                    return Err(RpcError::new(
+                        codes::SERVER_NOT_INITIALIZED,
+                        "server_not_initialized",
+                        "send `initialize` first",
+                    ));
+                }
+                let result = self.operator_login(profile, method, &params)?;
+                self.reply(batch, reply_ok(&id, result));
                 return Ok(());
             }
             "server/discover" => {
@@ -578,14 +676,7 @@ impl<H: Host> Conn<H> {
                     Progress::new(token.clone(), ProgressStyle::Mcp, self.shared.out.clone());
             }
         }
-        let client = match (&stateless, &self.client) {
-            (Some(_), None) => Arc::new(ClientInfo {
-                id: params_client_name(&params).unwrap_or_else(|| "mcp".into()),
-                role: Role::Agent,
-                profile: Profile::Mcp,
-            }),
-            _ => self.client_info(profile),
-        };
+        let client = self.client_info(profile)?;
         let state = self.ensure_attached(None)?;
         let (target, args, mcp) = match method {
             "tools/list" if profile == Profile::Mcp => {
@@ -722,20 +813,43 @@ impl<H: Host> Conn<H> {
         if self.client.is_some() {
             return Err(RpcError::invalid_request("already initialized"));
         }
-        let role = self.shared.host.authenticate(params, profile)?;
-        let name = params
-            .get("clientInfo")
-            .and_then(|c| c.get("name"))
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty() && n.len() <= 128)
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{profile:?}").to_lowercase());
+        let opts = params.get("initializationOptions").unwrap_or(&Value::Null);
+        let wants_operator = match opts.get("role").and_then(Value::as_str) {
+            None | Some("agent") => false,
+            Some("operator") if profile == Profile::Mcp => {
+                return Err(RpcError::app(
+                    super::message::AppCode::Forbidden,
+                    "operator_not_on_mcp",
+                    "the MCP surface never carries operator connections",
+                ));
+            }
+            Some("operator") => true,
+            Some(other) => {
+                return Err(RpcError::invalid_params(
+                    "initializationOptions.role",
+                    format!("unknown role {other:?}; expected \"agent\" or \"operator\""),
+                ));
+            }
+        };
+        let state = self.ensure_attached(Some(params))?;
+        let id = self.shared.host.identify(&state, params, profile)?;
         self.client = Some(Arc::new(ClientInfo {
-            id: name,
-            role,
+            id: id.clone(),
+            role: Role::Agent,
             profile,
         }));
-        self.ensure_attached(Some(params))?;
+        // An operator connection proves the key before it gets the role: the challenge rides
+        // on the reply, the answer comes as `operator/login`.
+        let challenge = if wants_operator {
+            let text = self
+                .shared
+                .host
+                .login_challenge(&state, &self.connection_id)?;
+            self.challenge = Some(text.clone());
+            Some(text)
+        } else {
+            None
+        };
         let (server, version) = self.shared.host.server_info();
         if profile == Profile::Mcp {
             let asked = params
@@ -754,11 +868,16 @@ impl<H: Host> Conn<H> {
                 "instructions": self.shared.host.instructions(),
             }));
         }
-        Ok(json!({
+        let mut result = json!({
             "capabilities": self.server_capabilities(),
             "serverInfo": {"name": server, "version": version},
-            "role": role,
-        }))
+            "role": Role::Agent,
+            "client": id,
+        });
+        if let Some(c) = challenge {
+            result["operatorChallenge"] = json!(c);
+        }
+        Ok(result)
     }
 
     fn tools_list(&self) -> Vec<Value> {
@@ -787,15 +906,6 @@ fn meta_version(params: &Value) -> Option<String> {
     params
         .get("_meta")?
         .get(META_VERSION)?
-        .as_str()
-        .map(str::to_string)
-}
-
-fn params_client_name(params: &Value) -> Option<String> {
-    params
-        .get("_meta")?
-        .get(META_CLIENT)?
-        .get("name")?
         .as_str()
         .map(str::to_string)
 }

@@ -1,0 +1,378 @@
+//! The operator's commands: decisions signed in this process with the private key
+//! (`approve`, `deny`, `revoke`), `approvals`, `trust`, client credentials, and the key itself
+//! (`operator init|path|sign`). Nothing here sends the private key anywhere.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use super::operations::{call, open, print, random_key};
+use crate::methods::App;
+use crate::operations::engine::{DecisionRequest, Narrowing, OpError};
+use crate::operations::state::DecisionKind;
+use crate::operations::trust;
+use crate::operator::signed::OperatorSignature;
+use crate::operator::{OperatorSigner, key_path, public_key_path};
+use crate::rpc::Role;
+use crate::workspace::NewRecord;
+
+#[derive(Debug, Subcommand)]
+pub enum OperatorCommand {
+    /// Approve a pending request (by approval or operation id), signed with the operator key.
+    Approve {
+        id: String,
+        /// Approve for fewer seconds than requested.
+        #[arg(long)]
+        duration_seconds: Option<u64>,
+        /// Approve fewer uses than requested.
+        #[arg(long)]
+        max_uses: Option<u32>,
+    },
+    /// Deny a pending request; the reason reaches the agent.
+    Deny {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Revoke an approval (an operation not yet executing is canceled).
+    Revoke { id: String },
+    /// List approval requests, rendered from their plan text.
+    Approvals {
+        /// Include decided and closed ones.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Manage the operator key pair (kept in your config directory, never in the workspace).
+    #[command(subcommand)]
+    Operator(OperatorCmd),
+    /// Sign policy.yaml and providers.yaml as trusted (a journal record bound to this
+    /// workspace; the trusted bytes are kept, so later edits never loosen them).
+    ///
+    /// Until the operator trusts them, allow rules are ignored (everything not denied waits
+    /// for approval) and no external provider is started. Review the files first.
+    Trust {
+        /// Only report each file's trust status and drift.
+        #[arg(long, conflicts_with = "expect")]
+        show: bool,
+        /// `FILE=SHA256` (repeatable): sign exactly these files, and only if each still has
+        /// the digest you reviewed (from `gaffer trust --show`); otherwise nothing is signed.
+        #[arg(long, value_name = "FILE=SHA256")]
+        expect: Vec<String>,
+    },
+    /// Client credentials: the only way a connection gets a name policy rules can match.
+    #[command(subcommand)]
+    Client(ClientCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OperatorCmd {
+    /// Create a new Ed25519 key pair (private 0600, public beside it).
+    Init {
+        /// Move an old HMAC key aside first.
+        #[arg(long)]
+        rotate: bool,
+    },
+    /// Print where the private and public keys are looked up.
+    Path,
+    /// Sign a canonical payload read from stdin (for editors that cannot sign themselves);
+    /// prints the base64url signature.
+    Sign,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClientCmd {
+    /// Issue a credential for NAME and print its token (give it to the host as
+    /// `GAFFER_CLIENT_TOKEN` or the `clientToken` initialize option).
+    Add { name: String },
+    /// Issued credentials and whether each is revoked.
+    List,
+    /// Revoke every credential of NAME (or one credential by its `cl_…` id).
+    Revoke { name_or_id: String },
+}
+
+fn fail(e: impl std::fmt::Display, code: u8) -> ExitCode {
+    eprintln!("gaffer: {e}");
+    ExitCode::from(code)
+}
+
+fn signer() -> Result<OperatorSigner, ExitCode> {
+    OperatorSigner::load().map_err(|e| fail(e, 3))
+}
+
+fn op_failed(e: OpError) -> ExitCode {
+    println!(
+        "{}",
+        json!({"error": {"code": e.code, "message": e.message}})
+    );
+    ExitCode::FAILURE
+}
+
+pub async fn run(cmd: OperatorCommand, root: &Path) -> Result<ExitCode, ExitCode> {
+    match cmd {
+        OperatorCommand::Operator(c) => key_command(c, root),
+        OperatorCommand::Trust { show: true, .. } => trust_show(root),
+        OperatorCommand::Trust { expect, .. } => trust_sign(root, &expect).await,
+        OperatorCommand::Client(c) => client(c, root).await,
+        OperatorCommand::Approvals { all } => {
+            signer()?;
+            let app = open(root)?;
+            let v = call(
+                &app,
+                Role::Operator,
+                "approvals/list",
+                json!({ "all": all }),
+            )
+            .await?;
+            print(&v);
+            Ok(ExitCode::SUCCESS)
+        }
+        OperatorCommand::Approve {
+            id,
+            duration_seconds,
+            max_uses,
+        } => {
+            let n = Narrowing {
+                duration_seconds,
+                max_uses,
+            };
+            decide(root, &id, DecisionKind::Approve, n, None).await
+        }
+        OperatorCommand::Deny { id, reason } => {
+            decide(root, &id, DecisionKind::Deny, Narrowing::default(), reason).await
+        }
+        OperatorCommand::Revoke { id } => revoke(root, &id).await,
+    }
+}
+
+fn key_command(c: OperatorCmd, root: &Path) -> Result<ExitCode, ExitCode> {
+    let private = key_path().map_err(|e| fail(e, 1))?;
+    let public = public_key_path().map_err(|e| fail(e, 1))?;
+    match c {
+        OperatorCmd::Path => {
+            print(&json!({"private_key": private, "public_key": public}));
+        }
+        OperatorCmd::Init { rotate } => {
+            if rotate
+                && let Some(aside) =
+                    crate::operator::keys::retire_legacy(&private).map_err(|e| fail(e, 1))?
+            {
+                eprintln!("gaffer: the old HMAC key was moved to {}", aside.display());
+            }
+            let key =
+                OperatorSigner::init(&private, &public, Some(root)).map_err(|e| fail(e, 1))?;
+            print(&json!({
+                "private_key": private,
+                "public_key": public,
+                "fingerprint": key.fingerprint(),
+            }));
+        }
+        OperatorCmd::Sign => {
+            let signer = signer()?;
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| fail(e, 2))?;
+            let text = text.strip_suffix('\n').unwrap_or(&text);
+            let domain = crate::operator::signed::check_signable(text).map_err(|e| fail(e, 2))?;
+            eprintln!("gaffer: signing a {domain} payload");
+            println!("{}", signer.sign(text.as_bytes()));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prepares the payload from the plan text as it is now, signs it here, and records it.
+async fn decide(
+    root: &Path,
+    id: &str,
+    decision: DecisionKind,
+    narrowing: Narrowing,
+    reason: Option<String>,
+) -> Result<ExitCode, ExitCode> {
+    let signer = signer()?;
+    let app = open(root)?;
+    // The human looked at the request as it is now: decide at its current revision.
+    let current = app.operations.approval(id).await.map_err(op_failed)?;
+    let prepared = app
+        .operations
+        .prepare_decision(&DecisionRequest {
+            id: current.approval_id.clone(),
+            decision,
+            expected_revision: current.revision,
+            narrowing,
+            reason,
+        })
+        .await
+        .map_err(op_failed)?;
+    let sig = OperatorSignature::sign(&signer, &prepared.payload);
+    let view = app
+        .operations
+        .decide(sig, &random_key())
+        .await
+        .map_err(op_failed)?;
+    print(&serde_json::to_value(view).unwrap_or(Value::Null));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn revoke(root: &Path, id: &str) -> Result<ExitCode, ExitCode> {
+    let signer = signer()?;
+    let app = open(root)?;
+    let (payload, _) = app.operations.prepare_revoke(id, None).map_err(op_failed)?;
+    let sig = OperatorSignature::sign(&signer, &payload);
+    let view = app
+        .operations
+        .revoke(sig, Some(&random_key()))
+        .await
+        .map_err(op_failed)?;
+    print(&serde_json::to_value(view).unwrap_or(Value::Null));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `gaffer trust`: signs what is on disk now (exactly the `--expect` files when given).
+async fn trust_sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode> {
+    let mut expected = BTreeMap::new();
+    for e in expect {
+        let Some((file, digest)) = e.split_once('=') else {
+            return Err(fail(format!("--expect {e:?}: write FILE=SHA256"), 2));
+        };
+        expected.insert(file.trim().to_string(), digest.trim().to_string());
+    }
+    let signer = signer()?;
+    let app = open(root)?;
+    let files: Vec<String> = if expected.is_empty() {
+        trust::TRUSTED_FILES
+            .iter()
+            .filter(|f| app.workspace.gaffer_dir().join(f).exists())
+            .map(|f| f.to_string())
+            .collect()
+    } else {
+        expected.keys().cloned().collect()
+    };
+    if files.is_empty() {
+        eprintln!("gaffer: neither policy.yaml nor providers.yaml exists; nothing to trust");
+    }
+    let signed = trust::sign(&app.workspace, &signer, &files, &expected)
+        .await
+        .map_err(|e| fail(format!("nothing trusted: {e}"), 1))?;
+    print(&json!({
+        "trusted": signed,
+        "note": "a running gaffer applies the policy at once; restart it to start trusted providers",
+    }));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `gaffer trust --show`: read-only; needs only the public key.
+fn trust_show(root: &Path) -> Result<ExitCode, ExitCode> {
+    let app = open(root)?;
+    print(&json!({ "files": trust_report(&app) }));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Each trust-gated file's status, digests and drift (also used by doctor and status).
+pub fn trust_report(app: &App) -> Vec<Value> {
+    let key = crate::operator::current_public();
+    trust::TRUSTED_FILES
+        .iter()
+        .map(|file| match trust::check(&app.workspace, file, key.as_ref()) {
+            Ok(c) => json!({
+                "file": file,
+                "status": c.status,
+                "detail": c.status.describe(),
+                "drift": c.status.is_drift(),
+                "sha256": c.disk.as_deref().map(crate::util::sha256_hex),
+                "trusted_sha256": c.trust.as_ref().and_then(|t| t.sha256.clone()),
+                "trusted_version": c.trust.as_ref().map(|t| t.version),
+                "signed_at": c.trust.as_ref().map(|t| crate::operations::views::rfc3339(t.signed_at_ms)),
+                "invalid_records": c.invalid_records,
+            }),
+            Err(e) => json!({"file": file, "status": "unreadable", "detail": e.to_string()}),
+        })
+        .collect()
+}
+
+async fn client(c: ClientCmd, root: &Path) -> Result<ExitCode, ExitCode> {
+    let app = open(root)?;
+    let ws = &app.workspace;
+    match c {
+        ClientCmd::List => {
+            let key = crate::operator::current_public()
+                .ok_or_else(|| fail("no operator public key; run `gaffer operator init`", 3))?;
+            let id = ws.workspace_id().unwrap_or_default();
+            print(&json!({"clients": ws.read(|s| s.clients.list(&key, &id))}));
+        }
+        ClientCmd::Add { name } => {
+            let signer = signer()?;
+            let id = ws.ensure_workspace_id().await.map_err(|e| fail(e, 1))?;
+            let (payload, rec) = crate::clients::issue(&signer, &id, &name, ws.journal_head())
+                .map_err(|e| fail(e, 2))?;
+            let token = crate::clients::token(&rec.operator_signature);
+            commit(&app, vec![(crate::clients::KIND_ISSUED, rec)]).await?;
+            print(&json!({
+                "name": payload.name,
+                "credential_id": payload.credential_id,
+                "token": token,
+                "use": format!("start gaffer with {}=<token>, or pass it as the `clientToken` initialize option", crate::clients::TOKEN_ENV),
+            }));
+        }
+        ClientCmd::Revoke { name_or_id } => {
+            let signer = signer()?;
+            let key = signer.public();
+            let id = ws.workspace_id().unwrap_or_default();
+            let matching: Vec<String> = ws
+                .read(|s| s.clients.list(&key, &id))
+                .into_iter()
+                .filter(|c| {
+                    c["name"] == name_or_id.as_str() || c["credential_id"] == name_or_id.as_str()
+                })
+                .filter(|c| c["revoked"] == false)
+                .filter_map(|c| c["credential_id"].as_str().map(str::to_string))
+                .collect();
+            if matching.is_empty() {
+                return Err(fail(
+                    format!("no unrevoked credential named {name_or_id:?}"),
+                    1,
+                ));
+            }
+            let head = ws.journal_head();
+            let recs = matching.iter().map(|cid| {
+                let p = crate::clients::ClientRevokePayload {
+                    domain: <crate::clients::ClientRevokePayload as crate::operator::signed::Payload>::DOMAIN.into(),
+                    workspace_id: id.clone(),
+                    credential_id: cid.clone(),
+                    revoked_at_ms: crate::util::now_ms(),
+                    head: head.clone(),
+                };
+                (crate::clients::KIND_REVOKED, crate::clients::SignedRecord {
+                    credential_id: cid.clone(),
+                    operator_signature: OperatorSignature::sign(&signer, &p),
+                })
+            }).collect();
+            commit(&app, recs).await?;
+            print(&json!({"revoked": matching}));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn commit(
+    app: &Arc<App>,
+    recs: Vec<(&str, crate::clients::SignedRecord)>,
+) -> Result<(), ExitCode> {
+    let records = recs
+        .into_iter()
+        .map(|(k, r)| NewRecord::new(k, &r))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(e, 1))?;
+    app.workspace
+        .commit(move |_| Ok::<_, String>((records, ())))
+        .await
+        .map_err(|e| match e {
+            crate::workspace::CommitError::Rejected(e) => fail(e, 1),
+            crate::workspace::CommitError::Store(e) => fail(e, 1),
+        })
+}

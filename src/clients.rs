@@ -1,0 +1,352 @@
+//! Client identity: a credential the operator issued, never a name the client chose.
+//!
+//! `gaffer client add NAME` signs a [`CredentialPayload`] with the operator key and prints it
+//! as a token (`base64url(payload) "." signature`). A host passes the token to gaffer
+//! (`GAFFER_CLIENT_TOKEN`, or the `clientToken` initialize option); gaffer checks it with the
+//! operator's public key, the workspace id and the revocations in the journal. Without a token
+//! a connection is `anonymous`: one shared scope, matched only by policy rules naming it.
+//! The `client.issued` and `client.revoked` records carry the operator's signatures so every
+//! process can list and check them; the records themselves grant nothing.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::operator::signed::{Head, OperatorSignature, Payload};
+use crate::operator::{OperatorPublic, OperatorSigner};
+use crate::util::{base64url, base64url_decode};
+
+pub const ANONYMOUS: &str = "anonymous";
+pub const TOKEN_ENV: &str = "GAFFER_CLIENT_TOKEN";
+pub const KIND_ISSUED: &str = "client.issued";
+pub const KIND_REVOKED: &str = "client.revoked";
+/// Names a credential can never carry: they mean something else already.
+const RESERVED: [&str; 3] = [ANONYMOUS, "operator", "cli"];
+/// Revocation records kept per credential (a flood of forged ones cannot grow memory).
+const MAX_REVOCATIONS_KEPT: usize = 8;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialPayload {
+    /// Always `gaffer/client/v1`.
+    pub domain: String,
+    pub workspace_id: String,
+    /// Unique per credential (`cl_…`), so one name can be reissued and the old one revoked.
+    pub credential_id: String,
+    /// The identity policy rules, scoping and the audit log use.
+    pub name: String,
+    pub issued_at_ms: u64,
+    pub head: Head,
+}
+
+impl Payload for CredentialPayload {
+    const DOMAIN: &'static str = "gaffer/client/v1";
+    fn domain(&self) -> &str {
+        &self.domain
+    }
+    fn head(&self) -> &Head {
+        &self.head
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientRevokePayload {
+    /// Always `gaffer/client-revoke/v1`.
+    pub domain: String,
+    pub workspace_id: String,
+    pub credential_id: String,
+    pub revoked_at_ms: u64,
+    pub head: Head,
+}
+
+impl Payload for ClientRevokePayload {
+    const DOMAIN: &'static str = "gaffer/client-revoke/v1";
+    fn domain(&self) -> &str {
+        &self.domain
+    }
+    fn head(&self) -> &Head {
+        &self.head
+    }
+}
+
+/// `client.issued` / `client.revoked` record payloads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedRecord {
+    pub credential_id: String,
+    pub operator_signature: OperatorSignature,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    #[error("the client token is malformed")]
+    Malformed,
+    #[error("the client token is not signed by this machine's operator key")]
+    BadSignature,
+    #[error("the client token was issued for another workspace")]
+    OtherWorkspace,
+    #[error("the client credential {0} was revoked by the operator")]
+    Revoked(String),
+    #[error("no operator public key here, so no client token can be checked")]
+    NoOperatorKey,
+    #[error(
+        "client name {0:?} must be 1..=64 of [A-Za-z0-9._-] and not anonymous, operator or cli"
+    )]
+    BadName(String),
+}
+
+/// Checks a name the operator wants to issue.
+pub fn check_name(name: &str) -> Result<(), CredentialError> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !RESERVED.contains(&name);
+    ok.then_some(())
+        .ok_or_else(|| CredentialError::BadName(name.to_string()))
+}
+
+/// The token text for an issued credential.
+pub fn token(sig: &OperatorSignature) -> String {
+    format!("{}.{}", base64url(sig.payload.as_bytes()), sig.signature)
+}
+
+/// Signs a new credential and returns it with its `client.issued` record payload.
+pub fn issue(
+    signer: &OperatorSigner,
+    workspace_id: &str,
+    name: &str,
+    head: Head,
+) -> Result<(CredentialPayload, SignedRecord), CredentialError> {
+    check_name(name)?;
+    let payload = CredentialPayload {
+        domain: CredentialPayload::DOMAIN.into(),
+        workspace_id: workspace_id.into(),
+        credential_id: crate::util::new_id("cl_").map_err(|_| CredentialError::Malformed)?,
+        name: name.into(),
+        issued_at_ms: crate::util::now_ms(),
+        head,
+    };
+    let sig = OperatorSignature::sign(signer, &payload);
+    Ok((
+        payload.clone(),
+        SignedRecord {
+            credential_id: payload.credential_id,
+            operator_signature: sig,
+        },
+    ))
+}
+
+/// Issued credentials and revocations as folded from the journal (unverified: every check
+/// opens the signatures again).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClientState {
+    #[serde(default)]
+    pub issued: BTreeMap<String, OperatorSignature>,
+    #[serde(default)]
+    pub revoked: BTreeMap<String, Vec<OperatorSignature>>,
+}
+
+impl ClientState {
+    pub fn apply(
+        &mut self,
+        rec: &crate::workspace::Record,
+        _out: &mut Vec<crate::workspace::Notice>,
+    ) {
+        let parsed = SignedRecord::deserialize(&rec.payload);
+        let Ok(r) = parsed else {
+            tracing::warn!(seq = rec.seq, kind = %rec.kind, "client record skipped: malformed");
+            return;
+        };
+        match rec.kind.as_str() {
+            KIND_ISSUED => {
+                self.issued
+                    .entry(r.credential_id)
+                    .or_insert(r.operator_signature);
+            }
+            KIND_REVOKED => {
+                let v = self.revoked.entry(r.credential_id).or_default();
+                if v.len() < MAX_REVOCATIONS_KEPT {
+                    v.push(r.operator_signature);
+                }
+            }
+            other => tracing::warn!(kind = other, "unknown client record skipped"),
+        }
+    }
+
+    /// Whether a valid operator signature revokes `credential_id` in `workspace_id`.
+    pub fn is_revoked(
+        &self,
+        key: &OperatorPublic,
+        workspace_id: &str,
+        credential_id: &str,
+    ) -> bool {
+        self.revoked.get(credential_id).is_some_and(|sigs| {
+            sigs.iter().any(|s| {
+                s.open::<ClientRevokePayload>(key).is_ok_and(|p| {
+                    p.workspace_id == workspace_id && p.credential_id == credential_id
+                })
+            })
+        })
+    }
+
+    /// Credentials whose issuing signature verifies, with their revocation status.
+    pub fn list(&self, key: &OperatorPublic, workspace_id: &str) -> Vec<Value> {
+        self.issued
+            .values()
+            .filter_map(|s| s.open::<CredentialPayload>(key).ok())
+            .filter(|p| p.workspace_id == workspace_id)
+            .map(|p| {
+                serde_json::json!({
+                    "name": p.name,
+                    "credential_id": p.credential_id,
+                    "issued_at": crate::operations::views::rfc3339(p.issued_at_ms),
+                    "revoked": self.is_revoked(key, workspace_id, &p.credential_id),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Checks a presented token; returns the credential it proves.
+pub fn verify(
+    token: &str,
+    key: Option<&OperatorPublic>,
+    workspace_id: Option<&str>,
+    state: &ClientState,
+) -> Result<CredentialPayload, CredentialError> {
+    let (payload_b64, signature) = token
+        .trim()
+        .split_once('.')
+        .ok_or(CredentialError::Malformed)?;
+    let payload = base64url_decode(payload_b64)
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or(CredentialError::Malformed)?;
+    let sig = OperatorSignature::from_parts::<CredentialPayload>(payload, signature.to_string())
+        .map_err(|_| CredentialError::Malformed)?;
+    let key = key.ok_or(CredentialError::NoOperatorKey)?;
+    let p = sig
+        .open::<CredentialPayload>(key)
+        .map_err(|_| CredentialError::BadSignature)?;
+    if Some(p.workspace_id.as_str()) != workspace_id {
+        return Err(CredentialError::OtherWorkspace);
+    }
+    if state.is_revoked(key, &p.workspace_id, &p.credential_id) {
+        return Err(CredentialError::Revoked(p.credential_id));
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signer(dir: &std::path::Path) -> OperatorSigner {
+        let (k, p) = (dir.join("k"), dir.join("k.pub"));
+        OperatorSigner::init(&k, &p, None).unwrap();
+        OperatorSigner::load_from(&k).unwrap()
+    }
+
+    fn head() -> Head {
+        Head {
+            seq: 3,
+            hash: "h".into(),
+        }
+    }
+
+    #[test]
+    fn a_token_proves_its_name_only_in_its_workspace_and_until_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = signer(dir.path());
+        let key = s.public();
+        let (p, rec) = issue(&s, "ws_a", "vscode", head()).unwrap();
+        let t = token(&rec.operator_signature);
+        let mut state = ClientState::default();
+        assert_eq!(verify(&t, Some(&key), Some("ws_a"), &state).unwrap(), p);
+        assert_eq!(
+            verify(&t, Some(&key), Some("ws_b"), &state),
+            Err(CredentialError::OtherWorkspace)
+        );
+        assert_eq!(
+            verify(&t, None, Some("ws_a"), &state),
+            Err(CredentialError::NoOperatorKey)
+        );
+        let revoke = ClientRevokePayload {
+            domain: ClientRevokePayload::DOMAIN.into(),
+            workspace_id: "ws_a".into(),
+            credential_id: p.credential_id.clone(),
+            revoked_at_ms: 1,
+            head: head(),
+        };
+        state.revoked.insert(
+            p.credential_id.clone(),
+            vec![OperatorSignature::sign(&s, &revoke)],
+        );
+        assert!(matches!(
+            verify(&t, Some(&key), Some("ws_a"), &state),
+            Err(CredentialError::Revoked(_))
+        ));
+    }
+
+    #[test]
+    fn forged_tokens_and_revocations_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = signer(dir.path());
+        let other = signer(&dir.path().join("o"));
+        let (p, rec) = issue(&s, "ws_a", "editor", head()).unwrap();
+        let key = s.public();
+        let state = ClientState::default();
+        // The agent renames itself inside the signed payload.
+        let forged_payload = rec.operator_signature.payload.replace("editor", "vscode");
+        let forged = format!(
+            "{}.{}",
+            base64url(forged_payload.as_bytes()),
+            rec.operator_signature.signature
+        );
+        assert_eq!(
+            verify(&forged, Some(&key), Some("ws_a"), &state),
+            Err(CredentialError::BadSignature)
+        );
+        let (_, by_other) = issue(&other, "ws_a", "editor", head()).unwrap();
+        assert_eq!(
+            verify(
+                &token(&by_other.operator_signature),
+                Some(&key),
+                Some("ws_a"),
+                &state
+            ),
+            Err(CredentialError::BadSignature)
+        );
+        assert_eq!(
+            verify("nodot", Some(&key), Some("ws_a"), &state),
+            Err(CredentialError::Malformed)
+        );
+        // A revocation signed by another key does not count.
+        let mut st = ClientState::default();
+        let revoke = ClientRevokePayload {
+            domain: ClientRevokePayload::DOMAIN.into(),
+            workspace_id: "ws_a".into(),
+            credential_id: p.credential_id.clone(),
+            revoked_at_ms: 1,
+            head: head(),
+        };
+        st.revoked.insert(
+            p.credential_id.clone(),
+            vec![OperatorSignature::sign(&other, &revoke)],
+        );
+        assert!(!st.is_revoked(&key, "ws_a", &p.credential_id));
+    }
+
+    #[test]
+    fn names_are_checked() {
+        for bad in ["", "anonymous", "operator", "cli", "a b", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["vscode", "agent-1", "lane.a_b"] {
+            assert!(check_name(good).is_ok());
+        }
+    }
+}

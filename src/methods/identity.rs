@@ -1,0 +1,80 @@
+//! Who a connection is: the identity its operator-issued credential proves (or `anonymous`),
+//! and whether it has proven the operator key by answering a login challenge.
+
+use serde_json::Value;
+
+use super::App;
+use crate::clients::{self, ANONYMOUS, CredentialError};
+use crate::operator::login::{self, Challenge, LoginError};
+use crate::rpc::{AppCode, Profile, RpcError};
+
+fn credential_error(e: CredentialError) -> RpcError {
+    tracing::warn!(error = %e, "client credential refused");
+    RpcError::app(
+        AppCode::Forbidden,
+        "client_credential_invalid",
+        format!(
+            "{e}; ask the operator for a token (`gaffer client add NAME`) or connect without one as anonymous"
+        ),
+    )
+}
+
+fn login_error(e: LoginError) -> RpcError {
+    tracing::warn!(error = %e, "operator login refused");
+    let code = match e {
+        LoginError::NoKey => "operator_key_missing",
+        _ => "operator_login_failed",
+    };
+    RpcError::app(AppCode::Forbidden, code, e.to_string())
+}
+
+impl App {
+    /// The identity for a connection: the `clientToken` initialize option, else the token this
+    /// process was started with (`GAFFER_CLIENT_TOKEN`), else anonymous.
+    pub fn identify(&self, init: &Value, _profile: Profile) -> Result<String, RpcError> {
+        let opts = init.get("initializationOptions").unwrap_or(&Value::Null);
+        let token = match opts.get("clientToken") {
+            None | Some(Value::Null) => self.config.client_token.as_deref(),
+            Some(Value::String(t)) => Some(t.as_str()),
+            Some(_) => {
+                return Err(RpcError::invalid_params(
+                    "initializationOptions.clientToken",
+                    "clientToken must be the token string `gaffer client add` printed",
+                ));
+            }
+        };
+        let Some(token) = token else {
+            return Ok(ANONYMOUS.to_string());
+        };
+        let key = crate::operator::current_public();
+        let ws_id = self.workspace.workspace_id();
+        let cred = self
+            .workspace
+            .read(|s| clients::verify(token, key.as_ref(), ws_id.as_deref(), &s.clients))
+            .map_err(credential_error)?;
+        Ok(cred.name)
+    }
+
+    pub fn login_challenge(&self, connection_id: &str) -> Result<String, RpcError> {
+        login::challenge(
+            self.workspace.workspace_id(),
+            self.workspace.root(),
+            connection_id,
+        )
+        .map(|(_, text)| text)
+        .map_err(login_error)
+    }
+
+    pub fn login_verify(&self, challenge: &str, signature: &str) -> Result<(), RpcError> {
+        let c: Challenge =
+            serde_json::from_str(challenge).map_err(|_| login_error(LoginError::NoChallenge))?;
+        let key = crate::operator::current_public();
+        login::verify(
+            Some(&(c, challenge.to_string())),
+            signature,
+            key.as_ref(),
+            crate::util::now_ms(),
+        )
+        .map_err(login_error)
+    }
+}

@@ -1,0 +1,519 @@
+//! Operator decisions. The operator's own process signs: [`OperationRuntime::prepare_decision`]
+//! builds the exact payload (plan digest, classification digest, client, operation, mode,
+//! narrowing, limits, expiry, revision, journal head) from the plan text, the operator signs
+//! it with the private key (the CLI, an editor via `node:crypto`, or `gaffer operator sign`),
+//! and [`OperationRuntime::decide`] records it after checking the signature with the public
+//! key. Serving processes never hold the private key.
+
+use super::super::decision::{DecisionPayload, RevokePayload, classification_digest};
+use super::super::lifecycle::{OpState, codes};
+use super::super::state::{
+    self as st, ApprovalChange, ApprovalEffect, ApprovalStatus, DecisionKind, KIND_DECIDED,
+    KIND_REVOKED, KIND_TRANSITIONED, Operation, OperationState, Revoked,
+};
+use super::super::views::{ApprovalView, PlanShown};
+use super::*;
+use crate::operator::signed::{OperatorSignature, Payload, canonical_text};
+
+/// What the operator asks to decide.
+#[derive(Debug, Clone)]
+pub struct DecisionRequest {
+    /// Approval id or operation id.
+    pub id: String,
+    pub decision: DecisionKind,
+    /// The approval revision the operator looked at.
+    pub expected_revision: u64,
+    pub narrowing: Narrowing,
+    /// Deny only: passed to the agent in the operation's error.
+    pub reason: Option<String>,
+}
+
+/// A payload ready to sign, and the approval as the operator will be deciding it.
+#[derive(Debug, Clone)]
+pub struct PreparedDecision {
+    pub payload: DecisionPayload,
+    /// The RFC 8785 text to sign.
+    pub text: String,
+    pub approval: ApprovalView,
+}
+
+fn no_approval() -> OpError {
+    OpError::new(ErrorKind::NotFound, codes::NOT_FOUND, "no such approval")
+}
+
+fn signature_error(e: impl std::fmt::Display) -> OpError {
+    OpError::new(
+        ErrorKind::Forbidden,
+        "operator_signature_invalid",
+        format!("the decision is not validly signed by the operator: {e}"),
+    )
+}
+
+fn revision_conflict(at: u64, want: u64) -> OpError {
+    OpError::new(
+        ErrorKind::Conflict,
+        codes::REVISION_CONFLICT,
+        format!("the approval is at revision {at}, not {want}"),
+    )
+}
+
+/// Finds an approval by its id or by its operation's id.
+fn approval_id_for(s: &OperationState, id: &str) -> Option<String> {
+    if s.approvals.contains_key(id) {
+        return Some(id.to_string());
+    }
+    s.get(id).and_then(|op| op.approval_id.clone())
+}
+
+impl OperationRuntime {
+    /// Renders a plan for an operator from its text: digest checked, decoded by its adapter,
+    /// presented by the adapter. Never from the record's own target or presentation.
+    pub(super) async fn show(&self, op: &Operation) -> Result<PlanShown, String> {
+        let d = self
+            .rederive(op, crate::util::now_ms(), false)
+            .await
+            .map_err(|(_, m)| m)?;
+        let presentation = d
+            .adapter
+            .present(&d.plan.resolved())
+            .await
+            .and_then(|p| p.bounded())
+            .map_err(|e| redact(&e.message))?;
+        Ok(PlanShown {
+            target: d.plan.target,
+            arguments: d.plan.arguments,
+            presentation,
+            classification: d.class,
+        })
+    }
+
+    async fn view(&self, approval_id: &str) -> Result<ApprovalView, OpError> {
+        let (a, op) = self
+            .ws
+            .read(|s| {
+                let a = s.operations.approvals.get(approval_id)?.clone();
+                let op = s.operations.get(&a.operation_id).cloned();
+                Some((a, op))
+            })
+            .ok_or_else(no_approval)?;
+        let shown = match &op {
+            Some(op) => self.show(op).await,
+            None => Err("the operation was pruned".to_string()),
+        };
+        Ok(ApprovalView::of(
+            &a,
+            op.as_ref(),
+            shown.as_ref().map_err(String::as_str),
+        ))
+    }
+
+    pub async fn approvals(&self, all: bool) -> Vec<ApprovalView> {
+        let ids: Vec<String> = self.ws.read(|s| {
+            s.operations
+                .approvals
+                .values()
+                .filter(|a| all || a.status == ApprovalStatus::Pending)
+                .map(|a| a.id.clone())
+                .collect()
+        });
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Ok(v) = self.view(&id).await {
+                out.push(v);
+            }
+        }
+        out
+    }
+
+    /// One approval by approval or operation id.
+    pub async fn approval(&self, id: &str) -> Result<ApprovalView, OpError> {
+        let aid = self
+            .ws
+            .read(|s| approval_id_for(&s.operations, id))
+            .ok_or_else(no_approval)?;
+        self.view(&aid).await
+    }
+
+    /// Builds the payload the operator signs, from the plan text as it is now.
+    pub async fn prepare_decision(
+        &self,
+        req: &DecisionRequest,
+    ) -> Result<PreparedDecision, OpError> {
+        if let Some(r) = &req.reason
+            && r.len() > MAX_REASON_BYTES
+        {
+            return Err(OpError::invalid(
+                "reason",
+                format!("reason must be at most {MAX_REASON_BYTES} bytes"),
+            ));
+        }
+        let (a, op) = self
+            .ws
+            .read(|s| {
+                let aid = approval_id_for(&s.operations, &req.id)?;
+                let a = s.operations.approvals.get(&aid)?.clone();
+                let op = s.operations.get(&a.operation_id).cloned();
+                Some((a, op))
+            })
+            .ok_or_else(no_approval)?;
+        let op = op.ok_or_else(OpError::not_found)?;
+        if a.status != ApprovalStatus::Pending {
+            return Err(OpError::new(
+                ErrorKind::Conflict,
+                codes::APPROVAL_NOT_PENDING,
+                format!("the approval is {:?}, not pending", a.status).to_lowercase(),
+            ));
+        }
+        if a.revision != req.expected_revision {
+            return Err(revision_conflict(a.revision, req.expected_revision));
+        }
+        let now = crate::util::now_ms();
+        let derived = self.rederive(&op, now, true).await;
+        let class_digest = match (&derived, req.decision) {
+            (Ok(d), _) => classification_digest(&d.class),
+            (Err((_, m)), DecisionKind::Approve) => {
+                return Err(OpError::new(
+                    ErrorKind::Conflict,
+                    codes::INVALID_STORED,
+                    format!("this plan cannot run, so it cannot be approved: {m}"),
+                ));
+            }
+            (Err(_), DecisionKind::Deny) => classification_digest(&a.classification),
+        };
+        let (duration, max_uses) = narrowed(&a, &req.narrowing)?;
+        let workspace_id = self
+            .ws
+            .workspace_id()
+            .ok_or_else(|| OpError::store("no workspace id"))?;
+        let approve = req.decision == DecisionKind::Approve;
+        let payload = DecisionPayload {
+            domain: DecisionPayload::DOMAIN.into(),
+            workspace_id,
+            approval_id: a.id.clone(),
+            operation_id: op.id.clone(),
+            client: op.client_id.clone(),
+            operation: op.operation.clone(),
+            plan_digest: op.plan_digest.clone().unwrap_or_default(),
+            classification_digest: class_digest,
+            mode: a.mode,
+            decision: req.decision,
+            revision: a.revision + 1,
+            decided_at_ms: now,
+            expires_at_ms: approve.then_some(now + duration * 1000),
+            max_uses,
+            narrowed_duration_seconds: req.narrowing.duration_seconds,
+            narrowed_max_uses: req.narrowing.max_uses,
+            reason: (!approve).then(|| req.reason.clone()).flatten(),
+            head: self.ws.journal_head(),
+        };
+        let shown = match &derived {
+            Ok(_) => self.show(&op).await,
+            Err((_, m)) => Err(m.clone()),
+        };
+        Ok(PreparedDecision {
+            text: canonical_text(&payload),
+            approval: ApprovalView::of(&a, Some(&op), shown.as_ref().map_err(String::as_str)),
+            payload,
+        })
+    }
+
+    /// Records a decision the operator signed. The signature is checked against the public
+    /// key, and the payload against the approval and the operation's plan as stored.
+    pub async fn decide(
+        &self,
+        sig: OperatorSignature,
+        idempotency_key: &str,
+    ) -> Result<ApprovalView, OpError> {
+        let idem = idempotency_key.trim().to_string();
+        if idem.is_empty() || idem.len() > MAX_KEY_BYTES {
+            return Err(OpError::invalid(
+                "idempotency_key",
+                "idempotency_key must be 1..=128 bytes",
+            ));
+        }
+        let p = self.open::<DecisionPayload>(&sig)?;
+        let command_digest = crate::util::sha256_hex(sig.payload.as_bytes());
+        let now = crate::util::now_ms();
+        let aid = p.approval_id.clone();
+        let (approved_op, expired) = self
+            .commit(move |s: &crate::workspace::State| {
+                decide_records(s, &p, sig, idem, command_digest, now)
+            })
+            .await
+            .map_err(commit_err)?;
+        if expired {
+            return Err(OpError::new(
+                ErrorKind::Conflict,
+                codes::APPROVAL_EXPIRED,
+                "the request expired before the decision",
+            ));
+        }
+        if let Some(op) = approved_op {
+            self.spawn_drive(op);
+        }
+        self.view(&aid).await
+    }
+
+    /// Verifies an envelope with the operator's public key, for this workspace.
+    fn open<P: Payload + HasWorkspace>(&self, sig: &OperatorSignature) -> Result<P, OpError> {
+        let key = crate::operator::current_public().ok_or_else(|| {
+            OpError::new(
+                ErrorKind::Forbidden,
+                "operator_key_missing",
+                "no operator public key on this machine; run `gaffer operator init`",
+            )
+        })?;
+        let p: P = sig.open(&key).map_err(signature_error)?;
+        if Some(p.workspace_id()) != self.ws.workspace_id().as_deref() {
+            return Err(signature_error("it was signed for another workspace"));
+        }
+        if p.head().seq > self.ws.seq() {
+            return Err(signature_error(
+                "it names a journal head this journal never had",
+            ));
+        }
+        Ok(p)
+    }
+
+    /// The payload that revokes an active approval (or withdraws a pending request).
+    pub fn prepare_revoke(
+        &self,
+        id: &str,
+        expected_revision: Option<u64>,
+    ) -> Result<(RevokePayload, String), OpError> {
+        let a = self
+            .ws
+            .read(|s| {
+                approval_id_for(&s.operations, id)
+                    .and_then(|aid| s.operations.approvals.get(&aid).cloned())
+            })
+            .ok_or_else(no_approval)?;
+        if let Some(r) = expected_revision
+            && r != a.revision
+        {
+            return Err(revision_conflict(a.revision, r));
+        }
+        let payload = RevokePayload {
+            domain: RevokePayload::DOMAIN.into(),
+            workspace_id: self
+                .ws
+                .workspace_id()
+                .ok_or_else(|| OpError::store("no workspace id"))?,
+            approval_id: a.id,
+            revision: a.revision + 1,
+            revoked_at_ms: crate::util::now_ms(),
+            head: self.ws.journal_head(),
+        };
+        let text = canonical_text(&payload);
+        Ok((payload, text))
+    }
+
+    pub async fn revoke(
+        &self,
+        sig: OperatorSignature,
+        idempotency_key: Option<&str>,
+    ) -> Result<ApprovalView, OpError> {
+        let p = self.open::<RevokePayload>(&sig)?;
+        let idem = idempotency_key.map(|k| k.trim().to_string());
+        let aid = p.approval_id.clone();
+        let now = crate::util::now_ms();
+        self.commit(move |s: &crate::workspace::State| revoke_records(s, &p, sig, idem, now))
+            .await
+            .map_err(commit_err)?;
+        self.view(&aid).await
+    }
+}
+
+/// Payloads that name their workspace.
+pub trait HasWorkspace {
+    fn workspace_id(&self) -> &str;
+}
+impl HasWorkspace for DecisionPayload {
+    fn workspace_id(&self) -> &str {
+        &self.workspace_id
+    }
+}
+impl HasWorkspace for RevokePayload {
+    fn workspace_id(&self) -> &str {
+        &self.workspace_id
+    }
+}
+
+/// Duration and uses after the operator's narrowing, within what was requested.
+fn narrowed(a: &super::super::state::Approval, n: &Narrowing) -> Result<(u64, u32), OpError> {
+    let exceeded = |field: &str, message: String| OpError {
+        kind: ErrorKind::Conflict,
+        code: codes::CONSTRAINT_EXCEEDED.into(),
+        message,
+        field: Some(field.into()),
+    };
+    let duration = n.duration_seconds.unwrap_or(a.requested_duration_seconds);
+    if duration == 0 || duration > a.requested_duration_seconds {
+        return Err(exceeded(
+            "constraints.duration_seconds",
+            format!(
+                "duration_seconds must be between 1 and the requested {}",
+                a.requested_duration_seconds
+            ),
+        ));
+    }
+    let max_uses = n.max_uses.unwrap_or(a.requested_max_uses);
+    if max_uses == 0 || max_uses > a.requested_max_uses {
+        return Err(exceeded(
+            "constraints.max_uses",
+            format!(
+                "max_uses must be between 1 and the requested {}",
+                a.requested_max_uses
+            ),
+        ));
+    }
+    Ok((duration, max_uses))
+}
+
+/// What the decision commit reports: (operation to drive, whether the request had expired).
+type Decided = (Option<String>, bool);
+
+/// The decision commit.
+fn decide_records(
+    s: &crate::workspace::State,
+    p: &DecisionPayload,
+    sig: OperatorSignature,
+    idem: String,
+    command_digest: String,
+    now: u64,
+) -> Result<(Vec<NewRecord>, Decided), OpError> {
+    let ops = &s.operations;
+    let a = ops.approvals.get(&p.approval_id).ok_or_else(no_approval)?;
+    if let Some(prev) = a.decision_keys.get(&idem) {
+        return if *prev == command_digest {
+            Ok((vec![], (None, false)))
+        } else {
+            Err(conflict())
+        };
+    }
+    if a.status != ApprovalStatus::Pending {
+        return Err(OpError::new(
+            ErrorKind::Conflict,
+            codes::APPROVAL_NOT_PENDING,
+            format!("the approval is {:?}, not pending", a.status).to_lowercase(),
+        ));
+    }
+    if a.revision + 1 != p.revision {
+        return Err(revision_conflict(a.revision, p.revision.saturating_sub(1)));
+    }
+    let op = ops.get(&a.operation_id).ok_or_else(OpError::not_found)?;
+    let matches = p.operation_id == op.id
+        && p.client == op.client_id
+        && p.operation == op.operation
+        && op.plan_digest.as_deref() == Some(p.plan_digest.as_str())
+        && p.mode == a.mode;
+    if !matches {
+        return Err(signature_error("the signed payload is for another plan"));
+    }
+    if now >= a.pending_expires_at_ms {
+        // Too late: record the expiry and refuse the decision.
+        let mut recs = vec![];
+        if op.state == OpState::Pending {
+            let t = transition(op, OpState::Expired, now)
+                .error(
+                    codes::APPROVAL_EXPIRED,
+                    "nobody decided before the request expired",
+                )
+                .approval(Some(ApprovalChange {
+                    approval_id: a.id.clone(),
+                    effect: ApprovalEffect::Expire,
+                }));
+            recs.push(rec(KIND_TRANSITIONED, &t)?);
+        }
+        return Ok((recs, (None, true)));
+    }
+    let mut recs = vec![rec(
+        KIND_DECIDED,
+        &st::Decided {
+            approval_id: a.id.clone(),
+            operator_signature: sig,
+            idempotency_key: idem,
+            command_digest,
+        },
+    )?];
+    let mut approved = None;
+    if op.state == OpState::Pending {
+        let t = match p.decision {
+            DecisionKind::Approve => {
+                approved = Some(op.id.clone());
+                transition(op, OpState::Approved, now)
+            }
+            DecisionKind::Deny => transition(op, OpState::Denied, now).error(
+                codes::APPROVAL_DENIED,
+                match &p.reason {
+                    Some(r) => format!("the operator denied the request: {r}"),
+                    None => "the operator denied the request".to_string(),
+                },
+            ),
+        };
+        recs.push(rec(KIND_TRANSITIONED, &t)?);
+    }
+    Ok((recs, (approved, false)))
+}
+
+fn revoke_records(
+    s: &crate::workspace::State,
+    p: &RevokePayload,
+    sig: OperatorSignature,
+    idem: Option<String>,
+    now: u64,
+) -> Result<(Vec<NewRecord>, ()), OpError> {
+    let ops = &s.operations;
+    let a = ops.approvals.get(&p.approval_id).ok_or_else(no_approval)?;
+    let digest = crate::util::sha256_hex(sig.payload.as_bytes());
+    if let Some(k) = &idem
+        && let Some(prev) = a.decision_keys.get(k)
+    {
+        return if *prev == digest {
+            Ok((vec![], ()))
+        } else {
+            Err(conflict())
+        };
+    }
+    if a.revision + 1 != p.revision {
+        return Err(revision_conflict(a.revision, p.revision.saturating_sub(1)));
+    }
+    let op = ops.get(&a.operation_id);
+    match a.status {
+        ApprovalStatus::Active => {
+            let mut recs = vec![rec(
+                KIND_REVOKED,
+                &Revoked {
+                    approval_id: a.id.clone(),
+                    revision: p.revision,
+                    at_ms: now,
+                    operator_signature: sig,
+                    idempotency_key: idem.clone(),
+                    command_digest: idem.as_ref().map(|_| digest.clone()),
+                },
+            )?];
+            if let Some(op) = op.filter(|o| o.state == OpState::Approved) {
+                let t = transition(op, OpState::Canceled, now)
+                    .error(codes::CANCELED, "the operator revoked the approval");
+                recs.push(rec(KIND_TRANSITIONED, &t)?);
+            }
+            Ok((recs, ()))
+        }
+        ApprovalStatus::Pending => {
+            // Revoking a request nobody decided yet cancels it.
+            let op = op.ok_or_else(OpError::not_found)?;
+            let t = transition(op, OpState::Canceled, now)
+                .error(codes::CANCELED, "the operator withdrew the request")
+                .approval(Some(ApprovalChange {
+                    approval_id: a.id.clone(),
+                    effect: ApprovalEffect::Cancel,
+                }));
+            Ok((vec![rec(KIND_TRANSITIONED, &t)?], ()))
+        }
+        other => Err(OpError::new(
+            ErrorKind::Conflict,
+            codes::APPROVAL_NOT_PENDING,
+            format!("the approval is {other:?} and cannot be revoked").to_lowercase(),
+        )),
+    }
+}

@@ -1,0 +1,378 @@
+//! Execution: re-derive the plan from its text (decode, resolve afresh, classify), authorize
+//! it in the claim commit, run it once, and settle the outcome (proven, or reconciled).
+
+use std::sync::Arc;
+
+use super::super::adapter::{Adapter, AdapterCtx, FailureKind, Outcome, Resolved};
+use super::super::authorize::{Check, authorize};
+use super::super::lifecycle::{OpState, codes};
+use super::super::plan::Plan;
+use super::super::policy::Classification;
+use super::super::state::{ApprovalChange, ApprovalEffect, KIND_TRANSITIONED, Operation, UseState};
+use super::*;
+
+/// The outcome of an execution, as recorded.
+#[derive(Clone)]
+pub(super) enum Settle {
+    Succeeded(Outcome),
+    Failed {
+        code: String,
+        message: String,
+        effect: ApprovalEffect,
+    },
+}
+
+/// What the claim commit decided.
+enum Claim {
+    Run { approval_id: Option<String> },
+    Skip,
+}
+
+/// A plan read back from its text and checked by its adapter now.
+pub(super) struct Rederived {
+    pub plan: Plan,
+    pub digest: String,
+    pub class: Classification,
+    pub adapter: Arc<dyn Adapter>,
+}
+
+/// Why a stored plan cannot run: (code, message) for the audit log.
+pub(super) type Unfit = (&'static str, String);
+
+impl OperationRuntime {
+    pub(super) fn spawn_drive(&self, id: String) {
+        if !self.autorun.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        tokio::spawn(async move { me.drive(&id).await });
+    }
+
+    /// Runs an operation claimed in the submit commit.
+    pub(super) fn spawn_execute(&self, id: String, plan: Plan, approval_id: Option<String>) {
+        let Some(me) = self.me.upgrade() else { return };
+        tokio::spawn(async move {
+            failpoint("after_claim");
+            if let Err(e) = me.execute_claimed(&id, Box::new(plan), approval_id).await {
+                tracing::error!(operation = %id, error = %e, "operation could not be executed");
+            }
+        });
+    }
+
+    /// Claims an approved operation and runs it. Safe to call from every process at once.
+    pub async fn drive(&self, id: &str) {
+        {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            if !running.insert(id.to_string()) {
+                return;
+            }
+        }
+        let r = self.drive_inner(id).await;
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        if let Err(e) = r {
+            tracing::error!(operation = id, error = %e, "operation could not be driven");
+        }
+    }
+
+    async fn drive_inner(&self, id: &str) -> Result<(), OpError> {
+        let Some(op) = self.ws.read(|s| s.operations.get(id).cloned()) else {
+            return Ok(());
+        };
+        if op.state != OpState::Approved {
+            return Ok(());
+        }
+        let now = crate::util::now_ms();
+        let derived = self.rederive(&op, now, true).await;
+        let claim = self.claim(&op, &derived, now).await?;
+        let (Claim::Run { approval_id }, Ok(d)) = (claim, derived) else {
+            return Ok(());
+        };
+        failpoint("after_claim");
+        self.execute_claimed(id, Box::new(d.plan), approval_id)
+            .await
+    }
+
+    /// Reads the plan back from its text and has its adapter check it as if it were new:
+    /// the text decodes to itself, the target resolves to the same place now (paths
+    /// normalised and confined, `.gaffer/` refused), and the classification comes from the
+    /// text, not from any stored copy.
+    ///
+    /// Reconciling an interrupted execution passes `resolve: false`: the effect may already
+    /// have happened (a deleted file no longer resolves), and reconciling only reads back.
+    pub(super) async fn rederive(
+        &self,
+        op: &Operation,
+        now: u64,
+        resolve: bool,
+    ) -> Result<Rederived, Unfit> {
+        let stored = |m: &str| (codes::INVALID_STORED, m.to_string());
+        let (text, digest) = op
+            .plan
+            .as_deref()
+            .zip(op.plan_digest.as_deref())
+            .ok_or_else(|| stored("the operation has no stored plan"))?;
+        let plan = Plan::verify(text, digest, &op.id, &op.client_id, now, resolve)
+            .map_err(|e| stored(&format!("the stored plan is not usable: {e}")))?;
+        let adapter = self
+            .registry
+            .lookup(&plan.operation)
+            .filter(|_| plan.operation == op.operation)
+            .cloned()
+            .ok_or_else(|| stored("the stored plan names an operation without an adapter"))?;
+        let decoded = adapter
+            .decode(&plan.target, &plan.arguments)
+            .await
+            .map_err(|e| {
+                stored(&format!(
+                    "the plan's input no longer decodes: {}",
+                    redact(&e.message)
+                ))
+            })?;
+        if decoded.target != plan.target || decoded.arguments != plan.arguments {
+            return Err(stored(
+                "the plan's input is not in the adapter's canonical form",
+            ));
+        }
+        if resolve {
+            let ctx = self.ctx(&op.id, &op.client_id);
+            let fresh = adapter.resolve(&ctx, decoded).await.map_err(|e| {
+                stored(&format!(
+                    "the plan's target does not resolve now: {}",
+                    redact(&e.message)
+                ))
+            })?;
+            if fresh.target != plan.target {
+                return Err(stored("the plan's target resolves to another place now"));
+            }
+        }
+        let class = adapter.authorize(&plan.resolved()).await.map_err(|e| {
+            stored(&format!(
+                "the plan cannot be classified: {}",
+                redact(&e.message)
+            ))
+        })?;
+        Ok(Rederived {
+            digest: Plan::digest_of(text),
+            plan,
+            class,
+            adapter,
+        })
+    }
+
+    /// The claim commit: `approved -> executing` plus the approval's reservation when the one
+    /// authorization check passes, else `failed` with its reason (the audit log says why).
+    async fn claim(
+        &self,
+        op: &Operation,
+        derived: &Result<Rederived, Unfit>,
+        now: u64,
+    ) -> Result<Claim, OpError> {
+        let policy = self.policy();
+        let key = crate::operator::current_public();
+        let workspace_id = self.ws.workspace_id();
+        let chain_ok = self.ws.chain_ok();
+        let executor = self.executor.clone();
+        let (id, revision) = (op.id.clone(), op.revision);
+        let checked = match derived {
+            Ok(d) => Ok((
+                d.digest.clone(),
+                d.class.clone(),
+                d.adapter.descriptor().requires_approval,
+            )),
+            Err(e) => Err(e.clone()),
+        };
+        self.commit(move |s: &crate::workspace::State| {
+            let ops = &s.operations;
+            let Some(op) = ops
+                .get(&id)
+                .filter(|o| o.state == OpState::Approved && o.revision == revision)
+            else {
+                return Ok((vec![], Claim::Skip));
+            };
+            let fail = |code: &str, msg: &str| -> Result<(Vec<NewRecord>, Claim), OpError> {
+                tracing::warn!(operation = %op.id, code, reason = msg, "execution refused");
+                let t = transition(op, OpState::Failed, now).error(code, msg);
+                Ok((vec![rec(KIND_TRANSITIONED, &t)?], Claim::Skip))
+            };
+            let (digest, class, requires_approval) = match &checked {
+                Ok(c) => c,
+                Err((code, msg)) => return fail(code, msg),
+            };
+            let check = Check {
+                operation_id: &op.id,
+                client: &op.client_id,
+                operation: &op.operation,
+                plan_digest: digest,
+                class,
+                requires_approval: *requires_approval,
+                approval: ops.approval_of(op),
+                points_at_approval: op.approval_id.is_some(),
+                policy: &policy,
+                key: key.as_ref(),
+                workspace_id: workspace_id.as_deref(),
+                chain_ok,
+                now_ms: now,
+            };
+            let reserve = match authorize(&check) {
+                Ok(super::super::authorize::Authority::Approval { approval_id }) => {
+                    Some(approval_id)
+                }
+                Ok(super::super::authorize::Authority::Policy { .. }) => None,
+                Err(r) => return fail(r.code, &r.message),
+            };
+            let mut t = transition(op, OpState::Executing, now).approval(reserve.clone().map(
+                |approval_id| ApprovalChange {
+                    approval_id,
+                    effect: ApprovalEffect::Reserve,
+                },
+            ));
+            t.executor = Some(executor);
+            Ok((
+                vec![rec(KIND_TRANSITIONED, &t)?],
+                Claim::Run {
+                    approval_id: reserve,
+                },
+            ))
+        })
+        .await
+        .map_err(commit_err)
+    }
+
+    /// Runs an operation this process has claimed (`executing` is durable), then settles it.
+    async fn execute_claimed(
+        &self,
+        id: &str,
+        plan: Box<Plan>,
+        approval_id: Option<String>,
+    ) -> Result<(), OpError> {
+        let Some(adapter) = self.registry.lookup(&plan.operation).cloned() else {
+            return Ok(());
+        };
+        let op = self.ws.read(|s| s.operations.get(id).cloned());
+        let Some(op) = op else { return Ok(()) };
+        let ctx = self.ctx(&op.id, &op.client_id);
+        let resolved = plan.resolved();
+        let exec = adapter.execute(&ctx, &resolved).await;
+        failpoint("after_execute");
+        let settle = match exec {
+            Ok(o) if o.proven => Settle::Succeeded(o),
+            Ok(o) => {
+                self.reconcile_or_fail(&*adapter, &ctx, &resolved, Some(o), None)
+                    .await
+            }
+            Err(e) => match e.kind {
+                FailureKind::NotStarted => Settle::Failed {
+                    code: e.code,
+                    message: redact(&e.message),
+                    effect: ApprovalEffect::Release,
+                },
+                FailureKind::Definitive => Settle::Failed {
+                    code: e.code,
+                    message: redact(&e.message),
+                    effect: ApprovalEffect::Commit,
+                },
+                FailureKind::PossiblyPartial => {
+                    self.reconcile_or_fail(&*adapter, &ctx, &resolved, None, Some(e.message))
+                        .await
+                }
+            },
+        };
+        self.finish(&op, approval_id, settle).await?;
+        adapter.cleanup(&ctx, &resolved).await;
+        Ok(())
+    }
+
+    pub(super) async fn reconcile_or_fail(
+        &self,
+        adapter: &dyn Adapter,
+        ctx: &AdapterCtx,
+        plan: &Resolved,
+        exec: Option<Outcome>,
+        exec_msg: Option<String>,
+    ) -> Settle {
+        match adapter.reconcile(ctx, plan).await {
+            Ok(r) if r.proven => Settle::Succeeded(Outcome {
+                proven: true,
+                result: r.result.or(exec.as_ref().and_then(|e| e.result.clone())),
+                upstream_status: r.upstream_status.or(exec.and_then(|e| e.upstream_status)),
+            }),
+            _ => Settle::Failed {
+                code: codes::UPSTREAM_UNKNOWN.into(),
+                message: match exec_msg {
+                    Some(m) => format!("the outcome could not be proven ({})", redact(&m)),
+                    None => "the outcome could not be proven".into(),
+                },
+                effect: ApprovalEffect::Retain,
+            },
+        }
+    }
+
+    pub(super) async fn finish(
+        &self,
+        op: &Operation,
+        approval_id: Option<String>,
+        settle: Settle,
+    ) -> Result<(), OpError> {
+        let id = op.id.clone();
+        let operation = op.operation.clone();
+        let now = crate::util::now_ms();
+        self.commit(move |s: &crate::workspace::State| {
+            let ops = &s.operations;
+            let Some(op) = ops.get(&id) else {
+                return Ok((vec![], ()));
+            };
+            if op.state != OpState::Executing {
+                return Ok((vec![], ()));
+            }
+            // Only an approval holding a reservation for this operation is settled.
+            let reserved = approval_id
+                .as_ref()
+                .and_then(|a| ops.approvals.get(a))
+                .filter(|a| a.uses.get(&id) == Some(&UseState::Reserved))
+                .map(|a| a.id.clone());
+            let change = |effect| {
+                reserved.clone().map(|approval_id| ApprovalChange {
+                    approval_id,
+                    effect,
+                })
+            };
+            let t = match settle {
+                Settle::Succeeded(o) => {
+                    let result = o.result.unwrap_or_else(
+                        || serde_json::json!({"operation": operation, "reconciled": true}),
+                    );
+                    let size = serde_json::to_string(&result)
+                        .map(|t| t.len())
+                        .unwrap_or(usize::MAX);
+                    if !result.is_object() || size > MAX_RESULT_BYTES {
+                        transition(op, OpState::Failed, now)
+                            .error(
+                                codes::STORE_UNAVAILABLE,
+                                "the operation ran but its result could not be stored",
+                            )
+                            .approval(change(ApprovalEffect::Commit))
+                    } else {
+                        let mut t = transition(op, OpState::Succeeded, now)
+                            .approval(change(ApprovalEffect::Commit));
+                        t.result = Some(result);
+                        t.upstream_status = o.upstream_status;
+                        t
+                    }
+                }
+                Settle::Failed {
+                    code,
+                    message,
+                    effect,
+                } => transition(op, OpState::Failed, now)
+                    .error(&code, message)
+                    .approval(change(effect)),
+            };
+            Ok((vec![rec(KIND_TRANSITIONED, &t)?], ()))
+        })
+        .await
+        .map_err(commit_err)
+    }
+}

@@ -1,0 +1,484 @@
+//! The operation runtime of one gaffer process, one file per lifecycle step:
+//! [`submit`] (decode, resolve, classify, decide, record), [`decide`] (operator decisions
+//! signed in the operator's own process), [`execute`] (re-derive the plan, authorize, claim,
+//! run once, settle) and [`recover`] (restart recovery, expiry, retention). Every state change
+//! is a `Workspace::commit` whose closure validates against the freshly folded state, so two
+//! processes on one workspace never both claim an operation; every execution is authorized by
+//! [`super::authorize::authorize`] at the moment of its claim.
+
+mod decide;
+mod execute;
+mod recover;
+mod submit;
+
+pub use decide::{DecisionRequest, PreparedDecision};
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::adapter::{AdapterCtx, AdapterError, Registry};
+use super::lifecycle::{OpState, codes};
+use super::policy::Policy;
+use super::state::{
+    ApprovalChange, ApprovalEffect, KIND_TRANSITIONED, NOTICE_CHANGED, OpFailure, Operation,
+    Transitioned,
+};
+use super::trust::TrustStatus;
+use super::views::OperationView;
+use crate::workspace::{CommitError, NewRecord, Workspace};
+
+pub const MAX_KEY_BYTES: usize = 128;
+pub const MAX_REASON_BYTES: usize = 2000;
+pub const MAX_TARGET_BYTES: usize = 16 * 1024;
+pub const MAX_ARGUMENTS_BYTES: usize = 1 << 20;
+pub const MAX_RESULT_BYTES: usize = 2 << 20;
+pub const MAX_WAIT_SECONDS: u64 = 30;
+/// Most uses a window approval may carry.
+pub const MAX_GRANT_USES: u32 = 25;
+/// Test-only crash injection: the process exits at the named step.
+pub const FAILPOINT_ENV: &str = "GAFFER_TEST_FAILPOINT";
+
+/// A refusal with a stable machine code; `message` is safe to show an agent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct OpError {
+    pub kind: ErrorKind,
+    pub code: String,
+    pub message: String,
+    pub field: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Invalid,
+    NotFound,
+    Conflict,
+    Forbidden,
+    Unavailable,
+    Store,
+}
+
+impl OpError {
+    pub fn new(kind: ErrorKind, code: &str, message: impl Into<String>) -> OpError {
+        OpError {
+            kind,
+            code: code.into(),
+            message: message.into(),
+            field: None,
+        }
+    }
+    pub fn invalid(field: &str, message: impl Into<String>) -> OpError {
+        OpError {
+            kind: ErrorKind::Invalid,
+            code: codes::INVALID_REQUEST.into(),
+            message: message.into(),
+            field: Some(field.into()),
+        }
+    }
+    pub(crate) fn not_found() -> OpError {
+        OpError::new(ErrorKind::NotFound, codes::NOT_FOUND, "no such operation")
+    }
+    pub(crate) fn store(e: impl std::fmt::Display) -> OpError {
+        tracing::error!(error = %e, "operation store failure");
+        OpError::new(
+            ErrorKind::Store,
+            codes::STORE_UNAVAILABLE,
+            "the operation store is unavailable; see the server log",
+        )
+    }
+    fn from_adapter(e: AdapterError) -> OpError {
+        let kind = if e.code == codes::INPUT_INVALID {
+            ErrorKind::Invalid
+        } else if e.code == codes::PRECONDITION_FAILED {
+            ErrorKind::Conflict
+        } else {
+            ErrorKind::Unavailable
+        };
+        OpError {
+            kind,
+            code: e.code,
+            message: redact(&e.message),
+            field: e.field,
+        }
+    }
+}
+
+/// Provider text reaches agents only bounded and without control characters.
+pub fn redact(s: &str) -> String {
+    let clean: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(500)
+        .collect();
+    if clean.trim().is_empty() {
+        "the provider gave no detail".into()
+    } else {
+        clean
+    }
+}
+
+fn commit_err(e: CommitError<OpError>) -> OpError {
+    match e {
+        CommitError::Rejected(e) => e,
+        CommitError::Store(e) => OpError::store(e),
+    }
+}
+
+fn rec(kind: &str, payload: impl serde::Serialize) -> Result<NewRecord, OpError> {
+    NewRecord::new(kind, payload).map_err(OpError::store)
+}
+
+fn new_id(prefix: &str) -> Result<String, OpError> {
+    crate::util::new_id(prefix).map_err(OpError::store)
+}
+
+fn failpoint(step: &str) {
+    if std::env::var(FAILPOINT_ENV).ok().as_deref() == Some(step) {
+        tracing::warn!(step, "test failpoint: exiting");
+        std::process::exit(86);
+    }
+}
+
+/// What `operations/submit` receives.
+#[derive(Debug, Clone)]
+pub struct SubmitInput {
+    pub operation: String,
+    pub target: Box<serde_json::value::RawValue>,
+    pub arguments: Box<serde_json::value::RawValue>,
+    pub reason: String,
+    pub idempotency_key: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub states: Vec<OpState>,
+    pub operation: Option<String>,
+    pub limit: Option<usize>,
+}
+
+/// Operator narrowing of an approval.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Narrowing {
+    pub duration_seconds: Option<u64>,
+    pub max_uses: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Terminal operations older than this are pruned (their keys become reusable).
+    pub retention_ms: u64,
+}
+
+/// Overrides the 30-day retention of terminal operations (whole hours).
+pub const RETENTION_ENV: &str = "GAFFER_OPERATIONS_RETENTION_HOURS";
+
+impl Default for RuntimeConfig {
+    /// 30 days, or `$GAFFER_OPERATIONS_RETENTION_HOURS` when it holds a number.
+    fn default() -> Self {
+        let hours = std::env::var(RETENTION_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(30 * 24);
+        RuntimeConfig {
+            retention_ms: hours.saturating_mul(3600 * 1000),
+        }
+    }
+}
+
+/// (mtime, size) of a file, `None` when it cannot be read.
+type FileStamp = Option<(Option<std::time::SystemTime>, u64)>;
+/// The trust records folded, the policy file, and the operator's public key: a change to any
+/// of them rebuilds the policy.
+type PolicyStamp = (u64, FileStamp, Option<String>);
+
+fn file_stamp(path: &std::path::Path) -> FileStamp {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.modified().ok(), m.len()))
+}
+
+/// (client, idempotency key)
+type SubmitKey = (String, String);
+
+pub struct OperationRuntime {
+    ws: Arc<Workspace>,
+    registry: Registry,
+    config: RuntimeConfig,
+    /// This process, recorded as executor of what it claims.
+    executor: String,
+    running: Mutex<HashSet<String>>,
+    submit_locks: Mutex<HashMap<SubmitKey, Weak<tokio::sync::Mutex<()>>>>,
+    policy_cache: Mutex<Option<(PolicyStamp, Arc<Policy>)>>,
+    /// Whether `providers.yaml` was trusted when this process loaded its providers.
+    providers_trust: std::sync::OnceLock<TrustStatus>,
+    /// Only a serving process executes; one-shot CLI processes leave approved work to it.
+    autorun: std::sync::atomic::AtomicBool,
+    me: Weak<OperationRuntime>,
+}
+
+impl std::fmt::Debug for OperationRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperationRuntime")
+            .field("registry", &self.registry)
+            .finish()
+    }
+}
+
+pub fn executor_id(pid: u32, started_ms: u64) -> String {
+    format!("{pid}:{started_ms}")
+}
+
+impl OperationRuntime {
+    pub fn new(
+        ws: Arc<Workspace>,
+        registry: Registry,
+        config: RuntimeConfig,
+        executor: String,
+    ) -> Arc<OperationRuntime> {
+        Arc::new_cyclic(|me| OperationRuntime {
+            ws,
+            registry,
+            config,
+            executor,
+            running: Mutex::new(HashSet::new()),
+            submit_locks: Mutex::new(HashMap::new()),
+            policy_cache: Mutex::new(None),
+            providers_trust: std::sync::OnceLock::new(),
+            autorun: std::sync::atomic::AtomicBool::new(false),
+            me: me.clone(),
+        })
+    }
+
+    /// Every operations change goes through the workspace's one commit path: the closure
+    /// validates against state that already holds every other process's records.
+    async fn commit<T, F>(&self, f: F) -> Result<T, CommitError<OpError>>
+    where
+        F: FnOnce(&crate::workspace::State) -> Result<(Vec<NewRecord>, T), OpError>
+            + Send
+            + 'static,
+        T: Send + 'static,
+    {
+        self.ws.commit(f).await
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn workspace(&self) -> &Arc<Workspace> {
+        &self.ws
+    }
+
+    fn ctx(&self, op_id: &str, client: &str) -> AdapterCtx {
+        AdapterCtx {
+            workspace_root: self.ws.root().to_path_buf(),
+            operation_id: op_id.to_string(),
+            client_id: client.to_string(),
+        }
+    }
+
+    /// The policy to decide and authorize with, rebuilt when the trust records, the policy
+    /// file or the operator's public key change.
+    fn policy(&self) -> Arc<Policy> {
+        let key = crate::operator::current_public();
+        let stamp: PolicyStamp = (
+            self.ws.read(|s| s.trust.last_seq),
+            file_stamp(&self.ws.gaffer_dir().join(super::policy::POLICY_FILE)),
+            key.as_ref().map(|k| k.fingerprint()),
+        );
+        let mut cache = self.policy_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cached, p)) = cache.as_ref()
+            && *cached == stamp
+        {
+            return Arc::clone(p);
+        }
+        let p = Arc::new(super::trust::effective_policy(&self.ws, key.as_ref()));
+        *cache = Some((stamp, Arc::clone(&p)));
+        p
+    }
+
+    /// Where `policy.yaml` stands now.
+    pub fn policy_trust(&self) -> TrustStatus {
+        let key = crate::operator::current_public();
+        super::trust::check(&self.ws, super::policy::POLICY_FILE, key.as_ref())
+            .map(|c| c.status)
+            .unwrap_or(TrustStatus::NeverTrusted)
+    }
+
+    /// Where `providers.yaml` stood when this process decided which providers to start.
+    pub fn providers_trust(&self) -> TrustStatus {
+        self.providers_trust
+            .get()
+            .copied()
+            .unwrap_or(TrustStatus::Absent)
+    }
+
+    /// Records the trust check [`super::open_runtime`] made before starting providers.
+    pub fn set_providers_trust(&self, status: TrustStatus) {
+        let _ = self.providers_trust.set(status);
+    }
+
+    // ---------- reads ----------
+
+    pub fn get(&self, client: Option<&str>, id: &str) -> Result<OperationView, OpError> {
+        self.ws.read(|s| {
+            s.operations
+                .get(id)
+                .filter(|op| client.is_none_or(|c| c == op.client_id))
+                .map(OperationView::of)
+                .ok_or_else(OpError::not_found)
+        })
+    }
+
+    pub fn list(&self, client: Option<&str>, f: &ListFilter) -> Vec<OperationView> {
+        let limit = f.limit.unwrap_or(100).min(1000);
+        self.ws.read(|s| {
+            let mut v: Vec<&Operation> = s
+                .operations
+                .operations
+                .values()
+                .filter(|op| client.is_none_or(|c| c == op.client_id))
+                .filter(|op| f.states.is_empty() || f.states.contains(&op.state))
+                .filter(|op| f.operation.as_ref().is_none_or(|o| *o == op.operation))
+                .collect();
+            v.sort_by(|a, b| (b.created_at_ms, &b.id).cmp(&(a.created_at_ms, &a.id)));
+            v.into_iter().take(limit).map(OperationView::of).collect()
+        })
+    }
+
+    /// Returns once the revision passes `after_revision` or the operation is terminal, else
+    /// after `wait_seconds` with the current state.
+    pub async fn wait(
+        &self,
+        client: Option<&str>,
+        id: &str,
+        after_revision: u64,
+        wait_seconds: u64,
+    ) -> Result<OperationView, OpError> {
+        if wait_seconds > MAX_WAIT_SECONDS {
+            return Err(OpError::invalid(
+                "wait_seconds",
+                format!("wait_seconds must be at most {MAX_WAIT_SECONDS}"),
+            ));
+        }
+        let mut rx = self.ws.subscribe();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds);
+        loop {
+            let v = self.get(client, id)?;
+            if v.revision > after_revision || v.state.is_terminal() {
+                return Ok(v);
+            }
+            loop {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Err(_) => return self.get(client, id),
+                    Ok(Ok(n)) => {
+                        if n.method == NOTICE_CHANGED
+                            && n.params.get("id").and_then(Value::as_str) == Some(id)
+                        {
+                            break;
+                        }
+                    }
+                    // Missed notices: re-read the state.
+                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => break,
+                    Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => {
+                        tokio::time::sleep_until(deadline).await;
+                        return self.get(client, id);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---------- cancel ----------
+
+    pub async fn cancel(&self, client: Option<&str>, id: &str) -> Result<OperationView, OpError> {
+        let client = client.map(str::to_string);
+        let id_s = id.to_string();
+        let now = crate::util::now_ms();
+        let view = self
+            .commit(move |s: &crate::workspace::State| {
+                let ops = &s.operations;
+                let op = ops
+                    .get(&id_s)
+                    .filter(|op| client.as_deref().is_none_or(|c| c == op.client_id))
+                    .ok_or_else(OpError::not_found)?;
+                if op.state.is_terminal() {
+                    return Ok((vec![], OperationView::of(op)));
+                }
+                if op.state == OpState::Executing {
+                    return Err(OpError::new(
+                        ErrorKind::Conflict,
+                        codes::NOT_CANCELABLE,
+                        "the operation is executing and cannot be canceled",
+                    ));
+                }
+                // Only the operation's own approval is canceled; a shared window grant stays.
+                let change = ops
+                    .approval_of(op)
+                    .filter(|a| a.operation_id == op.id)
+                    .map(|a| ApprovalChange {
+                        approval_id: a.id.clone(),
+                        effect: ApprovalEffect::Cancel,
+                    });
+                let t = transition(op, OpState::Canceled, now)
+                    .error(codes::CANCELED, "the requester canceled the operation")
+                    .approval(change);
+                Ok((vec![rec(KIND_TRANSITIONED, &t)?], view_after(op, &t)))
+            })
+            .await
+            .map_err(commit_err)?;
+        Ok(view)
+    }
+}
+
+fn conflict() -> OpError {
+    OpError::new(
+        ErrorKind::Conflict,
+        codes::IDEMPOTENCY_CONFLICT,
+        "this idempotency key was used for a different request",
+    )
+}
+
+/// Builder for a transition record.
+fn transition(op: &Operation, to: OpState, now: u64) -> Transitioned {
+    Transitioned {
+        id: op.id.clone(),
+        from: op.state,
+        to,
+        revision: op.revision + 1,
+        at_ms: now,
+        error: None,
+        result: None,
+        upstream_status: None,
+        approval: None,
+        executor: None,
+    }
+}
+
+impl Transitioned {
+    fn error(mut self, code: &str, message: impl Into<String>) -> Transitioned {
+        self.error = Some(OpFailure::new(code, message));
+        self
+    }
+    fn approval(mut self, change: Option<ApprovalChange>) -> Transitioned {
+        self.approval = change;
+        self
+    }
+}
+
+fn view_after(op: &Operation, t: &Transitioned) -> OperationView {
+    let mut o = op.clone();
+    o.state = t.to;
+    o.revision = t.revision;
+    o.updated_at_ms = t.at_ms.max(o.updated_at_ms);
+    if t.error.is_some() {
+        o.error = t.error.clone();
+    }
+    if t.to.is_terminal() {
+        o.terminal_at_ms = Some(o.updated_at_ms);
+    }
+    OperationView::of(&o)
+}

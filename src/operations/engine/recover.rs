@@ -1,0 +1,227 @@
+//! Recovery and time: startup recovery (drive what is approved, reconcile executions whose
+//! process is gone, never re-run them), expiry of requests and approvals, and retention.
+
+use std::sync::Arc;
+
+use super::super::lifecycle::{OpState, codes};
+use super::super::state::{
+    ApprovalChange, ApprovalEffect, ApprovalStatus, KIND_PRUNED, KIND_TRANSITIONED, Operation,
+    OperationState, Pruned, UseState,
+};
+use super::execute::Settle;
+use super::*;
+
+impl OperationRuntime {
+    /// Startup recovery and the background loop: drives approved operations, reconciles
+    /// executions whose process is gone, expires overdue requests, prunes old terminal ones.
+    pub fn start(
+        self: &Arc<Self>,
+        live_executors: impl Fn() -> Vec<String> + Send + Sync + 'static,
+    ) {
+        if self.autorun.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut rx = me.ws.subscribe();
+            me.recover(&live_executors()).await;
+            me.prune().await;
+            let mut last_prune = std::time::Instant::now();
+            loop {
+                let next = me.ws.read(|s| next_deadline(&s.operations));
+                let now = crate::util::now_ms();
+                let sleep = next
+                    .map(|d| Duration::from_millis(d.saturating_sub(now).max(5)))
+                    .unwrap_or(Duration::from_secs(3600))
+                    .min(Duration::from_secs(60));
+                tokio::select! {
+                    n = rx.recv() => match n {
+                        Ok(n) if n.method == NOTICE_CHANGED => {
+                            if n.params.get("state").and_then(Value::as_str) == Some("approved")
+                                && let Some(id) = n.params.get("id").and_then(Value::as_str)
+                            {
+                                me.spawn_drive(id.to_string());
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            me.recover(&live_executors()).await;
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    },
+                    _ = tokio::time::sleep(sleep) => {
+                        me.expire_due().await;
+                        if last_prune.elapsed() > Duration::from_secs(3600) {
+                            me.prune().await;
+                            last_prune = std::time::Instant::now();
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// One recovery pass. `live_executors` are the executor ids of processes still running.
+    pub async fn recover(&self, live_executors: &[String]) {
+        self.expire_due().await;
+        let (approved, executing): (Vec<String>, Vec<(String, Option<String>)>) =
+            self.ws.read(|s| {
+                let mut a = vec![];
+                let mut e = vec![];
+                for op in s.operations.operations.values() {
+                    match op.state {
+                        OpState::Approved => a.push(op.id.clone()),
+                        OpState::Executing => e.push((op.id.clone(), executor_of(op))),
+                        _ => {}
+                    }
+                }
+                (a, e)
+            });
+        for (id, exec) in executing {
+            let alive = exec
+                .as_ref()
+                .is_some_and(|x| *x == self.executor || live_executors.contains(x));
+            if alive {
+                continue;
+            }
+            if let Err(e) = self.reconcile_interrupted(&id).await {
+                tracing::error!(operation = %id, error = %e, "recovery failed");
+            }
+        }
+        for id in approved {
+            self.drive(&id).await;
+        }
+    }
+
+    /// An execution whose process died: prove the outcome by reading back, never re-run.
+    pub async fn reconcile_interrupted(&self, id: &str) -> Result<(), OpError> {
+        let op = self.ws.read(|s| s.operations.get(id).cloned());
+        let Some(op) = op else { return Ok(()) };
+        if op.state != OpState::Executing {
+            return Ok(());
+        }
+        let derived = self.rederive(&op, crate::util::now_ms(), false).await;
+        let settle = match derived {
+            Ok(super::execute::Rederived { plan, adapter, .. }) => {
+                let ctx = self.ctx(&op.id, &op.client_id);
+                let resolved = plan.resolved();
+                let s = match adapter.reconcile(&ctx, &resolved).await {
+                    Ok(o) if o.proven => {
+                        let missing = self.ws.read(|s| {
+                            s.operations.approval_of(&op).is_some_and(|a| {
+                                !matches!(a.uses.get(&op.id), Some(UseState::Reserved | UseState::Committed))
+                            })
+                        });
+                        if missing {
+                            Settle::Failed {
+                                code: codes::APPROVAL_RESERVATION_MISSING.into(),
+                                message: "the approval shows no reservation for this execution".into(),
+                                effect: ApprovalEffect::Retain,
+                            }
+                        } else {
+                            Settle::Succeeded(o)
+                        }
+                    }
+                    _ => Settle::Failed {
+                        code: codes::UPSTREAM_UNKNOWN.into(),
+                        message: "the execution was interrupted and its outcome could not be proven after restart".into(),
+                        effect: ApprovalEffect::Retain,
+                    },
+                };
+                adapter.cleanup(&ctx, &resolved).await;
+                s
+            }
+            Err((code, message)) => Settle::Failed {
+                code: code.into(),
+                message,
+                effect: ApprovalEffect::Retain,
+            },
+        };
+        self.finish(&op, op.approval_id.clone(), settle).await
+    }
+
+    /// Moves pending requests and unused approvals past their deadline to `expired`.
+    pub async fn expire_due(&self) {
+        let now = crate::util::now_ms();
+        let r = self
+            .commit(move |s: &crate::workspace::State| {
+                let ops = &s.operations;
+                let mut recs = vec![];
+                for op in ops.operations.values() {
+                    let a = ops.approval_of(op);
+                    let due = match (op.state, a) {
+                        (OpState::Pending, Some(a)) => {
+                            a.status == ApprovalStatus::Pending && now >= a.pending_expires_at_ms
+                        }
+                        (OpState::Approved, Some(a)) => a
+                            .decision
+                            .as_ref()
+                            .and_then(|d| d.expires_at_ms)
+                            .is_some_and(|e| now >= e),
+                        _ => false,
+                    };
+                    if !due {
+                        continue;
+                    }
+                    let own = a
+                        .filter(|a| a.operation_id == op.id)
+                        .map(|a| ApprovalChange {
+                            approval_id: a.id.clone(),
+                            effect: ApprovalEffect::Expire,
+                        });
+                    let t = transition(op, OpState::Expired, now)
+                        .error(
+                            codes::APPROVAL_EXPIRED,
+                            "the approval expired before the operation ran",
+                        )
+                        .approval(own);
+                    recs.push(rec(KIND_TRANSITIONED, &t)?);
+                }
+                Ok((recs, ()))
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %commit_err(e), "expiry sweep failed");
+        }
+    }
+
+    pub async fn prune(&self) {
+        let before = crate::util::now_ms().saturating_sub(self.config.retention_ms);
+        let r = self
+            .commit(move |s: &crate::workspace::State| {
+                let due = s
+                    .operations
+                    .terminal
+                    .first()
+                    .is_some_and(|(t, _)| *t < before);
+                if !due {
+                    return Ok((vec![], ()));
+                }
+                Ok((vec![rec(KIND_PRUNED, &Pruned { before_ms: before })?], ()))
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %commit_err(e), "retention sweep failed");
+        }
+    }
+}
+
+fn next_deadline(s: &OperationState) -> Option<u64> {
+    s.operations
+        .values()
+        .filter_map(|op| {
+            let a = s.approval_of(op)?;
+            match op.state {
+                OpState::Pending if a.status == ApprovalStatus::Pending => {
+                    Some(a.pending_expires_at_ms)
+                }
+                OpState::Approved => a.decision.as_ref()?.expires_at_ms,
+                _ => None,
+            }
+        })
+        .min()
+}
+
+fn executor_of(op: &Operation) -> Option<String> {
+    op.executor.clone()
+}

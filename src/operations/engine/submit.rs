@@ -1,0 +1,528 @@
+//! Submit: check the request, let the adapter decode, resolve, classify and present it,
+//! decide with the trusted policy (and the client's active window grants), and record the
+//! operation with its immutable plan. A static allow in a serving process claims in the same
+//! commit, authorized by the same check every execution goes through.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::super::adapter::{Adapter, AdapterCtx, Presentation, Resolved};
+use super::super::authorize::{Check, authorize};
+use super::super::canonical::Exact;
+use super::super::lifecycle::{OpState, codes};
+use super::super::plan::{PLAN_SCHEMA, Plan, PlanAuthorization};
+use super::super::policy::{
+    ActiveGrant, Classification, Decision, DecisionEffect, GrantMode, GrantPolicy, PolicyRequest,
+};
+use super::super::state::{
+    Approval, ApprovalStatus, Created, KIND_CREATED, KIND_TRANSITIONED, OpFailure, Operation,
+    OperationState,
+};
+use super::super::views::OperationView;
+use super::*;
+
+/// The adapter's view of a submission.
+struct Prepared {
+    adapter: Arc<dyn Adapter>,
+    ctx: AdapterCtx,
+    resolved: Resolved,
+    class: Classification,
+    presentation: Presentation,
+}
+
+/// What the policy decided, in the terms the records need.
+struct Outcome {
+    state: OpState,
+    error: Option<OpFailure>,
+    approval_id: Option<String>,
+    mode: Option<GrantMode>,
+    requested: Option<(u64, u32)>,
+    pending_s: u64,
+}
+
+impl OperationRuntime {
+    pub async fn submit(
+        &self,
+        client: &str,
+        input: SubmitInput,
+    ) -> Result<(OperationView, bool), OpError> {
+        let (key, reason, submitted) = check_input(&input)?;
+        // Replays never resolve, decide or write anything.
+        if let Some(v) = self.replay(client, &key, &submitted)? {
+            return Ok((v, false));
+        }
+        let lock = self.submit_lock(client, &key);
+        let _guard = lock.lock().await;
+        if let Some(v) = self.replay(client, &key, &submitted)? {
+            return Ok((v, false));
+        }
+        let id = new_id("op_")?;
+        let prepared = self.prepare(client, &key, &id, &input).await?;
+        let now = crate::util::now_ms();
+        let decision = self.decide_policy(client, &prepared, now);
+        let outcome = outcome_of(&decision, prepared.adapter.descriptor())?;
+        let (op, approval, plan) = build(
+            client, &id, key, reason, submitted, &prepared, &decision, &outcome, now,
+        );
+        let (view, created, claimed) = self.record(op, approval, &plan, &prepared).await?;
+        if created {
+            failpoint("after_submit");
+            if view.state.is_terminal() {
+                prepared
+                    .adapter
+                    .cleanup(&prepared.ctx, &prepared.resolved)
+                    .await;
+            }
+            if claimed {
+                self.spawn_execute(view.id.clone(), plan, None);
+            } else if view.state == OpState::Approved {
+                self.spawn_drive(view.id.clone());
+            }
+        }
+        Ok((view, created))
+    }
+
+    async fn prepare(
+        &self,
+        client: &str,
+        key: &str,
+        id: &str,
+        input: &SubmitInput,
+    ) -> Result<Prepared, OpError> {
+        let Some(adapter) = self.registry.lookup(&input.operation).cloned() else {
+            return Err(self.not_registered(&input.operation));
+        };
+        let target: Value = serde_json::from_str(input.target.get())
+            .map_err(|e| OpError::invalid("target", e.to_string()))?;
+        let arguments: Value = serde_json::from_str(input.arguments.get())
+            .map_err(|e| OpError::invalid("arguments", e.to_string()))?;
+        let decoded = adapter
+            .decode(&target, &arguments)
+            .await
+            .map_err(OpError::from_adapter)?;
+        adapter
+            .validate_client(&decoded, client, key)
+            .map_err(OpError::from_adapter)?;
+        let ctx = self.ctx(id, client);
+        let resolved = adapter
+            .resolve(&ctx, decoded)
+            .await
+            .map_err(OpError::from_adapter)?;
+        let class = adapter
+            .authorize(&resolved)
+            .await
+            .map_err(OpError::from_adapter)?;
+        let presentation = adapter
+            .present(&resolved)
+            .await
+            .and_then(|p| p.bounded())
+            .map_err(OpError::from_adapter)?;
+        Ok(Prepared {
+            adapter,
+            ctx,
+            resolved,
+            class,
+            presentation,
+        })
+    }
+
+    /// An unknown operation's error lists the ones that exist.
+    fn not_registered(&self, name: &str) -> OpError {
+        let mut known = self.registry.names();
+        known.sort_unstable();
+        OpError {
+            kind: ErrorKind::Invalid,
+            code: codes::NOT_REGISTERED.into(),
+            message: format!(
+                "no provider offers operation {name:?}; the catalog has: {}",
+                known.join(", ")
+            ),
+            field: Some("operation".into()),
+        }
+    }
+
+    fn decide_policy(&self, client: &str, p: &Prepared, now: u64) -> Decision {
+        let desc = p.adapter.descriptor();
+        let policy = self.policy();
+        let grants = self.ws.read(|s| active_grants(&s.operations, client, now));
+        let mut decision = policy.decide(
+            &PolicyRequest {
+                client,
+                operation: &desc.name,
+                class: &p.class,
+            },
+            &grants,
+            now,
+        );
+        if desc.requires_approval && decision.effect == DecisionEffect::Allow {
+            decision.effect = DecisionEffect::Request;
+            decision.reason = "approval_required".into();
+            decision.grant_id = None;
+            decision.grant_policy = Some(GrantPolicy::default_for_missing_policy());
+        }
+        decision
+    }
+
+    /// Writes the operation (and its approval request); a static allow in a serving process
+    /// is claimed in the same commit, after the one authorization check.
+    async fn record(
+        &self,
+        op: Operation,
+        approval: Option<Approval>,
+        plan: &Plan,
+        p: &Prepared,
+    ) -> Result<(OperationView, bool, bool), OpError> {
+        let claim_now = op.state == OpState::Approved
+            && op.approval_id.is_none()
+            && self.autorun.load(std::sync::atomic::Ordering::Acquire);
+        let executor = self.executor.clone();
+        let policy = self.policy();
+        let key = crate::operator::current_public();
+        let workspace_id = self.ws.workspace_id();
+        let chain_ok = self.ws.chain_ok();
+        let class = p.class.clone();
+        let requires_approval = p.adapter.descriptor().requires_approval;
+        let digest = Plan::digest_of(&plan.canonical());
+        self.commit(move |s: &crate::workspace::State| {
+            if let Some(existing) = s
+                .operations
+                .by_idempotency(&op.client_id, &op.idempotency_key)
+            {
+                // Another process created it while we resolved.
+                if existing.submitted == op.submitted {
+                    return Ok((vec![], (OperationView::of(existing), false, false)));
+                }
+                return Err(conflict());
+            }
+            let now = op.created_at_ms;
+            let mut follow = None;
+            let mut claimed = false;
+            if claim_now {
+                let check = Check {
+                    operation_id: &op.id,
+                    client: &op.client_id,
+                    operation: &op.operation,
+                    plan_digest: &digest,
+                    class: &class,
+                    requires_approval,
+                    approval: None,
+                    points_at_approval: false,
+                    policy: &policy,
+                    key: key.as_ref(),
+                    workspace_id: workspace_id.as_deref(),
+                    chain_ok,
+                    now_ms: now,
+                };
+                follow = Some(match authorize(&check) {
+                    Ok(_) => {
+                        claimed = true;
+                        let mut t = transition(&op, OpState::Executing, now);
+                        t.executor = Some(executor);
+                        t
+                    }
+                    Err(r) => transition(&op, OpState::Failed, now).error(r.code, r.message),
+                });
+            }
+            let view = match &follow {
+                Some(t) => view_after(&op, t),
+                None => OperationView::of(&op),
+            };
+            let mut recs = vec![rec(
+                KIND_CREATED,
+                Created {
+                    operation: op,
+                    approval,
+                },
+            )?];
+            if let Some(t) = follow {
+                recs.push(rec(KIND_TRANSITIONED, &t)?);
+            }
+            Ok((recs, (view, true, claimed)))
+        })
+        .await
+        .map_err(commit_err)
+    }
+
+    fn replay(
+        &self,
+        client: &str,
+        key: &str,
+        submitted: &str,
+    ) -> Result<Option<OperationView>, OpError> {
+        self.ws
+            .read(|s| match s.operations.by_idempotency(client, key) {
+                Some(op) if op.submitted == submitted => Ok(Some(OperationView::of(op))),
+                Some(_) => Err(conflict()),
+                None => Ok(None),
+            })
+    }
+
+    fn submit_lock(&self, client: &str, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.submit_locks.lock().unwrap_or_else(|p| p.into_inner());
+        if locks.len() > 1024 {
+            locks.retain(|_, w| w.strong_count() > 0);
+        }
+        let k = (client.to_string(), key.to_string());
+        if let Some(l) = locks.get(&k).and_then(std::sync::Weak::upgrade) {
+            return l;
+        }
+        let l = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(k, Arc::downgrade(&l));
+        l
+    }
+}
+
+/// Bounds and exact form of the request: (trimmed key, trimmed reason, digest of the exact
+/// submission, compared on replay).
+fn check_input(input: &SubmitInput) -> Result<(String, String, String), OpError> {
+    let key = input.idempotency_key.trim().to_string();
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(OpError::invalid(
+            "idempotency_key",
+            format!("idempotency_key must be 1..={MAX_KEY_BYTES} bytes after trimming"),
+        ));
+    }
+    let reason = input.reason.trim().to_string();
+    if reason.is_empty() || reason.len() > MAX_REASON_BYTES {
+        return Err(OpError::invalid(
+            "reason",
+            format!("reason must be 1..={MAX_REASON_BYTES} bytes after trimming"),
+        ));
+    }
+    if input.operation.is_empty() || input.operation.len() > 128 {
+        return Err(OpError::invalid(
+            "operation",
+            "operation must be 1..=128 bytes",
+        ));
+    }
+    let parse_obj = |field: &str, raw: &str, max: usize, max_props: usize| {
+        if raw.len() > max {
+            return Err(OpError::invalid(
+                field,
+                format!("{field} is larger than {max} bytes"),
+            ));
+        }
+        let ex = Exact::parse_object(raw)
+            .map_err(|e| OpError::invalid(field, format!("{field}: {e}")))?;
+        if let Exact::Object(m) = &ex
+            && m.len() > max_props
+        {
+            return Err(OpError::invalid(
+                field,
+                format!("{field} has more than {max_props} properties"),
+            ));
+        }
+        Ok(ex)
+    };
+    let target_ex = parse_obj("target", input.target.get(), MAX_TARGET_BYTES, 32)?;
+    let args_ex = parse_obj("arguments", input.arguments.get(), MAX_ARGUMENTS_BYTES, 128)?;
+    let submitted = Exact::Object(BTreeMap::from([
+        (
+            "operation".to_string(),
+            Exact::String(input.operation.clone()),
+        ),
+        ("reason".to_string(), Exact::String(reason.clone())),
+        ("target".to_string(), target_ex),
+        ("arguments".to_string(), args_ex),
+    ]))
+    .exact_text();
+    // Only the digest is kept: equal digests mean byte-equal exact forms.
+    Ok((key, reason, crate::util::sha256_hex(submitted.as_bytes())))
+}
+
+fn outcome_of(
+    decision: &Decision,
+    desc: &super::super::adapter::Descriptor,
+) -> Result<Outcome, OpError> {
+    let mut o = Outcome {
+        state: OpState::Pending,
+        error: None,
+        approval_id: None,
+        mode: None,
+        requested: None,
+        pending_s: 0,
+    };
+    match decision.effect {
+        DecisionEffect::Allow => {
+            o.state = OpState::Approved;
+            o.approval_id = decision.grant_id.clone();
+        }
+        DecisionEffect::Deny | DecisionEffect::NoMatch => {
+            o.state = OpState::Denied;
+            o.error = Some(OpFailure::new(
+                codes::POLICY_DENIED,
+                if decision.effect == DecisionEffect::Deny {
+                    "the workspace policy denies this operation"
+                } else {
+                    "no policy rule allows this operation"
+                },
+            ));
+        }
+        DecisionEffect::Request => {
+            let gp = decision
+                .grant_policy
+                .clone()
+                .unwrap_or_else(GrantPolicy::default_for_missing_policy);
+            match approval_intent(&gp, desc.approval_ttl_seconds, desc.request_ttl_seconds) {
+                Ok((dur, uses, pend)) => {
+                    o.mode = Some(gp.mode);
+                    o.requested = Some((dur, uses));
+                    o.pending_s = pend;
+                    o.approval_id = Some(new_id("ap_")?);
+                }
+                Err(msg) => {
+                    o.state = OpState::Failed;
+                    o.error = Some(OpFailure::new(codes::APPROVAL_REQUEST_FAILED, msg));
+                }
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// The operation record, its approval request and the immutable plan.
+#[allow(clippy::too_many_arguments)]
+fn build(
+    client: &str,
+    id: &str,
+    key: String,
+    reason: String,
+    submitted: String,
+    p: &Prepared,
+    decision: &Decision,
+    o: &Outcome,
+    now: u64,
+) -> (Operation, Option<Approval>, Plan) {
+    let desc = p.adapter.descriptor();
+    let expires_at_ms = match o.state {
+        OpState::Pending => now + (o.pending_s + o.requested.map_or(0, |r| r.0)) * 1000,
+        _ => now + desc.approval_ttl_seconds * 1000,
+    };
+    let plan = Plan {
+        schema: PLAN_SCHEMA.into(),
+        operation: desc.name.clone(),
+        operation_revision: desc.operation_revision,
+        provider: desc.provider.clone(),
+        client_id: client.to_string(),
+        operation_id: id.to_string(),
+        target: p.resolved.target.clone(),
+        arguments: p.resolved.arguments.clone(),
+        preconditions: p.resolved.preconditions.clone(),
+        presentation: p.presentation.clone(),
+        authorization: PlanAuthorization {
+            classification: p.class.clone(),
+            policy_effect: decision.effect,
+            rule_ids: decision.rule_ids.clone(),
+            mode: o.mode,
+            requested_duration_seconds: o.requested.map(|r| r.0),
+            requested_max_uses: o.requested.map(|r| r.1),
+        },
+        created_at_ms: now,
+        expires_at_ms,
+    };
+    let plan_text = plan.canonical();
+    let digest = Plan::digest_of(&plan_text);
+    let approval = match (o.state, &o.approval_id, o.mode, o.requested) {
+        (OpState::Pending, Some(aid), Some(mode), Some((dur, uses))) => Some(Approval {
+            id: aid.clone(),
+            operation_id: id.to_string(),
+            client_id: client.to_string(),
+            operation: desc.name.clone(),
+            plan_digest: digest.clone(),
+            classification: p.class.clone(),
+            mode,
+            status: ApprovalStatus::Pending,
+            revision: 1,
+            created_at_ms: now,
+            pending_expires_at_ms: now + o.pending_s * 1000,
+            requested_duration_seconds: dur,
+            requested_max_uses: uses,
+            decision: None,
+            uses: BTreeMap::new(),
+            decision_keys: BTreeMap::new(),
+        }),
+        _ => None,
+    };
+    let op = Operation {
+        id: id.to_string(),
+        client_id: client.to_string(),
+        idempotency_key: key,
+        operation: desc.name.clone(),
+        provider: desc.provider.clone(),
+        submitted,
+        reason,
+        target: p.resolved.target.clone(),
+        arguments: p.resolved.arguments.clone(),
+        state: o.state,
+        revision: 1,
+        approval_id: o.approval_id.clone(),
+        created_at_ms: now,
+        updated_at_ms: now,
+        terminal_at_ms: o.state.is_terminal().then_some(now),
+        presentation: p.presentation.clone(),
+        plan_digest: Some(digest),
+        plan: Some(plan_text),
+        result: None,
+        upstream_status: None,
+        error: o.error.clone(),
+        executor: None,
+    };
+    (op, approval, plan)
+}
+
+/// Chosen approval bounds: (duration seconds, uses, pending seconds), or why they break the
+/// rule's own limits.
+pub(super) fn approval_intent(
+    gp: &GrantPolicy,
+    approval_ttl: u64,
+    request_ttl: u64,
+) -> Result<(u64, u32, u64), String> {
+    if gp.default_minutes > gp.max_minutes {
+        return Err("the request rule's default duration exceeds its maximum".into());
+    }
+    match gp.mode {
+        GrantMode::Execution => {
+            if gp.default_max_uses != 1 || gp.max_uses != Some(1) {
+                return Err("an execution approval authorises exactly one use".into());
+            }
+        }
+        GrantMode::Window => {
+            if gp.max_uses.is_some_and(|m| gp.default_max_uses > m)
+                || gp.default_max_uses > MAX_GRANT_USES
+            {
+                return Err("the request rule's default uses exceed its limit".into());
+            }
+        }
+    }
+    let duration = (u64::from(gp.default_minutes) * 60).min(approval_ttl);
+    let pending = (u64::from(gp.request_ttl_minutes) * 60).min(request_ttl);
+    Ok((duration, gp.default_max_uses, pending))
+}
+
+/// A client's window approvals that may cover a new submission. The policy uses them only
+/// to route the submission; the claim verifies the signature before anything runs.
+pub(super) fn active_grants(s: &OperationState, client: &str, now: u64) -> Vec<ActiveGrant> {
+    s.approvals
+        .values()
+        .filter(|a| {
+            a.client_id == client
+                && a.mode == GrantMode::Window
+                && a.status == ApprovalStatus::Active
+                && !a.has_retained()
+        })
+        .filter_map(|a| {
+            let d = a.decision.as_ref()?;
+            Some(ActiveGrant {
+                id: a.id.clone(),
+                client: a.client_id.clone(),
+                operation: a.operation.clone(),
+                class: a.classification.clone(),
+                expires_at_ms: d.expires_at_ms?,
+                uses_left: Some(d.max_uses.saturating_sub(a.uses_spent())),
+            })
+        })
+        .filter(|g| now < g.expires_at_ms)
+        .collect()
+}
