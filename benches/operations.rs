@@ -159,8 +159,13 @@ fn workspace_with_allow() -> tempfile::TempDir {
     )
     .expect("policy");
     // Allow rules count only when the operator signed the policy (`gaffer trust`).
-    let key = gaffer::operations::operator::OperatorKey::load().expect("bench operator key");
-    gaffer::operations::trust::sign_files(&dir.path().join(".gaffer"), &key).expect("trust");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--workspace")
+        .arg(dir.path())
+        .arg("trust")
+        .output()
+        .expect("gaffer trust");
+    assert!(out.status.success(), "gaffer trust failed");
     dir
 }
 
@@ -168,7 +173,7 @@ fn workspace_with_allow() -> tempfile::TempDir {
 fn bench_operator_key() -> tempfile::TempDir {
     let cfg = tempfile::tempdir().expect("tempdir");
     let key = cfg.path().join("operator.key");
-    gaffer::operations::operator::OperatorKey::init(&key, None).expect("key");
+    gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
     // SAFETY: called first thing in main, before the runtime or any other thread exists.
     unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
     cfg
@@ -348,6 +353,8 @@ struct Proc {
     tx: std::process::ChildStdin,
     rx: std::sync::mpsc::Receiver<Value>,
     id: i64,
+    /// The initialize result.
+    init: Value,
 }
 
 impl Proc {
@@ -379,8 +386,9 @@ impl Proc {
             tx,
             rx,
             id: 0,
+            init: Value::Null,
         };
-        p.call("initialize", init);
+        p.init = p.call("initialize", init);
         p
     }
     fn call(&mut self, method: &str, params: Value) -> Value {
@@ -426,14 +434,22 @@ fn approval_round_trips(n: usize) -> Vec<Duration> {
     let ws = tempfile::tempdir().expect("tempdir");
     let cfg = tempfile::tempdir().expect("tempdir");
     let key = cfg.path().join("operator.key");
-    gaffer::operations::operator::OperatorKey::init(&key, None).expect("key");
+    gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
+    let signer = gaffer::operator::OperatorSigner::load_from(&key).expect("key");
     std::fs::create_dir_all(ws.path().join(".gaffer")).expect("mkdir");
-    let key_text = std::fs::read_to_string(&key).expect("read key");
     let mut agent = Proc::start(ws.path(), &key, json!({"clientInfo": {"name": "agent"}}));
     let mut op = Proc::start(
         ws.path(),
         &key,
-        json!({"clientInfo": {"name": "human"}, "initializationOptions": {"role": "operator", "operatorKey": key_text.trim()}}),
+        json!({"clientInfo": {"name": "human"}, "initializationOptions": {"role": "operator"}}),
+    );
+    let challenge = op.init["operatorChallenge"]
+        .as_str()
+        .expect("challenge")
+        .to_string();
+    op.call(
+        "operator/login",
+        json!({"signature": signer.sign(challenge.as_bytes())}),
     );
     let mut out = vec![];
     for i in 0..n {
@@ -453,9 +469,14 @@ fn approval_round_trips(n: usize) -> Vec<Duration> {
             std::thread::sleep(Duration::from_millis(2));
         };
         let t = Instant::now();
+        let prep = op.call(
+            "approvals/prepare",
+            json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"]}),
+        );
+        let payload = prep["payload"].as_str().expect("payload").to_string();
         op.call(
             "approvals/decide",
-            json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"], "idempotency_key": format!("d{i}")}),
+            json!({"payload": payload, "signature": signer.sign(payload.as_bytes()), "idempotency_key": format!("d{i}")}),
         );
         agent.until(|v| {
             v["method"] == "operations/changed"

@@ -49,7 +49,8 @@ fn doctor_is_read_only_and_flags_untrusted_policy_and_a_key_inside_the_workspace
 
     // A key kept inside the workspace is readable by the agent: flagged.
     let inside = ws.path().join("operator.key");
-    gaffer::operations::operator::OperatorKey::init(&inside, None).expect("key");
+    gaffer::operator::OperatorSigner::init(&inside, &inside.with_extension("pub"), None)
+        .expect("key");
     let (_, report) = doctor(ws.path(), &inside);
     assert_eq!(check(&report, "operator_key")["ok"], false, "{report}");
 }
