@@ -98,6 +98,13 @@ pub enum CredentialError {
     BadName(String),
 }
 
+/// The token a process was started with (`GAFFER_CLIENT_TOKEN`), if any.
+pub fn token_from_env() -> Option<String> {
+    std::env::var(TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+}
+
 /// Checks a name the operator wants to issue.
 pub fn check_name(name: &str) -> Result<(), CredentialError> {
     let ok = (1..=64).contains(&name.len())

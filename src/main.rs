@@ -41,9 +41,7 @@ fn config(g: &Global) -> AppConfig {
     AppConfig {
         workspace: g.workspace.clone(),
         patterns_policy: g.patterns_policy.clone(),
-        client_token: std::env::var(gaffer::clients::TOKEN_ENV)
-            .ok()
-            .filter(|t| !t.trim().is_empty()),
+        client_token: gaffer::clients::token_from_env(),
     }
 }
 

@@ -793,7 +793,7 @@ fn partial_errors_are_reconciled_proven_and_unproven() {
             .unwrap()
             .iter()
             .find(|x| x["target"]["key"] == mode)
-            .unwrap()
+            .unwrap_or_else(|| panic!("no approval for {mode} in {all}"))
             .clone()
     };
     // Unknown outcome keeps the use reserved (retained); a definitive refusal spends it.
@@ -1093,19 +1093,22 @@ fn cli_operator_init_approve_and_submit() {
     let env = Env::new(Some(ALLOW_DOCS));
     let cfg = tempfile::tempdir().unwrap();
     let key = cfg.path().join("nested/operator.key");
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(common::BIN)
-            .arg("--workspace")
+    let run_as = |token: Option<&str>, args: &[&str]| {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.arg("--workspace")
             .arg(env.root())
             .args(args)
-            .env("GAFFER_OPERATOR_KEY_FILE", &key)
-            .output()
-            .unwrap();
+            .env("GAFFER_OPERATOR_KEY_FILE", &key);
+        if let Some(t) = token {
+            cmd.env("GAFFER_CLIENT_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
         (
             out.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&out.stdout).into_owned(),
         )
     };
+    let run = |args: &[&str]| run_as(None, args);
     // Without a key the operator commands refuse.
     assert_ne!(run(&["approvals"]).0, 0);
     assert_eq!(run(&["operator", "init"]).0, 0);
@@ -1120,18 +1123,28 @@ fn cli_operator_init_approve_and_submit() {
             0o600
         );
     }
-    // Allowed work submitted from the CLI runs before the command exits.
-    let (code, out) = run(&[
-        "op",
-        "submit",
-        "file.write",
-        "--target",
-        r#"{"path":"docs/cli.md"}"#,
-        "--arguments",
-        r#"{"content":"c"}"#,
-        "--reason",
-        "cli",
-    ]);
+    // Allowed work submitted from the CLI (as an authenticated client) runs before the
+    // command exits.
+    let (code, out) = run(&["client", "add", "cli-user"]);
+    assert_eq!(code, 0, "{out}");
+    let token = serde_json::from_str::<Value>(&out).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, out) = run_as(
+        Some(&token),
+        &[
+            "op",
+            "submit",
+            "file.write",
+            "--target",
+            r#"{"path":"docs/cli.md"}"#,
+            "--arguments",
+            r#"{"content":"c"}"#,
+            "--reason",
+            "cli",
+        ],
+    );
     assert_eq!(code, 0, "{out}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["state"], "succeeded", "{v}");
@@ -1162,6 +1175,12 @@ fn cli_operator_init_approve_and_submit() {
     assert!(out.contains(id), "{out}");
     let (code, out) = run(&["approve", id]);
     assert_eq!(code, 0, "{out}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["status"], "active", "{shown}");
+    assert_ne!(
+        shown["operation_state"], "pending",
+        "approve prints the state after it: {shown}"
+    );
     let v = wait_state(&mut a, id, &["succeeded", "failed"]);
     assert_eq!(v["state"], "succeeded", "{v}");
     let (code, out) = run(&["op", "list", "--state", "succeeded"]);
@@ -1463,43 +1482,150 @@ fn agent_written_allow_rule_is_ignored_until_the_operator_trusts_it() {
 }
 
 #[test]
-fn editing_a_trusted_policy_revokes_its_trust() {
+fn editing_or_deleting_a_trusted_policy_changes_nothing_that_was_trusted() {
     let env = Env::new(Some(ALLOW_DOCS));
     let mut a = env.agent("agent-1");
-    let r = ok(&submit(
-        &mut a,
-        "file.write",
-        json!({"path": "docs/a.md"}),
-        json!({"content": "x"}),
-        "trusted",
-    ))
-    .clone();
-    assert_eq!(
-        wait_state(&mut a, r["id"].as_str().unwrap(), &["succeeded", "failed"])["state"],
-        "succeeded"
-    );
-    // The agent appends an allow rule for itself.
-    let grown =
-        format!("{ALLOW_DOCS}  - id: mine\n    effect: allow\n    operations: [\"file.write\"]\n");
-    std::fs::write(env.root().join(".gaffer/policy.yaml"), grown).unwrap();
-    for (path, key) in [("docs/b.md", "docs-again"), ("src/x.rs", "own-rule")] {
+    let policy = env.root().join(".gaffer/policy.yaml");
+    // The agent rewrites the policy: its own allow rule in, the deny rule for secret/ out.
+    let rewritten = "rules:\n  - id: mine\n    effect: allow\n    operations: [\"file.*\"]\n";
+    std::fs::write(&policy, rewritten).unwrap();
+    let expect = |a: &mut Server, path: &str, key: &str, state: &str| {
         let p = ok(&submit(
-            &mut a,
+            a,
             "file.write",
             json!({"path": path}),
             json!({"content": "y"}),
             key,
         ))
         .clone();
-        assert_eq!(p["state"], "pending", "{path}: {p}");
-        assert!(!env.root().join(path).exists());
-    }
+        let v = if state == "succeeded" {
+            wait_state(a, p["id"].as_str().unwrap(), &["succeeded", "failed"])
+        } else {
+            p
+        };
+        assert_eq!(v["state"], state, "{path}: {v}");
+    };
+    // The trusted allow still holds; the new allow counts for nothing; the trusted deny holds.
+    expect(&mut a, "docs/b.md", "docs", "succeeded");
+    expect(&mut a, "src/x.rs", "own-rule", "pending");
+    expect(&mut a, "secret/k", "deny-edited", "denied");
+    assert!(!env.root().join("src/x.rs").exists() && !env.root().join("secret/k").exists());
     let c = catalog(&mut a);
-    assert_eq!(c["untrusted_policy"], true);
-    assert_eq!(c["trust"]["policy"], "changed");
+    assert_eq!(c["trust"]["policy"], "changed", "{c}");
     assert_eq!(
         status_in(&show(&env, &env.key_file), "policy.yaml"),
         "changed"
+    );
+    let (code, out, _) = env.cli(&["doctor"]);
+    assert_ne!(code, 0, "doctor reports the drift: {out}");
+    assert!(out.contains("changed since it was trusted"), "{out}");
+
+    // Deleted: the trusted content is still what holds.
+    std::fs::remove_file(&policy).unwrap();
+    expect(&mut a, "secret/k2", "deny-deleted", "denied");
+    expect(&mut a, "docs/c.md", "docs-deleted", "succeeded");
+    assert_eq!(catalog(&mut a)["trust"]["policy"], "deleted");
+}
+
+#[test]
+fn an_older_trusted_policy_restored_with_its_record_is_not_trusted_again() {
+    // The operator trusts a broad policy, then narrows it and trusts again.
+    let broad = "rules:\n  - id: all\n    effect: allow\n    operations: [\"file.write\"]\n";
+    let env = Env::new(Some(broad));
+    let policy = env.root().join(".gaffer/policy.yaml");
+    let old_record = {
+        let ws = gaffer::workspace::Workspace::open(env.root()).unwrap();
+        ws.read(|s| s.trust.files["policy.yaml"].last().cloned().unwrap())
+    };
+    std::fs::write(&policy, ALLOW_DOCS).unwrap();
+    assert_eq!(env.cli(&["trust"]).0, 0);
+    // The agent puts the broad file back and re-appends the old, validly signed record.
+    std::fs::write(&policy, broad).unwrap();
+    append_as_agent(
+        env.root(),
+        vec![(
+            "trust.signed",
+            json!({"file": "policy.yaml", "operator_signature": old_record}),
+        )],
+    );
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "src/wide.rs"}),
+        json!({"content": "x"}),
+        "replayed",
+    ))
+    .clone();
+    assert_eq!(
+        p["state"], "pending",
+        "the narrower, later trust holds: {p}"
+    );
+    assert_eq!(catalog(&mut a)["trust"]["policy"], "changed");
+}
+
+#[test]
+fn a_trust_record_copied_from_another_workspace_is_not_trusted_here() {
+    // Workspace A: the operator trusts a broad policy.
+    let broad = "rules:\n  - id: all\n    effect: allow\n    operations: [\"file.write\"]\n";
+    let a_env = Env::new(Some(broad));
+    let record = {
+        let ws = gaffer::workspace::Workspace::open(a_env.root()).unwrap();
+        ws.read(|s| s.trust.files["policy.yaml"].last().cloned().unwrap())
+    };
+    // Workspace B (same operator key): the agent copies the file and the signed record.
+    let b = Env::untrusted(Some(broad));
+    std::fs::copy(&a_env.key_file, &b.key_file).unwrap();
+    std::fs::copy(
+        a_env.key_file.with_extension("pub"),
+        b.key_file.with_extension("pub"),
+    )
+    .unwrap();
+    append_as_agent(
+        b.root(),
+        vec![(
+            "trust.signed",
+            json!({"file": "policy.yaml", "operator_signature": record}),
+        )],
+    );
+    assert_eq!(
+        status_in(&show(&b, &b.key_file), "policy.yaml"),
+        "never_trusted"
+    );
+    let mut agent = b.agent("agent-1");
+    let p = ok(&submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "x.md"}),
+        json!({"content": "x"}),
+        "copied",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "{p}");
+}
+
+#[test]
+fn trust_expect_signs_exactly_the_files_it_names() {
+    let env = Env::untrusted(Some(ALLOW_DOCS));
+    let shown = show(&env, &env.key_file);
+    let pin = format!(
+        "policy.yaml={}",
+        shown["files"][0]["sha256"].as_str().unwrap()
+    );
+    let (code, out, err) = env.cli(&["trust", "--expect", &pin]);
+    assert_eq!(code, 0, "{out} {err}");
+    let shown = show(&env, &env.key_file);
+    assert_eq!(status_in(&shown, "policy.yaml"), "trusted", "{shown}");
+    assert_eq!(
+        status_in(&shown, "providers.yaml"),
+        "never_trusted",
+        "a providers.yaml the agent planted is not signed along: {shown}"
+    );
+    let mut a = env.agent("agent-1");
+    assert!(
+        catalog_names(&catalog(&mut a))
+            .iter()
+            .all(|n| !n.starts_with("kv."))
     );
 }
 
@@ -1721,7 +1847,10 @@ fn cli_trust_show_reports_each_file() {
     let nowhere = env._cfg.path().join("missing.key");
     let (code, _, err) = env.cli_with_key(&nowhere, &["trust"]);
     assert_eq!(code, 3, "{err}");
-    assert!(!env.root().join(".gaffer/trust.json").exists());
+    assert_eq!(
+        show(&env, &env.key_file)["files"][0]["trusted_version"],
+        Value::Null
+    );
     assert_eq!(
         status_in(&show(&env, &nowhere), "policy.yaml"),
         "no_operator_key"
@@ -1740,7 +1869,8 @@ fn cli_trust_show_reports_each_file() {
         .unwrap()
         .clone();
     assert_eq!(entry["sha256"], entry["trusted_sha256"]);
-    assert!(entry["signed_at_ms"].as_u64().unwrap() > 0);
+    assert_eq!(entry["trusted_version"], 1);
+    assert!(entry["signed_at"].as_str().unwrap().starts_with("20"));
 
     std::fs::write(env.root().join(".gaffer/policy.yaml"), "rules: []\n").unwrap();
     let shown = show(&env, &env.key_file);
@@ -1748,7 +1878,7 @@ fn cli_trust_show_reports_each_file() {
     assert_eq!(status_in(&shown, "providers.yaml"), "trusted");
 
     // An invalid policy is not signed, and the earlier trust stays as it was.
-    let before = std::fs::read(env.root().join(".gaffer/trust.json")).unwrap();
+    let before = show(&env, &env.key_file)["files"][0]["trusted_version"].clone();
     std::fs::write(
         env.root().join(".gaffer/policy.yaml"),
         "rules:\n  - id: a\n    effect: maybe\n",
@@ -1758,7 +1888,7 @@ fn cli_trust_show_reports_each_file() {
     assert_ne!(code, 0);
     assert!(err.contains("rules[0].effect"), "{err}");
     assert_eq!(
-        std::fs::read(env.root().join(".gaffer/trust.json")).unwrap(),
+        show(&env, &env.key_file)["files"][0]["trusted_version"],
         before
     );
 
@@ -1788,10 +1918,11 @@ fn cli_trust_show_reports_each_file() {
         "trusted"
     );
 
+    // Deleting a trusted file is drift too: the trusted content still holds.
     std::fs::remove_file(env.root().join(".gaffer/policy.yaml")).unwrap();
     assert_eq!(
         status_in(&show(&env, &env.key_file), "policy.yaml"),
-        "absent"
+        "deleted"
     );
 }
 
@@ -1800,7 +1931,9 @@ fn without_an_operator_key_nothing_is_trusted() {
     // Signed files, but this server cannot find the key that would verify them.
     let env = Env::new(Some(ALLOW_DOCS));
     let nowhere = env._cfg.path().join("missing.key").display().to_string();
-    let mut a = env.agent_env("agent-1", &[("GAFFER_OPERATOR_KEY_FILE", nowhere.as_str())]);
+    // Without the key no credential can be checked either: the agent is anonymous.
+    let mut a = env.start(&[("GAFFER_OPERATOR_KEY_FILE", nowhere.as_str())]);
+    a.call("initialize", json!({"clientInfo": {"name": "agent-1"}}));
     let c = catalog(&mut a);
     assert_eq!(c["trust"]["policy"], "no_operator_key", "{c}");
     assert_eq!(c["trust"]["providers"], "no_operator_key", "{c}");

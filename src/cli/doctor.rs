@@ -116,12 +116,14 @@ fn key_checks(root: &Path, checks: &mut Vec<Check>) {
                 k.fingerprint()
             ),
         ),
-        Err(e) => (
-            false,
+        Err(crate::operator::OperatorKeyError::Missing(p)) => (
+            true,
             format!(
-                "{e}: approvals, trust and operator logins cannot be verified until `gaffer operator init`"
+                "no public key at {}: approvals, trust and operator logins cannot be verified until `gaffer operator init`",
+                p.display()
             ),
         ),
+        Err(e) => (false, e.to_string()),
     };
     checks.push(Check {
         name: "operator_public_key",

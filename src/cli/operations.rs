@@ -74,7 +74,11 @@ pub(super) fn print(v: &Value) {
 }
 
 pub(super) fn open(root: &Path) -> Result<Arc<App>, ExitCode> {
-    App::open(root, AppConfig::default()).map_err(|e| {
+    let config = AppConfig {
+        client_token: crate::clients::token_from_env(),
+        ..AppConfig::default()
+    };
+    App::open(root, config).map_err(|e| {
         eprintln!("gaffer: {e}");
         ExitCode::FAILURE
     })

@@ -477,8 +477,9 @@ fn line_of_nth_id(text: &str, id: &str, nth: usize) -> Option<usize> {
 
 fn rule_matches(rule: &Rule, req: &PolicyRequest<'_>) -> bool {
     let any_of = |patterns: &[String], value: &str| patterns.iter().any(|p| glob_match(p, value));
-    // An unauthenticated connection is matched only by rules that name it: no glob reaches it.
-    let client_ok = if req.client == crate::clients::ANONYMOUS {
+    // An unauthenticated connection is matched only by allow and request rules that name it
+    // (no glob grants it anything); deny rules reach it like anyone else.
+    let client_ok = if req.client == crate::clients::ANONYMOUS && rule.effect != Effect::Deny {
         rule.clients.iter().any(|p| p == crate::clients::ANONYMOUS)
     } else {
         any_of(&rule.clients, req.client)

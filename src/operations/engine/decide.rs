@@ -69,6 +69,15 @@ impl OperationRuntime {
     /// Renders a plan for an operator from its text: digest checked, decoded by its adapter,
     /// presented by the adapter. Never from the record's own target or presentation.
     pub(super) async fn show(&self, op: &Operation) -> Result<PlanShown, String> {
+        if op.plan.is_none() && op.state.is_terminal() {
+            // History, not something to decide: the plan text goes once the operation ends.
+            return Ok(PlanShown {
+                target: op.target.clone(),
+                arguments: op.arguments.clone(),
+                presentation: op.presentation.clone(),
+                classification: Default::default(),
+            });
+        }
         let d = self
             .rederive(op, crate::util::now_ms(), false)
             .await
