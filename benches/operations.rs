@@ -4,7 +4,9 @@
 //! - durable submits/s from one client (allow rule, no-op provider; execution runs behind);
 //! - submit -> succeeded/s with 1 and 8 concurrent clients;
 //! - approval round trip across two gaffer processes (agent submits, operator approves);
-//! - recovery: opening a workspace whose journal holds 100,000 operations.
+//! - recovery: opening a workspace whose journal holds 100,000 operations;
+//! - Ed25519 cost per decision: signing a real `approvals/prepare` payload and opening it as
+//!   the serving process does, in µs, beside the raw commit cost measured in the same run.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -430,7 +432,8 @@ impl Drop for Proc {
     }
 }
 
-fn approval_round_trips(n: usize) -> Vec<Duration> {
+/// Round trips, and the last payload `approvals/prepare` returned (a real one to sign below).
+fn approval_round_trips(n: usize) -> (Vec<Duration>, String) {
     let ws = tempfile::tempdir().expect("tempdir");
     let cfg = tempfile::tempdir().expect("tempdir");
     let key = cfg.path().join("operator.key");
@@ -452,6 +455,7 @@ fn approval_round_trips(n: usize) -> Vec<Duration> {
         json!({"signature": signer.sign(challenge.as_bytes())}),
     );
     let mut out = vec![];
+    let mut last_payload = String::new();
     for i in 0..n {
         let v = agent.call(
             "operations/submit",
@@ -484,8 +488,72 @@ fn approval_round_trips(n: usize) -> Vec<Duration> {
                 && v["params"]["state"] == "succeeded"
         });
         out.push(t.elapsed());
+        last_payload = payload;
     }
-    out
+    (out, last_payload)
+}
+
+/// Mean µs per call of `f` over `n` calls (after a short warm-up).
+fn micros_per_op(n: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..n.min(100) {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+/// Ed25519 cost of one decision, on `payload_text` (a real `approvals/prepare` payload),
+/// signed with the bench's operator key (`$GAFFER_OPERATOR_KEY_FILE`, set in main).
+fn decision_crypto(payload_text: &str, n: usize) {
+    use gaffer::operations::decision::DecisionPayload;
+    use gaffer::operator::{OperatorPublic, OperatorSignature, OperatorSigner};
+    let key = gaffer::operator::key_path().expect("key path");
+    let signer = OperatorSigner::load_from(&key).expect("signer");
+    let public = OperatorPublic::load_from(&key.with_extension("pub")).expect("public");
+    let payload: DecisionPayload = serde_json::from_str(payload_text).expect("decision payload");
+    let envelope = OperatorSignature::sign(&signer, &payload);
+    assert_eq!(envelope.payload, payload_text, "the prepared payload is canonical");
+    assert_eq!(
+        envelope.open::<DecisionPayload>(&public).expect("opens"),
+        payload
+    );
+    let bytes = envelope.payload.as_bytes();
+    let mut sink = 0usize;
+    let sign_env = micros_per_op(n, || {
+        sink ^= OperatorSignature::sign(&signer, &payload).signature.len();
+    });
+    let sign_raw = micros_per_op(n, || {
+        sink ^= signer.sign(bytes).len();
+    });
+    let open = micros_per_op(n, || {
+        sink ^= envelope
+            .open::<DecisionPayload>(&public)
+            .expect("opens")
+            .revision as usize;
+    });
+    let verify_raw = micros_per_op(n, || {
+        sink ^= public.verify(bytes, &envelope.signature) as usize;
+    });
+    // What a serving process does per decision: look the public key up (a stat, cached
+    // parse), then open the envelope.
+    let served = micros_per_op(n, || {
+        let k = gaffer::operator::current_public().expect("public key");
+        sink ^= envelope.open::<DecisionPayload>(&k).expect("opens").revision as usize;
+    });
+    std::hint::black_box(sink);
+    println!(
+        "Ed25519 per decision ({} byte payload, {n} ops each):",
+        bytes.len()
+    );
+    println!(
+        "  sign: OperatorSignature::sign {sign_env:.1} µs/op (of which Ed25519 sign of the text {sign_raw:.1} µs)"
+    );
+    println!(
+        "  verify: OperatorSignature::open::<DecisionPayload> {open:.1} µs/op (of which Ed25519 verify_strict {verify_raw:.1} µs); with current_public() as served {served:.1} µs/op"
+    );
 }
 
 fn main() {
@@ -512,7 +580,7 @@ fn main() {
         });
         return;
     }
-    rt.block_on(async {
+    let raw = rt.block_on(async {
         let raw = raw_appends(n).await;
         println!("raw durable append (commit+fdatasync), 1 task: {raw:.0}/s");
         let s = submits(n).await;
@@ -541,8 +609,9 @@ fn main() {
             open.as_secs_f64() * 1000.0,
             rec.as_secs_f64() * 1000.0
         );
+        raw
     });
-    let mut rts = approval_round_trips(if quick { 5 } else { 30 });
+    let (mut rts, payload) = approval_round_trips(if quick { 5 } else { 30 });
     rts.sort();
     let p50 = rts[rts.len() / 2];
     let max = rts[rts.len() - 1];
@@ -550,5 +619,13 @@ fn main() {
         "approval round trip across two processes (decide -> agent sees succeeded): p50 {:.1} ms, max {:.1} ms",
         p50.as_secs_f64() * 1000.0,
         max.as_secs_f64() * 1000.0
+    );
+    decision_crypto(&payload, if quick { 500 } else { 5000 });
+    // The physical limit beside it, from this run: one durable commit (append + fdatasync).
+    let raw_again = rt.block_on(raw_appends(n / 4));
+    println!(
+        "  raw durable append (commit+fdatasync) in this run: {:.1} µs/commit at start, {:.1} µs/commit now",
+        1e6 / raw,
+        1e6 / raw_again
     );
 }

@@ -1160,7 +1160,10 @@ fn cli_operator_init_approve_and_submit() {
         &[],
         &[("GAFFER_OPERATOR_KEY_FILE", key_s.as_str())],
     );
-    a.call("initialize", json!({"clientInfo": {"name": "agent-1"}}));
+    a.call(
+        "initialize",
+        json!({"clientInfo": {"name": "agent-1"}, "initializationOptions": {"clientToken": token}}),
+    );
     let p = ok(&submit(
         &mut a,
         "kv.set",

@@ -54,6 +54,10 @@ pub struct Check<'a> {
     pub workspace_id: Option<&'a str>,
     /// The journal's hash chain verifies over what this process has read.
     pub chain_ok: bool,
+    /// This process accepted the submission and checked its client identity itself. A record's
+    /// client name is otherwise only a claim, so authority that depends on who the client is
+    /// (a policy rule, a window grant) needs it; an approval of exactly this plan does not.
+    pub vouched: bool,
     pub now_ms: u64,
 }
 
@@ -74,6 +78,13 @@ pub fn authorize(c: &Check<'_>) -> Result<Authority, Refusal> {
         ));
     }
     if !c.points_at_approval {
+        if !c.vouched {
+            return Err(refuse(
+                codes::APPROVAL_INVALID,
+                "this process did not accept the submission, so its client cannot be verified \
+                 and no policy rule applies; submit it again",
+            ));
+        }
         let allowed = static_decision.effect == DecisionEffect::Allow
             && static_decision.grant_id.is_none()
             && !c.requires_approval;
@@ -95,6 +106,13 @@ pub fn authorize(c: &Check<'_>) -> Result<Authority, Refusal> {
         )
     })?;
     let payload = signed_approval(c, approval)?;
+    let exact = payload.operation_id == c.operation_id && payload.plan_digest == c.plan_digest;
+    if !exact && !c.vouched {
+        return Err(refuse(
+            codes::APPROVAL_INVALID,
+            "a window approval covers only submissions this process accepted from its client",
+        ));
+    }
     usable(c, approval, &payload)?;
     Ok(Authority::Approval {
         approval_id: approval.id.clone(),

@@ -25,7 +25,10 @@ pub(super) enum Settle {
 /// What the claim commit decided.
 enum Claim {
     Run { approval_id: Option<String> },
+    /// The operation changed before the claim (another process took it, or it moved on).
     Skip,
+    /// Refused and recorded as failed.
+    Refused,
 }
 
 /// A plan read back from its text and checked by its adapter now.
@@ -87,6 +90,9 @@ impl OperationRuntime {
         let now = crate::util::now_ms();
         let derived = self.rederive(&op, now, true).await;
         let claim = self.claim(&op, &derived, now).await?;
+        if !matches!(claim, Claim::Skip) {
+            self.unvouch(id);
+        }
         let (Claim::Run { approval_id }, Ok(d)) = (claim, derived) else {
             return Ok(());
         };
@@ -175,6 +181,7 @@ impl OperationRuntime {
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok();
         let executor = self.executor.clone();
+        let vouched = self.vouched(&op.id);
         let (id, revision) = (op.id.clone(), op.revision);
         let checked = match derived {
             Ok(d) => Ok((
@@ -195,7 +202,7 @@ impl OperationRuntime {
             let fail = |code: &str, msg: &str| -> Result<(Vec<NewRecord>, Claim), OpError> {
                 tracing::warn!(operation = %op.id, code, reason = msg, "execution refused");
                 let t = transition(op, OpState::Failed, now).error(code, msg);
-                Ok((vec![rec(KIND_TRANSITIONED, &t)?], Claim::Skip))
+                Ok((vec![rec(KIND_TRANSITIONED, &t)?], Claim::Refused))
             };
             let (digest, class, requires_approval) = match &checked {
                 Ok(c) => c,
@@ -214,6 +221,7 @@ impl OperationRuntime {
                 key: key.as_ref(),
                 workspace_id: workspace_id.as_deref(),
                 chain_ok,
+                vouched,
                 now_ms: now,
             };
             let reserve = match authorize(&check) {

@@ -210,6 +210,9 @@ pub struct OperationRuntime {
     /// This process, recorded as executor of what it claims.
     executor: String,
     running: Mutex<HashSet<String>>,
+    /// Operations this process accepted from an authenticated connection and has not yet run
+    /// (see [`super::authorize::Check::vouched`]). In memory only: nothing on disk vouches.
+    vouched: Mutex<HashSet<String>>,
     submit_locks: Mutex<HashMap<SubmitKey, Weak<tokio::sync::Mutex<()>>>>,
     policy_cache: Mutex<Option<(PolicyStamp, Arc<Policy>)>>,
     /// Whether `providers.yaml` was trusted when this process loaded its providers.
@@ -244,6 +247,7 @@ impl OperationRuntime {
             config,
             executor,
             running: Mutex::new(HashSet::new()),
+            vouched: Mutex::new(HashSet::new()),
             submit_locks: Mutex::new(HashMap::new()),
             policy_cache: Mutex::new(None),
             providers_trust: std::sync::OnceLock::new(),

@@ -68,6 +68,9 @@ impl OperationRuntime {
         );
         let (view, created, claimed) = self.record(op, approval, &plan, &prepared).await?;
         if created {
+            if view.state == OpState::Approved {
+                self.vouch(&view.id);
+            }
             failpoint("after_submit");
             if view.state.is_terminal() {
                 prepared
@@ -213,6 +216,7 @@ impl OperationRuntime {
                     key: key.as_ref(),
                     workspace_id: workspace_id.as_deref(),
                     chain_ok,
+                    vouched: true,
                     now_ms: now,
                 };
                 follow = Some(match authorize(&check) {
@@ -243,6 +247,22 @@ impl OperationRuntime {
         })
         .await
         .map_err(commit_err)
+    }
+
+    fn vouch(&self, id: &str) {
+        let mut v = self.vouched.lock().unwrap_or_else(|p| p.into_inner());
+        v.insert(id.to_string());
+    }
+
+    /// Whether this process accepted `id` from a connection whose identity it checked.
+    pub(super) fn vouched(&self, id: &str) -> bool {
+        let v = self.vouched.lock().unwrap_or_else(|p| p.into_inner());
+        v.contains(id)
+    }
+
+    pub(super) fn unvouch(&self, id: &str) {
+        let mut v = self.vouched.lock().unwrap_or_else(|p| p.into_inner());
+        v.remove(id);
     }
 
     fn replay(
