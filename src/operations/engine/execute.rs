@@ -24,7 +24,9 @@ pub(super) enum Settle {
 
 /// What the claim commit decided.
 enum Claim {
-    Run { approval_id: Option<String> },
+    Run {
+        approval_id: Option<String>,
+    },
     /// The operation changed before the claim (another process took it, or it moved on).
     Skip,
     /// Refused and recorded as failed.
