@@ -515,7 +515,10 @@ fn decision_crypto(payload_text: &str, n: usize) {
     let public = OperatorPublic::load_from(&key.with_extension("pub")).expect("public");
     let payload: DecisionPayload = serde_json::from_str(payload_text).expect("decision payload");
     let envelope = OperatorSignature::sign(&signer, &payload);
-    assert_eq!(envelope.payload, payload_text, "the prepared payload is canonical");
+    assert_eq!(
+        envelope.payload, payload_text,
+        "the prepared payload is canonical"
+    );
     assert_eq!(
         envelope.open::<DecisionPayload>(&public).expect("opens"),
         payload
@@ -541,7 +544,10 @@ fn decision_crypto(payload_text: &str, n: usize) {
     // parse), then open the envelope.
     let served = micros_per_op(n, || {
         let k = gaffer::operator::current_public().expect("public key");
-        sink ^= envelope.open::<DecisionPayload>(&k).expect("opens").revision as usize;
+        sink ^= envelope
+            .open::<DecisionPayload>(&k)
+            .expect("opens")
+            .revision as usize;
     });
     std::hint::black_box(sink);
     println!(

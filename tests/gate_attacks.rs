@@ -71,8 +71,7 @@ fn operation(root: &std::path::Path, id: &str) -> Value {
     let last = out
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["payload"]["id"] == id)
-        .last();
+        .rfind(|v| v["payload"]["id"] == id);
     last.unwrap_or(Value::Null)
 }
 

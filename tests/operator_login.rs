@@ -85,7 +85,11 @@ impl Keys {
         );
         assert_eq!(code, 0, "gaffer operator sign: {out} {err}");
         let sig = out.trim().to_string();
-        assert_eq!(sig.len(), 86, "64 bytes in base64url without padding: {sig:?}");
+        assert_eq!(
+            sig.len(),
+            86,
+            "64 bytes in base64url without padding: {sig:?}"
+        );
         sig
     }
 
@@ -208,7 +212,8 @@ fn an_approval_signed_by_operator_sign_runs_the_write_once() {
         json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"]}),
     );
     let payload = prep["payload"].as_str().unwrap().to_string();
-    let signed = json!({"payload": payload, "signature": k.sign(&payload), "idempotency_key": "d1"});
+    let signed =
+        json!({"payload": payload, "signature": k.sign(&payload), "idempotency_key": "d1"});
     let d = op.call("approvals/decide", signed.clone());
     assert_eq!(d["approval_id"], ap["approval_id"], "{d}");
 
@@ -219,8 +224,7 @@ fn an_approval_signed_by_operator_sign_runs_the_write_once() {
             "operations/wait",
             json!({"id": id, "after_revision": rev, "wait_seconds": 5}),
         );
-        if ["succeeded", "failed", "denied", "cancelled"].contains(&v["state"].as_str().unwrap())
-        {
+        if ["succeeded", "failed", "denied", "cancelled"].contains(&v["state"].as_str().unwrap()) {
             break v;
         }
         rev = v["revision"].as_u64().unwrap();
@@ -276,12 +280,20 @@ fn a_signed_challenge_logs_in_only_the_connection_it_was_issued_to() {
         "operator"
     );
     let r = first.request("operator/login", json!({ "signature": sig1 }));
-    assert_eq!(err_code(&r), "operator_login_failed", "replayed on its own connection: {r}");
+    assert_eq!(
+        err_code(&r),
+        "operator_login_failed",
+        "replayed on its own connection: {r}"
+    );
     // A newer challenge on the same connection is not answered by the old signature either.
     let (mut third, c3) = k.operator_init(Wire::Lsp);
     let _ = third.call("operator/challenge", json!({}));
     let r = third.request("operator/login", json!({ "signature": k.sign(&c3) }));
-    assert_eq!(err_code(&r), "operator_login_failed", "superseded challenge: {r}");
+    assert_eq!(
+        err_code(&r),
+        "operator_login_failed",
+        "superseded challenge: {r}"
+    );
     let r = third.request("approvals/list", json!({}));
     assert_eq!(err_code(&r), "operator_required", "{r}");
 }

@@ -295,3 +295,4 @@ pub fn journal_bytes(ws: &Path) -> Vec<u8> {
     }
     out
 }
+pub mod gate;
