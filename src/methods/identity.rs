@@ -1,12 +1,37 @@
 //! Who a connection is: the identity its operator-issued credential proves (or `anonymous`),
 //! and whether it has proven the operator key by answering a login challenge.
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::App;
 use crate::clients::{self, ANONYMOUS, CredentialError};
 use crate::operator::login::{self, Challenge, LoginError};
 use crate::rpc::{AppCode, Profile, RpcError};
+
+/// `operator/challenge` result (the session answers it; also on `initialize` as
+/// `operatorChallenge` when `initializationOptions.role` is `operator`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ChallengeResult {
+    /// Canonical JSON (domain `gaffer/login/v1`: workspace, connection, nonce, time). Sign
+    /// exactly these UTF-8 bytes with the operator's Ed25519 key; valid for 120 s.
+    pub challenge: String,
+}
+
+/// `operator/login` params.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoginParams {
+    /// base64url (unpadded) Ed25519 signature of the last challenge this connection got.
+    pub signature: String,
+}
+
+/// `operator/login` result: the connection is an operator connection from now on.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct LoginResult {
+    pub role: crate::rpc::Role,
+}
 
 fn credential_error(e: CredentialError) -> RpcError {
     tracing::warn!(error = %e, "client credential refused");

@@ -44,6 +44,8 @@ pub fn generate() -> BTreeMap<String, String> {
             "result": format!("methods/{s}.result.json"),
         }));
     }
+    session_methods(&mut files, &mut methods);
+    signed_payloads(&mut files);
     let mut notifications = Vec::new();
     for n in router.notifications() {
         let s = stem(n.name);
@@ -69,10 +71,65 @@ pub fn generate() -> BTreeMap<String, String> {
     files
 }
 
+fn schema_of<T: schemars::JsonSchema>() -> Value {
+    serde_json::to_value(schemars::schema_for!(T)).unwrap_or(Value::Null)
+}
+
+/// Methods the session answers itself (not in the router): operator login.
+fn session_methods(files: &mut BTreeMap<String, String>, methods: &mut Vec<Value>) {
+    use super::identity::{ChallengeResult, LoginParams, LoginResult};
+    let empty = json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "additionalProperties": false});
+    let entries = [
+        (
+            "operator/challenge",
+            "A fresh operator-login challenge for this connection (LSP and raw profiles; never MCP).",
+            empty,
+            schema_of::<ChallengeResult>(),
+        ),
+        (
+            "operator/login",
+            "Prove the operator key: the signature of this connection's last challenge. The private key never crosses the wire.",
+            schema_of::<LoginParams>(),
+            schema_of::<LoginResult>(),
+        ),
+    ];
+    for (name, doc, params, result) in entries {
+        let s = stem(name);
+        files.insert(format!("methods/{s}.params.json"), pretty(&params));
+        files.insert(format!("methods/{s}.result.json"), pretty(&result));
+        methods.push(json!({
+            "name": name, "doc": doc, "access": "read", "audience": "anyone", "mcp_tool": null,
+            "params": format!("methods/{s}.params.json"),
+            "result": format!("methods/{s}.result.json"),
+        }));
+    }
+}
+
+/// What the operator signs, for editors that build or check payloads themselves.
+fn signed_payloads(files: &mut BTreeMap<String, String>) {
+    use crate::operations::decision::{DecisionPayload, RevokePayload};
+    let entries = [
+        ("decision", schema_of::<DecisionPayload>()),
+        ("revoke", schema_of::<RevokePayload>()),
+        (
+            "trust",
+            schema_of::<crate::operations::trust::TrustPayload>(),
+        ),
+        ("client", schema_of::<crate::clients::CredentialPayload>()),
+        (
+            "client-revoke",
+            schema_of::<crate::clients::ClientRevokePayload>(),
+        ),
+    ];
+    for (name, schema) in entries {
+        files.insert(format!("payloads/{name}.json"), pretty(&schema));
+    }
+}
+
 /// Writes the schema tree under `dir`, removing stale `.json` files.
 pub fn write(dir: &Path) -> std::io::Result<usize> {
     let files = generate();
-    for sub in ["methods", "notifications"] {
+    for sub in ["methods", "notifications", "payloads"] {
         let d = dir.join(sub);
         if d.is_dir() {
             for e in std::fs::read_dir(&d)?.flatten() {
@@ -103,7 +160,7 @@ pub fn stale(dir: &Path) -> Vec<String> {
         })
         .map(|(rel, _)| rel.clone())
         .collect();
-    for sub in ["methods", "notifications"] {
+    for sub in ["methods", "notifications", "payloads"] {
         if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
             for e in entries.flatten() {
                 let rel = format!("{sub}/{}", e.file_name().to_string_lossy());

@@ -813,7 +813,8 @@ impl<H: Host> Conn<H> {
         if self.client.is_some() {
             return Err(RpcError::invalid_request("already initialized"));
         }
-        let opts = params.get("initializationOptions").unwrap_or(&Value::Null);
+        // MCP has no initializationOptions: a role beside the standard fields counts too.
+        let opts = params.get("initializationOptions").unwrap_or(params);
         let wants_operator = match opts.get("role").and_then(Value::as_str) {
             None | Some("agent") => false,
             Some("operator") if profile == Profile::Mcp => {
