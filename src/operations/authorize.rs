@@ -171,3 +171,271 @@ fn usable(c: &Check<'_>, a: &Approval, p: &DecisionPayload) -> Result<(), Refusa
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::operations::state::SignedDecision;
+    use crate::operator::OperatorSigner;
+    use crate::operator::signed::{Head, OperatorSignature, Payload};
+
+    const POLICY: &str = r#"
+rules:
+  - id: docs
+    effect: allow
+    clients: ["agent*"]
+    operations: ["file.write"]
+    targets: [{kind: file, fields: {path: ["docs/**"]}}]
+  - id: secrets
+    effect: deny
+    operations: ["file.*"]
+    targets: [{kind: file, fields: {path: ["secret/**"]}}]
+"#;
+
+    /// (operator, another key), made once.
+    fn keys() -> &'static (OperatorSigner, OperatorSigner) {
+        static KEYS: OnceLock<(tempfile::TempDir, (OperatorSigner, OperatorSigner))> =
+            OnceLock::new();
+        &KEYS
+            .get_or_init(|| {
+                let dir = tempfile::tempdir().unwrap();
+                let make = |n: &str| {
+                    let k = dir.path().join(n);
+                    OperatorSigner::init(&k, &k.with_extension("pub"), None).unwrap();
+                    OperatorSigner::load_from(&k).unwrap()
+                };
+                let pair = (make("operator"), make("agent"));
+                (dir, pair)
+            })
+            .1
+    }
+
+    fn class(path: &str) -> Classification {
+        Classification {
+            target_kind: "file".into(),
+            fields: BTreeMap::from([("path".to_string(), BTreeSet::from([path.to_string()]))]),
+            attrs: BTreeMap::new(),
+        }
+    }
+
+    /// What a forgery changes, each against the approval of exactly the plan being checked.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Forgery {
+        None,
+        /// Another plan with the same classification (what a window grant may cover).
+        OtherPlanSameClass,
+        /// Another plan altogether (its digest and classification differ).
+        OtherPlan,
+        OtherClient,
+        SignedByAnotherKey,
+        OtherApprovalId,
+        Denied,
+        Expired,
+        OtherWorkspace,
+    }
+
+    fn forgery() -> impl Strategy<Value = Forgery> {
+        prop_oneof![
+            Just(Forgery::None),
+            Just(Forgery::OtherPlanSameClass),
+            Just(Forgery::OtherPlan),
+            Just(Forgery::OtherClient),
+            Just(Forgery::SignedByAnotherKey),
+            Just(Forgery::OtherApprovalId),
+            Just(Forgery::Denied),
+            Just(Forgery::Expired),
+            Just(Forgery::OtherWorkspace),
+        ]
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn approval(
+        f: Forgery,
+        window: bool,
+        client: &str,
+        digest: &str,
+        c: &Classification,
+        now: u64,
+        junk: &str,
+    ) -> Approval {
+        let (op, other) = keys();
+        let payload = DecisionPayload {
+            domain: DecisionPayload::DOMAIN.into(),
+            workspace_id: if f == Forgery::OtherWorkspace {
+                "ws_other"
+            } else {
+                "ws_1"
+            }
+            .into(),
+            approval_id: if f == Forgery::OtherApprovalId {
+                "ap_2"
+            } else {
+                "ap_1"
+            }
+            .into(),
+            operation_id: "op_1".into(),
+            client: if f == Forgery::OtherClient {
+                "agent-x"
+            } else {
+                client
+            }
+            .into(),
+            operation: "file.write".into(),
+            plan_digest: digest.into(),
+            classification_digest: classification_digest(c),
+            mode: if window {
+                GrantMode::Window
+            } else {
+                GrantMode::Execution
+            },
+            decision: if f == Forgery::Denied {
+                DecisionKind::Deny
+            } else {
+                DecisionKind::Approve
+            },
+            revision: 2,
+            decided_at_ms: now - 10,
+            expires_at_ms: Some(if f == Forgery::Expired {
+                now
+            } else {
+                now + 1000
+            }),
+            max_uses: 3,
+            narrowed_duration_seconds: None,
+            narrowed_max_uses: None,
+            reason: None,
+            head: Head {
+                seq: 1,
+                hash: "h".into(),
+            },
+        };
+        let signer = if f == Forgery::SignedByAnotherKey {
+            other
+        } else {
+            op
+        };
+        let sig = OperatorSignature::sign(signer, &payload);
+        // Every unsigned field of the record is the agent's to choose: junk in all of them.
+        Approval {
+            id: "ap_1".into(),
+            operation_id: junk.into(),
+            client_id: junk.into(),
+            operation: junk.into(),
+            plan_digest: junk.into(),
+            classification: class(junk),
+            mode: GrantMode::Window,
+            status: ApprovalStatus::Active,
+            revision: 2,
+            created_at_ms: 0,
+            pending_expires_at_ms: u64::MAX,
+            requested_duration_seconds: u64::MAX,
+            requested_max_uses: u32::MAX,
+            decision: Some(SignedDecision::unverified(sig).unwrap()),
+            uses: BTreeMap::new(),
+            decision_keys: BTreeMap::new(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// An execution is authorized only by a current trusted rule (for a submission this
+        /// process accepted) or by an operator signature over exactly this plan (or, for a
+        /// window this process's client holds, exactly this classification).
+        #[test]
+        fn only_a_rule_or_a_signature_over_exactly_this_plan_authorizes(
+            dir in prop::sample::select(vec!["docs", "src", "secret"]),
+            leaf in "[a-c]{1,3}",
+            client in prop::sample::select(vec!["agent-1", "vscode", "anonymous"]),
+            f in forgery(),
+            window in any::<bool>(),
+            vouched in any::<bool>(),
+            points in any::<bool>(),
+            requires_approval in any::<bool>(),
+            junk in "[a-z/]{0,12}",
+        ) {
+            let policy = Policy::parse(POLICY, std::path::Path::new("policy.yaml")).unwrap();
+            let now = 1_000_000;
+            let path = format!("{dir}/{leaf}");
+            let c = class(&path);
+            let digest = crate::util::sha256_hex(path.as_bytes());
+            // The approval was made for the plan at `path`; the plan being executed may differ.
+            let (exec_digest, exec_class) = match f {
+                Forgery::OtherPlanSameClass => (crate::util::sha256_hex(b"other"), c.clone()),
+                Forgery::OtherPlan => (crate::util::sha256_hex(b"other"), class("src/zzz")),
+                _ => (digest.clone(), c.clone()),
+            };
+            let a = approval(f, window, client, &digest, &c, now, &junk);
+            let key = keys().0.public();
+            let check = Check {
+                operation_id: "op_1",
+                client,
+                operation: "file.write",
+                plan_digest: &exec_digest,
+                class: &exec_class,
+                requires_approval,
+                approval: points.then_some(&a),
+                points_at_approval: points,
+                policy: &policy,
+                key: Some(&key),
+                workspace_id: Some("ws_1"),
+                chain_ok: true,
+                now_ms: now,
+                vouched,
+            };
+            let exec_path = exec_class.fields["path"].first().cloned().unwrap_or_default();
+            let denied = exec_path.starts_with("secret/");
+            let expected = if denied {
+                false
+            } else if !points {
+                vouched && !requires_approval && exec_path.starts_with("docs/") && client.starts_with("agent")
+            } else {
+                match f {
+                    Forgery::None => true,
+                    Forgery::OtherPlanSameClass => window && vouched,
+                    _ => false,
+                }
+            };
+            let got = authorize(&check);
+            prop_assert_eq!(got.is_ok(), expected, "{:?} {:?}", f, got);
+            if let Ok(Authority::Approval { approval_id }) = &got {
+                prop_assert_eq!(approval_id.as_str(), "ap_1");
+            }
+        }
+    }
+
+    #[test]
+    fn a_broken_chain_or_no_public_key_accepts_no_signature() {
+        let policy = Policy::default();
+        let c = class("src/a");
+        let a = approval(Forgery::None, false, "agent-1", "d", &c, 1000, "");
+        let key = keys().0.public();
+        let mut check = Check {
+            operation_id: "op_1",
+            client: "agent-1",
+            operation: "file.write",
+            plan_digest: "d",
+            class: &c,
+            requires_approval: false,
+            approval: Some(&a),
+            points_at_approval: true,
+            policy: &policy,
+            key: Some(&key),
+            workspace_id: Some("ws_1"),
+            chain_ok: true,
+            now_ms: 1000,
+            vouched: false,
+        };
+        assert!(authorize(&check).is_ok());
+        check.chain_ok = false;
+        assert_eq!(authorize(&check).unwrap_err().code, codes::APPROVAL_INVALID);
+        check.chain_ok = true;
+        check.key = None;
+        assert_eq!(authorize(&check).unwrap_err().code, codes::APPROVAL_INVALID);
+    }
+}
