@@ -622,6 +622,8 @@ fn changed_notice(op: &Operation) -> OpNotice {
 
 /// Params of `approvals/requested`.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
+/// A nudge that a request is waiting. Its title and summary are the record's, which whoever
+/// wrote the record chose: decide from `approvals/get`, which renders the plan text.
 pub struct ApprovalRequested {
     pub approval_id: String,
     pub operation_id: String,
@@ -630,7 +632,7 @@ pub struct ApprovalRequested {
     pub title: String,
     pub summary: String,
     pub reason: String,
-    /// Pass as `expected_revision` to `approvals/decide`.
+    /// Pass as `expected_revision` to `approvals/prepare`.
     pub revision: u64,
     pub pending_expires_at_ms: u64,
 }
