@@ -440,7 +440,24 @@ fn approval_round_trips(n: usize) -> (Vec<Duration>, String) {
     gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
     let signer = gaffer::operator::OperatorSigner::load_from(&key).expect("key");
     std::fs::create_dir_all(ws.path().join(".gaffer")).expect("mkdir");
-    let mut agent = Proc::start(ws.path(), &key, json!({"clientInfo": {"name": "agent"}}));
+    // The agent authenticates with a credential the operator issued (`gaffer client add`).
+    // This also records the workspace id, which `approvals/prepare` needs: on a store that
+    // only serving processes have written, prepare answers `operation_store_unavailable`
+    // ("no workspace id") at the time of writing.
+    let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["client", "add", "agent"])
+        .env("GAFFER_OPERATOR_KEY_FILE", &key)
+        .output()
+        .expect("gaffer client add");
+    assert!(out.status.success(), "gaffer client add failed");
+    let token: Value = serde_json::from_slice(&out.stdout).expect("client add prints JSON");
+    let mut agent = Proc::start(
+        ws.path(),
+        &key,
+        json!({"clientInfo": {"name": "agent"}, "initializationOptions": {"clientToken": token["token"]}}),
+    );
     let mut op = Proc::start(
         ws.path(),
         &key,

@@ -620,10 +620,10 @@ fn changed_notice(op: &Operation) -> OpNotice {
     }
 }
 
-/// Params of `approvals/requested`.
+/// Params of `approvals/requested`: a nudge that a request is waiting. Its title and summary
+/// are the record's, which whoever wrote the record chose: decide from `approvals/get`, which
+/// renders the plan text.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-/// A nudge that a request is waiting. Its title and summary are the record's, which whoever
-/// wrote the record chose: decide from `approvals/get`, which renders the plan text.
 pub struct ApprovalRequested {
     pub approval_id: String,
     pub operation_id: String,
