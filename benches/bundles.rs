@@ -311,6 +311,7 @@ fn worker(id: &str) -> Worker {
         input_mode: bundles::InputMode::StdinText,
         backend: "process".into(),
         owner: None,
+        operation_id: None,
         reason: Some("exited with status 0".into()),
         diagnostic: None,
         exit: None,

@@ -22,6 +22,7 @@ fn forged_write(id: &str, client: &str, path: &str, claimed_path: &str, content:
         target_kind: "file".into(),
         fields: [("path".to_string(), [claimed_path.to_string()].into())].into(),
         attrs: Default::default(),
+        must_name: Default::default(),
     };
     let plan = Plan {
         schema: PLAN_SCHEMA.into(),
@@ -213,6 +214,7 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
         target_kind: "file".into(),
         fields: [("path".to_string(), ["src/evil.rs".to_string()].into())].into(),
         attrs: Default::default(),
+        must_name: Default::default(),
     };
     assert_eq!(
         payload["classification_digest"],
@@ -248,6 +250,7 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
         target_kind: "file".into(),
         fields: [("path".to_string(), ["src/a.rs".to_string()].into())].into(),
         attrs: Default::default(),
+        must_name: Default::default(),
     };
     let payload = gaffer::operations::decision::DecisionPayload {
         domain: "gaffer/decision/v1".into(),

@@ -775,7 +775,8 @@ fn catalog_lists_builtin_and_external_operations_with_schemas() {
             "file.delete",
             "file.write",
             "kv.expiring",
-            "kv.set"
+            "kv.set",
+            "worker.start"
         ]
     );
     let fw = c["operations"]

@@ -194,7 +194,7 @@ async fn follow(app: &Arc<App>, id: &str, mut after: u64, keep: bool) -> ExitCod
             Ok(v) => v["worker"].clone(),
             Err(code) => return code,
         };
-        let ended = worker["status"] != "running";
+        let ended = worker["status"] == "stopped" || worker["status"] == "failed";
         if !keep || (ended && worker["last_seq"].as_u64().unwrap_or(0) <= after) {
             if ended {
                 emit!("{}", json!({ "ended": worker }));

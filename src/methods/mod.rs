@@ -60,6 +60,7 @@ impl App {
             Arc::clone(&workspace),
             &instance.me,
             Default::default(),
+            Arc::clone(&workers),
         )
         .map_err(WorkspaceError::Unavailable)?;
         Ok(Arc::new(App {

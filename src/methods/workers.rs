@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::App;
 use super::bundles::{Checked, bundle_error, field_error};
+use crate::operations::lifecycle::OpState;
 use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Router, RpcError};
 use crate::workers::request::{self, CreateRequest, InputShape};
 use crate::workers::{Stream, TranscriptEntry, Worker, WorkerError, WorkerStatus};
@@ -149,6 +150,8 @@ pub struct OutputNotice {
 }
 
 const TRANSCRIPT_DEFAULT: usize = 200;
+/// How long `workers/create` waits for a start that policy allowed at once.
+const START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 const TRANSCRIPT_MAX: usize = 1000;
 
 pub fn register(r: &mut Router<App>) {
@@ -221,17 +224,87 @@ pub fn register(r: &mut Router<App>) {
 
 async fn create(
     app: Arc<App>,
-    _ctx: CallCtx,
+    ctx: CallCtx,
     p: Checked<CreateRequest>,
 ) -> Result<WorkerResult, RpcError> {
     let req = request::parse_create(&p.value, Some(app.workspace.root()))
         .map_err(|e| field_error("", &e))?;
-    let worker = app
+    let mut worker = app
         .workers
         .create(req)
         .await
         .map_err(|e| worker_error(&e))?;
+    if worker.status == WorkerStatus::PendingApproval && worker.operation_id.is_none() {
+        worker = request_start(&app, &ctx.client.id, worker).await?;
+    }
     Ok(WorkerResult { worker })
+}
+
+/// Submits the `worker.start` operation that gates a pending worker (policy, approval,
+/// execute-once) and records which one it is. Idempotent per worker.
+async fn request_start(app: &App, client: &str, worker: Worker) -> Result<Worker, RpcError> {
+    use crate::operations::adapters::worker::{OPERATION, StartTarget};
+    let target = StartTarget {
+        worker_id: worker.id.clone(),
+        config_bundle: worker.config_bundle.clone(),
+        profile: worker.profile.clone(),
+    };
+    let bad = |_| RpcError::internal("worker.start plan");
+    let input = crate::operations::engine::SubmitInput {
+        operation: OPERATION.into(),
+        target: serde_json::value::to_raw_value(&target).map_err(bad)?,
+        arguments: serde_json::value::to_raw_value(&serde_json::json!({})).map_err(bad)?,
+        reason: format!("start worker {}", worker.id),
+        idempotency_key: format!("worker.start:{}", worker.id),
+    };
+    let (op, _) = app
+        .operations
+        .submit(client, input)
+        .await
+        .map_err(super::operations::rpc_error)?;
+    app.workers
+        .link_operation(&worker.id, &op.id)
+        .await
+        .map_err(|e| worker_error(&e))?;
+    if op.state == OpState::Approved {
+        // A one-shot process (the CLI) has no background driver; driving is idempotent.
+        app.operations.drive(&op.id).await;
+    }
+    if matches!(op.state, OpState::Approved | OpState::Executing) {
+        // Authorized at once: answer with the started (or failed) worker, as a direct start would.
+        settle(app, client, &op.id, op.revision).await;
+    }
+    let w = app
+        .workspace
+        .read(|s| s.workers.get(&worker.id).cloned())
+        .ok_or_else(|| {
+            worker_error(&WorkerError::NotFound {
+                worker_id: worker.id,
+            })
+        })?;
+    if w.status == WorkerStatus::Failed && w.exit.is_none() {
+        let diagnostic = w
+            .diagnostic
+            .clone()
+            .unwrap_or_else(|| "could not be started".into());
+        return Err(worker_error(&WorkerError::SpawnFailed {
+            worker_id: w.id,
+            diagnostic,
+        }));
+    }
+    Ok(w)
+}
+
+/// Waits (bounded) until the operation is terminal.
+async fn settle(app: &App, client: &str, id: &str, mut revision: u64) {
+    let deadline = tokio::time::Instant::now() + START_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        match app.operations.wait(Some(client), id, revision, 1).await {
+            Ok(v) if v.state.is_terminal() => return,
+            Ok(v) => revision = v.revision,
+            Err(_) => return,
+        }
+    }
 }
 
 async fn input(

@@ -220,6 +220,7 @@ rules:
             target_kind: "file".into(),
             fields: BTreeMap::from([("path".to_string(), BTreeSet::from([path.to_string()]))]),
             attrs: BTreeMap::new(),
+            must_name: Default::default(),
         }
     }
 

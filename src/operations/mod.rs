@@ -37,10 +37,16 @@ pub fn open_runtime(
     ws: Arc<crate::workspace::Workspace>,
     me: &crate::peers::Peer,
     config: engine::RuntimeConfig,
+    workers: Arc<crate::workers::WorkerRuntime>,
 ) -> Result<Arc<engine::OperationRuntime>, String> {
-    let mut catalogs = vec![adapters::workspace::catalog(), adapters::command::catalog()];
+    let mut catalogs = vec![
+        adapters::workspace::catalog(),
+        adapters::command::catalog(),
+        adapters::worker::catalog(),
+    ];
     let mut all = adapters::workspace::adapters();
     all.extend(adapters::command::adapters());
+    all.extend(adapters::worker::adapters(workers));
     let gaffer_dir = ws.gaffer_dir();
     let key = crate::operator::current_public();
     let providers = trust::check(&ws, adapters::external::PROVIDERS_FILE, key.as_ref())

@@ -142,6 +142,7 @@ mod tests {
                     target_kind: "file".into(),
                     fields,
                     attrs: BTreeMap::new(),
+                    must_name: Default::default(),
                 },
                 policy_effect: DecisionEffect::Allow,
                 rule_ids: vec!["r".into()],

@@ -17,6 +17,10 @@ pub struct Classification {
     pub fields: BTreeMap<String, BTreeSet<String>>,
     #[serde(default)]
     pub attrs: BTreeMap<String, BTreeSet<String>>,
+    /// Fields an allow rule must name to match at all (a worker's secrets): a broad rule never
+    /// covers them by omission.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub must_name: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -497,9 +501,18 @@ fn rule_matches(rule: &Rule, req: &PolicyRequest<'_>) -> bool {
             Some(vs) => vs.iter().any(|v| any_of(patterns, v)),
         }
     };
+    // An allow rule covers a plan's `must_name` fields only by naming them; a request rule
+    // needs not, as the operator then decides from a plan that names them.
+    let allow = rule.effect == Effect::Allow;
+    let named =
+        |t: &TargetMatcher| !allow || req.class.must_name.iter().all(|n| t.fields.contains_key(n));
+    if allow && rule.targets.is_empty() && !req.class.must_name.is_empty() {
+        return false;
+    }
     if !rule.targets.is_empty() {
         let target_ok = rule.targets.iter().any(|t| {
             glob_match(&t.kind, &req.class.target_kind)
+                && named(t)
                 && t.fields
                     .iter()
                     .all(|(name, pats)| values_match(pats, req.class.fields.get(name)))
@@ -593,6 +606,7 @@ mod tests {
             target_kind: kind.into(),
             fields: conv(fields),
             attrs: conv(attrs),
+            must_name: Default::default(),
         }
     }
 
@@ -626,6 +640,54 @@ rules:
       max_minutes: 60
       request_ttl_minutes: 10
 "#;
+
+    #[test]
+    fn an_allow_rule_covers_must_name_fields_only_by_naming_them() {
+        let p = parse(
+            r#"
+rules:
+  - id: broad
+    effect: allow
+    operations: ["worker.start"]
+  - id: by-profile
+    effect: allow
+    operations: ["worker.start"]
+    targets: [{kind: worker, fields: {profile: ["p"]}}]
+  - id: with-secrets
+    effect: allow
+    operations: ["worker.start"]
+    targets: [{kind: worker, fields: {profile: ["p"], secrets: ["a", "b"]}}]
+"#,
+        )
+        .unwrap();
+        let decide = |secrets: &[&str]| {
+            let mut c = class("worker", &[("profile", &["p"]), ("secrets", secrets)], &[]);
+            c.must_name.insert("secrets".into());
+            let req = PolicyRequest {
+                client: "agent",
+                operation: "worker.start",
+                class: &c,
+            };
+            p.decide(&req, &[], 0).rule_ids
+        };
+        assert_eq!(decide(&["a"]), vec!["with-secrets"]);
+        assert_eq!(decide(&["a", "b"]), vec!["with-secrets"]);
+        assert!(
+            decide(&["a", "c"]).is_empty(),
+            "a secret no rule names is never allowed"
+        );
+        let plain = class("worker", &[("profile", &["p"])], &[]);
+        let req = PolicyRequest {
+            client: "agent",
+            operation: "worker.start",
+            class: &plain,
+        };
+        assert!(
+            p.decide(&req, &[], 0)
+                .rule_ids
+                .contains(&"broad".to_string())
+        );
+    }
 
     #[test]
     fn glob_semantics() {

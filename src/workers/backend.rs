@@ -56,6 +56,8 @@ pub struct SpawnRequest<'a> {
     /// their initial input through [`ExecutionBackend::input`] once the worker is recorded.
     pub initial_input: Option<&'a [Segment]>,
     pub workspace_root: &'a Path,
+    /// Values of the declared secrets, read by the runtime (which also scrubs them).
+    pub secrets: &'a [crate::secrets::Secret],
 }
 
 /// A started worker.

@@ -20,7 +20,7 @@ pub use backend::{ExecEvent, ExecResult, ExecutionBackend, Outcome, SpawnRequest
 pub use plan::{CreateCheck, WorkerError};
 pub use process::ProcessBackend;
 pub use request::{CreateRequest, InputRequest};
-pub use runtime::WorkerRuntime;
+pub use runtime::{StartSpec, WorkerRuntime};
 pub use state::{StatusChange, WorkerState};
 pub use types::{
     ExitInfo, Owner, RunState, Segment, Stream, TranscriptEntry, Worker, WorkerStatus,

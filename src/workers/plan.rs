@@ -88,14 +88,14 @@ pub fn check_input<'a>(
     if w.status != WorkerStatus::Running {
         return Err(WorkerError::NotInputCapable {
             worker_id: worker_id.to_string(),
-            why: format!(
-                "it is {}",
-                if w.status == WorkerStatus::Failed {
-                    "failed"
-                } else {
-                    "stopped"
-                }
-            ),
+            why: match w.status {
+                WorkerStatus::PendingApproval => format!(
+                    "it is pending approval of its start operation {}",
+                    w.operation_id.as_deref().unwrap_or("(not yet submitted)")
+                ),
+                WorkerStatus::Failed => "it is failed".to_string(),
+                _ => "it is stopped".to_string(),
+            },
         });
     }
     if !w.input_capable {

@@ -141,20 +141,8 @@ impl ExecutionBackend for ProcessBackend {
         }
         cmd.env("GAFFER_WORKER_ID", req.worker_id);
         cmd.env("GAFFER_PROFILE", req.profile.selector.value());
-        for d in req.declarations {
-            if let Some(name) = d.env_var() {
-                match std::env::var_os(name) {
-                    Some(v) => {
-                        cmd.env(name, v);
-                    }
-                    None => {
-                        return Err(format!(
-                            "secret `{}` refers to environment variable {name}, which is not set for gaffer",
-                            d.name
-                        ));
-                    }
-                }
-            }
+        for secret in req.secrets {
+            cmd.env(&secret.env, &secret.value);
         }
         let takes_stdin = req.profile.input_mode != InputMode::Argument;
         cmd.stdin(if takes_stdin {

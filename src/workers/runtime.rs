@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
 
-use super::backend::{ExecEvent, ExecutionBackend, Outcome, SpawnRequest};
+use super::backend::{ExecEvent, ExecutionBackend, Outcome};
 use super::coalesce::OutputBuffer;
 use super::plan::{CreateCheck, WorkerError, check_create, check_input};
 use super::procinfo;
@@ -29,6 +29,7 @@ use super::request::CreateRequest;
 use super::state::{CHANGED_NOTIFICATION, StatusChange, records};
 use super::types::{Owner, RunState, Segment, Worker, WorkerStatus};
 use crate::bundles;
+use crate::secrets::{ScrubStream, Scrubber};
 use crate::workspace::{CommitError, NewRecord, Notice, State, Workspace};
 
 /// Longest time output waits before it is journalled.
@@ -50,6 +51,19 @@ struct LiveWorker {
     delivered_seq: u64,
     ended: Option<StatusChange>,
     stop_sent: bool,
+    /// Injected secret values never leave in output, reasons or diagnostics.
+    scrubber: Scrubber,
+    stdout: ScrubStream,
+    stderr: ScrubStream,
+}
+
+impl LiveWorker {
+    fn scrub_chunk(&mut self, stream: super::types::Stream, text: &str) -> String {
+        match stream {
+            super::types::Stream::Stderr => self.stderr.push(&self.scrubber, text),
+            _ => self.stdout.push(&self.scrubber, text),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -202,6 +216,7 @@ impl WorkerRuntime {
                 .cloned()
                 .collect()
         });
+        self.retire_unstartable().await;
         for w in running.into_iter().filter(|w| !self.owner_alive(w)) {
             if let Some(o) = &w.owner
                 && let Some(child) = o.child_pid
@@ -228,10 +243,7 @@ impl WorkerRuntime {
         let id = id.to_string();
         self.workspace
             .commit(move |s: &State| {
-                let still_running = s
-                    .workers
-                    .get(&id)
-                    .is_some_and(|w| w.status == WorkerStatus::Running);
+                let still_running = s.workers.get(&id).is_some_and(|w| !w.status.is_final());
                 let recs = if still_running {
                     vec![new_record(records::status(&change))]
                 } else {
@@ -311,29 +323,22 @@ impl WorkerRuntime {
                 message,
             })?;
 
+        // The worker is recorded pending; its process starts only when its `worker.start`
+        // operation is authorized and executed (see `start`).
         let id = super::new_worker_id();
-        self.lock().live.insert(id.clone(), LiveWorker::default());
-        let spawned = backend.spawn(
-            SpawnRequest {
-                worker_id: &id,
-                profile: &profile,
-                declarations: &bundle.declarations,
-                initial_input: req.initial_input.as_deref(),
-                workspace_root: self.workspace.root(),
-            },
-            self.events_tx.clone(),
-        );
-        let mut worker = Worker {
+        let worker = Worker {
             id: id.clone(),
             profile: req.profile.clone(),
             config_bundle: req.config_bundle.clone(),
             display_name: req.display_name.clone(),
-            status: WorkerStatus::Running,
-            run_state: RunState::Idle,
+            status: WorkerStatus::PendingApproval,
+            run_state: RunState::Stopped,
             input_capable: false,
             input_mode: profile.input_mode,
             backend: backend.id().to_string(),
-            owner: None,
+            // The creating process, so a restart can tell a start that was never requested.
+            owner: Some(self.me.clone()),
+            operation_id: None,
             reason: None,
             diagnostic: None,
             exit: None,
@@ -347,27 +352,6 @@ impl WorkerRuntime {
             input_count: 0,
             output_bytes: 0,
         };
-        let spawn_error = match &spawned {
-            Ok(s) => {
-                worker.run_state = s.run_state;
-                worker.input_capable = s.input_capable;
-                worker.owner = Some(Owner {
-                    child_pid: s.child_pid,
-                    child_start_ticks: s.child_start_ticks,
-                    ..self.me.clone()
-                });
-                None
-            }
-            Err(diag) => {
-                self.lock().live.remove(&id);
-                worker.status = WorkerStatus::Failed;
-                worker.run_state = RunState::Errored;
-                worker.reason = Some("could not be started".to_string());
-                worker.diagnostic = Some(diag.clone());
-                Some(diag.clone())
-            }
-        };
-
         let record = new_record(records::created(&worker, req.initial_input.as_deref()));
         let (req2, fp2) = (req.clone(), fingerprint.clone());
         let committed = self
@@ -378,42 +362,11 @@ impl WorkerRuntime {
                     CreateCheck::Fresh => Ok((vec![record], None)),
                 },
             )
-            .await;
-
-        match committed {
-            Ok(None) => {}
-            other => {
-                // Lost a race to an identical request, or the commit failed: this process must
-                // not outlive the decision.
-                if self.lock().live.remove(&id).is_some() {
-                    backend.stop(&id, "creation was not recorded");
-                }
-                return match other {
-                    Ok(Some(w)) => replay_answer(w),
-                    Err(e) => Err(commit_error(e)),
-                    Ok(None) => unreachable!("handled above"),
-                };
-            }
+            .await
+            .map_err(commit_error)?;
+        if let Some(w) = committed {
+            return replay_answer(w);
         }
-        if let Some(diagnostic) = spawn_error {
-            return Err(WorkerError::SpawnFailed {
-                worker_id: id,
-                diagnostic,
-            });
-        }
-        {
-            let mut inner = self.lock();
-            if let Some(l) = inner.live.get_mut(&id) {
-                l.committed = true;
-                if profile.input_mode == bundles::InputMode::Argument {
-                    // The initial input went in as an argument; nothing to deliver on stdin.
-                    l.delivered_seq = u64::MAX;
-                }
-            }
-        }
-        self.deliver_pending(&id);
-        // Output that arrived before the record was durable can go out now.
-        self.flush_now.notify_one();
         self.workspace
             .read(|s| s.workers.get(&id).cloned())
             .ok_or(WorkerError::NotFound { worker_id: id })
@@ -528,6 +481,16 @@ impl WorkerRuntime {
             return Ok(w);
         }
         let reason = reason.unwrap_or_default();
+        if w.status == WorkerStatus::PendingApproval {
+            // No process exists; its start operation will find it no longer pending.
+            let why = format!("stopped before it was started {reason}");
+            self.record_final(
+                worker_id,
+                StatusChange::ended(worker_id, WorkerStatus::Stopped, why.trim_end()),
+            )
+            .await?;
+            return self.wait_final(worker_id, STOP_WAIT).await;
+        }
         if self.owns(&w) && self.lock().live.contains_key(worker_id) {
             if let Some(l) = self.lock().live.get_mut(worker_id) {
                 l.stop_sent = true;
@@ -660,10 +623,23 @@ impl WorkerRuntime {
                     l.buffer.take()
                 };
                 for (stream, text) in chunks {
-                    recs.push(new_record(records::output(id, stream, &text)));
+                    let text = l.scrub_chunk(stream, &text);
+                    if !text.is_empty() {
+                        recs.push(new_record(records::output(id, stream, &text)));
+                    }
                 }
-                if let Some(change) = &l.ended {
-                    recs.push(new_record(records::status(change)));
+                if let Some(change) = l.ended.clone() {
+                    for stream in [super::types::Stream::Stdout, super::types::Stream::Stderr] {
+                        let rest = match stream {
+                            super::types::Stream::Stderr => l.stderr.finish(&l.scrubber),
+                            _ => l.stdout.finish(&l.scrubber),
+                        };
+                        if !rest.is_empty() {
+                            recs.push(new_record(records::output(id, stream, &rest)));
+                        }
+                    }
+                    let change = scrub_change(&l.scrubber, change);
+                    recs.push(new_record(records::status(&change)));
                     finished.push(id.clone());
                 }
             }
@@ -730,6 +706,12 @@ impl WorkerRuntime {
             self.honour_stop_request(&id);
         }
     }
+}
+
+fn scrub_change(sc: &Scrubber, mut c: StatusChange) -> StatusChange {
+    c.reason = c.reason.map(|r| sc.scrub(&r));
+    c.diagnostic = c.diagnostic.map(|d| sc.scrub(&d));
+    c
 }
 
 /// A replayed create answers as the original did.
@@ -819,3 +801,6 @@ async fn run_loop(
 
 #[cfg(test)]
 mod tests;
+
+mod start;
+pub use start::StartSpec;

@@ -8,7 +8,11 @@
 //! - `worker.output` {worker_id, stream, text}: coalesced output chunks;
 //! - `worker.status` {worker_id, status, run_state, input_capable, reason?, exit?, diagnostic?};
 //! - `worker.stop_requested` {worker_id, reason?}: a stop asked through a process that does not
-//!   own the worker.
+//!   own the worker;
+//! - `worker.start_requested` {worker_id, operation_id}: the `worker.start` operation that gates
+//!   a `pending_approval` worker;
+//! - `worker.started` {worker_id, operation_id, owner, run_state, input_capable}: that operation
+//!   executed and its process runs (only from `pending_approval`).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -24,6 +28,8 @@ pub const INPUT_KIND: &str = "worker.input";
 pub const OUTPUT_KIND: &str = "worker.output";
 pub const STATUS_KIND: &str = "worker.status";
 pub const STOP_REQUESTED_KIND: &str = "worker.stop_requested";
+pub const START_REQUESTED_KIND: &str = "worker.start_requested";
+pub const STARTED_KIND: &str = "worker.started";
 
 /// Notification sent when a worker's record changes.
 pub const CHANGED_NOTIFICATION: &str = "workers/changed";
@@ -88,6 +94,16 @@ impl StatusChange {
     }
 }
 
+/// A `pending_approval` worker's process was started by its authorized operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    pub worker_id: String,
+    pub operation_id: String,
+    pub owner: super::types::Owner,
+    pub run_state: RunState,
+    pub input_capable: bool,
+}
+
 /// Payload builders: the only way records of this domain are written.
 pub mod records {
     use super::*;
@@ -118,6 +134,20 @@ pub mod records {
         (
             STATUS_KIND,
             serde_json::to_value(change).unwrap_or(Value::Null),
+        )
+    }
+
+    pub fn start_requested(worker_id: &str, operation_id: &str) -> (&'static str, Value) {
+        (
+            START_REQUESTED_KIND,
+            json!({ "worker_id": worker_id, "operation_id": operation_id }),
+        )
+    }
+
+    pub fn started(start: &Started) -> (&'static str, Value) {
+        (
+            STARTED_KIND,
+            serde_json::to_value(start).unwrap_or(Value::Null),
         )
     }
 
@@ -199,6 +229,8 @@ impl WorkerState {
             OUTPUT_KIND => self.apply_output(seq, time_ms, payload, &mut out),
             STATUS_KIND => self.apply_status(seq, time_ms, payload, &mut out),
             STOP_REQUESTED_KIND => self.apply_stop_requested(time_ms, payload, &mut out),
+            START_REQUESTED_KIND => self.apply_start_requested(time_ms, payload, &mut out),
+            STARTED_KIND => self.apply_started(time_ms, payload, &mut out),
             _ => Ok(()),
         };
         if let Err(e) = result {
@@ -437,6 +469,54 @@ impl WorkerState {
             return Ok(());
         }
         w.stop_requested = true;
+        w.updated_ms = time_ms;
+        self.changed(&rec.worker_id, out);
+        Ok(())
+    }
+
+    fn apply_start_requested(
+        &mut self,
+        time_ms: u64,
+        payload: &Value,
+        out: &mut Vec<DomainNotice>,
+    ) -> Result<(), serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Req {
+            worker_id: String,
+            operation_id: String,
+        }
+        let rec: Req = serde_json::from_value(payload.clone())?;
+        let Some(w) = self.workers.get_mut(&rec.worker_id) else {
+            return Ok(());
+        };
+        if w.operation_id.is_some() {
+            return Ok(());
+        }
+        w.operation_id = Some(rec.operation_id);
+        w.updated_ms = time_ms;
+        self.changed(&rec.worker_id, out);
+        Ok(())
+    }
+
+    fn apply_started(
+        &mut self,
+        time_ms: u64,
+        payload: &Value,
+        out: &mut Vec<DomainNotice>,
+    ) -> Result<(), serde_json::Error> {
+        let rec: Started = serde_json::from_value(payload.clone())?;
+        let Some(w) = self.workers.get_mut(&rec.worker_id) else {
+            return Ok(());
+        };
+        if w.status != WorkerStatus::PendingApproval {
+            tracing::warn!(id = %rec.worker_id, "skipping worker.started for a worker that is not pending");
+            return Ok(());
+        }
+        w.status = WorkerStatus::Running;
+        w.run_state = rec.run_state;
+        w.input_capable = rec.input_capable;
+        w.owner = Some(rec.owner);
+        w.operation_id = Some(rec.operation_id);
         w.updated_ms = time_ms;
         self.changed(&rec.worker_id, out);
         Ok(())

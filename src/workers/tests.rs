@@ -214,6 +214,7 @@ fn worker_for(req: &CreateRequest, id: &str) -> Worker {
         input_mode: InputMode::StdinText,
         backend: "process".into(),
         owner: None,
+        operation_id: None,
         reason: None,
         diagnostic: None,
         exit: None,

@@ -51,6 +51,9 @@ pub fn flatten(segments: &[Segment]) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkerStatus {
+    /// Created, waiting for its `worker.start` operation to be authorized and executed; no
+    /// process exists and no input is accepted.
+    PendingApproval,
     /// Its process is alive and owned by a gaffer process.
     Running,
     /// Ended normally, by request, or because its owning gaffer process went away.
@@ -61,12 +64,16 @@ pub enum WorkerStatus {
 
 impl WorkerStatus {
     pub fn is_final(self) -> bool {
-        !matches!(self, WorkerStatus::Running)
+        matches!(self, WorkerStatus::Stopped | WorkerStatus::Failed)
     }
 
-    /// The only moves are out of `running`.
+    /// `pending_approval` → `running` | final; `running` → final.
     pub fn can_become(self, next: WorkerStatus) -> bool {
-        self == WorkerStatus::Running && next != WorkerStatus::Running
+        match self {
+            WorkerStatus::PendingApproval => next != WorkerStatus::PendingApproval,
+            WorkerStatus::Running => next.is_final(),
+            _ => false,
+        }
     }
 }
 
@@ -125,6 +132,9 @@ pub struct Worker {
     pub backend: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Owner>,
+    /// The `worker.start` operation whose authorized execution starts the process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
     /// Why the worker is stopped or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

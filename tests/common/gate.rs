@@ -195,7 +195,12 @@ impl Env {
 
     /// An operator connection: the challenge on the initialize reply, signed here.
     pub fn operator(&self) -> Server {
-        let mut s = self.start(&[]);
+        self.operator_env(&[])
+    }
+
+    /// An operator connection whose serving process has `extra` in its environment.
+    pub fn operator_env(&self, extra: &[(&str, &str)]) -> Server {
+        let mut s = self.start(extra);
         let init = s.call(
             "initialize",
             json!({"clientInfo": {"name": "human"}, "initializationOptions": {"role": "operator"}}),
@@ -278,6 +283,12 @@ pub fn wait_state(s: &mut Server, id: &str, want: &[&str]) -> Value {
         rev = v["revision"].as_u64().unwrap();
         assert!(Instant::now() < deadline, "operation {id} stuck in {v}");
     }
+}
+
+/// Every message the server sent that no test step has consumed yet (after a short quiet).
+pub fn unread(s: &mut Server) -> String {
+    s.wait_for(Duration::from_millis(300), |_| false);
+    s.backlog_text()
 }
 
 pub fn lines(path: &Path) -> usize {

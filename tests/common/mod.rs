@@ -195,6 +195,11 @@ impl Server {
         .expect("an error reply with id null")
     }
 
+    /// The unconsumed messages, as text.
+    pub fn backlog_text(&self) -> String {
+        self.backlog.iter().map(|v| format!("{v}\n")).collect()
+    }
+
     /// Closes stdin and waits for the exit code.
     pub fn finish(mut self) -> i32 {
         self.stdin.take();

@@ -240,6 +240,7 @@ impl Adapter for CommandAdapter {
                 target_kind: "command".into(),
                 fields,
                 attrs,
+                must_name: Default::default(),
             }
         }))
     }

@@ -4,4 +4,5 @@ pub mod command;
 pub mod common;
 pub mod external;
 pub mod paths;
+pub mod worker;
 pub mod workspace;

@@ -373,6 +373,7 @@ impl Adapter for FileAdapter {
             target_kind: "file".into(),
             fields,
             attrs: BTreeMap::new(),
+            must_name: Default::default(),
         }))
     }
 

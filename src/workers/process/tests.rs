@@ -68,12 +68,18 @@ fn spawn(
     initial: Option<&[Segment]>,
 ) -> (Result<Spawned, String>, mpsc::UnboundedReceiver<ExecEvent>) {
     let (tx, rx) = mpsc::unbounded_channel();
+    // The runtime reads secret values before spawning; do the same here.
+    let secrets = match crate::secrets::resolve(decls) {
+        Ok(s) => s,
+        Err(e) => return (Err(e.to_string()), rx),
+    };
     let req = SpawnRequest {
         worker_id: id,
         profile: p,
         declarations: decls,
         initial_input: initial,
         workspace_root: ws,
+        secrets: &secrets,
     };
     (backend.spawn(req, tx), rx)
 }

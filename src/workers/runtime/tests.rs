@@ -38,6 +38,27 @@ async fn workspace() -> (tempfile::TempDir, Arc<Workspace>, bundles::BundleRef) 
     (dir, ws, reference)
 }
 
+/// Creates a worker and starts it as its authorized `worker.start` execution would.
+async fn create_started(rt: &Arc<WorkerRuntime>, b: &Bundle, req: CreateRequest) -> Worker {
+    let profile = b
+        .profiles
+        .iter()
+        .find(|p| p.selector == req.profile)
+        .unwrap()
+        .clone();
+    let w = rt.create(req).await.unwrap();
+    assert_eq!(w.status, WorkerStatus::PendingApproval);
+    rt.start_worker(StartSpec {
+        worker_id: w.id.clone(),
+        operation_id: "op_unit".into(),
+        profile,
+        declarations: b.declarations.clone(),
+        argument_input: None,
+    })
+    .await
+    .unwrap()
+}
+
 fn request(reference: &bundles::BundleRef) -> CreateRequest {
     parse_create(
         &json!({"profile": {"kind": "named", "value": "sleep"}, "config_bundle": reference}),
@@ -65,7 +86,7 @@ async fn without_any_backend_create_fails_closed_and_writes_nothing() {
 async fn shutdown_stops_owned_workers_and_records_why() {
     let (_dir, ws, reference) = workspace().await;
     let rt = WorkerRuntime::new(Arc::clone(&ws));
-    let w = rt.create(request(&reference)).await.unwrap();
+    let w = create_started(&rt, &bundle(), request(&reference)).await;
     assert_eq!(w.status, WorkerStatus::Running);
     assert_eq!(
         w.owner.as_ref().unwrap().process_id,
@@ -90,6 +111,7 @@ async fn output_is_journalled_in_order_and_coalesced() {
     }))
     .unwrap();
     let prepared = bundles::prepare(&b).unwrap();
+    let bundle = b.clone();
     ws.put_blob(&prepared.canonical.bytes).unwrap();
     let reference = prepared.reference();
     ws.commit(move |s: &State| match s.bundles.plan_sync(&prepared) {
@@ -111,7 +133,7 @@ async fn output_is_journalled_in_order_and_coalesced() {
         None,
     )
     .unwrap();
-    let w = rt.create(req).await.unwrap();
+    let w = create_started(&rt, &bundle, req).await;
     let done = rt.wait_final(&w.id, Duration::from_secs(30)).await.unwrap();
     assert_eq!(done.status, WorkerStatus::Stopped, "{done:?}");
     let (entries, _) = ws.read(|s| s.workers.transcript(&w.id, 0, 100_000));

@@ -1,0 +1,321 @@
+//! The `worker` provider: `worker.start` starts a `pending_approval` worker's process. Its plan
+//! is derived from the pinned bundle (digest recomputed from the stored body), so policy and the
+//! operator decide on exactly what runs: bundle id + digest, profile, argv, input mode, every
+//! declaration and the secret names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::super::adapter::{
+    Adapter, AdapterCtx, AdapterError, BoxFuture, Catalog, Decoded, Descriptor, ExecError,
+    FailureKind, Outcome, Presentation, Resolved, Risk,
+};
+use super::super::lifecycle::codes;
+use super::super::policy::Classification;
+use super::common::{decode_closed, ready, schema_of, to_value};
+use crate::bundles::{self, BundleRef, Declaration, InputMode, Profile, ProfileSelector};
+use crate::workers::types::{Segment, WorkerStatus, flatten};
+use crate::workers::{StartSpec, WorkerRuntime};
+
+pub const PROVIDER: &str = "worker";
+pub const OPERATION: &str = "worker.start";
+
+/// Which worker to start, and the bundle and profile it was created from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartTarget {
+    pub worker_id: String,
+    pub config_bundle: BundleRef,
+    pub profile: ProfileSelector,
+}
+
+/// No arguments: everything that runs comes from the pinned bundle.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartArgs {}
+
+/// What the plan pins: the whole profile and every declaration of the bundle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartPlan {
+    pub argv: Vec<String>,
+    pub input_mode: InputMode,
+    pub profile: Profile,
+    pub declarations: Vec<Declaration>,
+    pub secrets: Vec<String>,
+    /// The initial input when the profile takes it as an argument (it is then part of argv).
+    #[serde(default)]
+    pub argument_input: Option<Vec<Segment>>,
+}
+
+pub fn catalog() -> Catalog {
+    Catalog {
+        provider: PROVIDER.into(),
+        descriptors: vec![descriptor()],
+    }
+}
+
+fn descriptor() -> Descriptor {
+    Descriptor {
+        name: OPERATION.into(),
+        provider: PROVIDER.into(),
+        operation_revision: 1,
+        summary: "Start a created worker's process from its pinned bundle profile".into(),
+        risk: Risk::High,
+        target_kind: "worker".into(),
+        target_schema: schema_of::<StartTarget>(),
+        arguments_schema: schema_of::<StartArgs>(),
+        request_ttl_seconds: 3600,
+        approval_ttl_seconds: 600,
+        requires_approval: false,
+        implemented: true,
+    }
+}
+
+pub struct WorkerStartAdapter {
+    desc: Descriptor,
+    workers: Arc<WorkerRuntime>,
+}
+
+pub fn adapters(workers: Arc<WorkerRuntime>) -> Vec<Arc<dyn Adapter>> {
+    vec![Arc::new(WorkerStartAdapter {
+        desc: descriptor(),
+        workers,
+    })]
+}
+
+fn decode_plan(plan: &Resolved) -> Result<(StartTarget, StartPlan), AdapterError> {
+    let t: StartTarget = serde_json::from_value(plan.target.clone())
+        .map_err(|e| AdapterError::input(Some("target"), e.to_string()))?;
+    let p: StartPlan = serde_json::from_value(plan.preconditions.clone())
+        .map_err(|e| AdapterError::input(None, format!("unreadable worker plan: {e}")))?;
+    Ok((t, p))
+}
+
+impl WorkerStartAdapter {
+    /// Reads the worker and its bundle afresh; the digest is recomputed from the stored body.
+    fn derive(&self, ctx: &AdapterCtx, t: &StartTarget) -> Result<StartPlan, AdapterError> {
+        let ws = self.workers.workspace();
+        let (worker, blob, inputs) = ws.read(|s| {
+            let w = s.workers.get(&t.worker_id).cloned();
+            let blob = s.bundles.bundles.get(&t.config_bundle.id).cloned();
+            let first = s.workers.inputs_after(&t.worker_id, 0);
+            (w, blob, first)
+        });
+        let w = worker
+            .ok_or_else(|| AdapterError::coded(codes::PRECONDITION_FAILED, "no such worker"))?;
+        let started_by_this = w.operation_id.as_deref() == Some(&ctx.operation_id)
+            && w.status != WorkerStatus::PendingApproval;
+        if w.status != WorkerStatus::PendingApproval && !started_by_this {
+            return Err(AdapterError::coded(
+                codes::PRECONDITION_FAILED,
+                "the worker is not pending approval",
+            ));
+        }
+        if w.config_bundle != t.config_bundle || w.profile != t.profile {
+            return Err(AdapterError::input(
+                Some("target"),
+                "the worker was created from another bundle or profile",
+            ));
+        }
+        let synced = blob.ok_or_else(|| {
+            AdapterError::coded(codes::PRECONDITION_FAILED, "the bundle is not synced")
+        })?;
+        let bytes = ws.get_blob(&synced.blob).map_err(|_| {
+            AdapterError::coded(codes::PRECONDITION_FAILED, "the bundle body is unreadable")
+        })?;
+        let bundle = bundles::from_blob(&bytes)
+            .map_err(|e| AdapterError::coded(codes::PRECONDITION_FAILED, e.to_string()))?;
+        if bundles::digest::digest(&bundle) != t.config_bundle.digest {
+            return Err(AdapterError::coded(
+                codes::PRECONDITION_FAILED,
+                "the stored bundle does not have the pinned digest",
+            ));
+        }
+        let profile = bundle
+            .profiles
+            .iter()
+            .find(|p| p.selector == t.profile)
+            .cloned()
+            .ok_or_else(|| {
+                AdapterError::input(Some("target.profile"), "the profile is not in the bundle")
+            })?;
+        let argument_input = (profile.input_mode == InputMode::Argument)
+            .then(|| {
+                inputs
+                    .into_iter()
+                    .find(|e| e.seq == w.created_seq)
+                    .and_then(|e| e.segments)
+            })
+            .flatten();
+        let mut argv = profile.command.clone();
+        if let Some(input) = &argument_input {
+            argv.push(flatten(input));
+        }
+        Ok(StartPlan {
+            argv,
+            input_mode: profile.input_mode,
+            secrets: crate::secrets::names(&bundle.declarations),
+            declarations: bundle.declarations.clone(),
+            profile,
+            argument_input,
+        })
+    }
+}
+
+/// Fields rules match: bundle id and digest, profile, program, secrets, declarations
+/// (`kind:name:reference`). Secrets must be named by any allow or request rule.
+fn classify(t: &StartTarget, p: &StartPlan) -> Classification {
+    let one = |v: &str| BTreeSet::from([v.to_string()]);
+    let mut fields = BTreeMap::from([
+        ("bundle_id".to_string(), one(&t.config_bundle.id)),
+        ("bundle_digest".to_string(), one(&t.config_bundle.digest)),
+        ("profile".to_string(), one(t.profile.value())),
+    ]);
+    if let Some(program) = p.argv.first() {
+        fields.insert("program".into(), one(program));
+    }
+    let mut must_name = BTreeSet::new();
+    if !p.secrets.is_empty() {
+        fields.insert("secrets".into(), p.secrets.iter().cloned().collect());
+        must_name.insert("secrets".to_string());
+    }
+    if !p.declarations.is_empty() {
+        let decls = p
+            .declarations
+            .iter()
+            .map(|d| format!("{}:{}:{}", d.kind.as_str(), d.name, d.reference))
+            .collect();
+        fields.insert("declarations".into(), decls);
+    }
+    Classification {
+        target_kind: "worker".into(),
+        fields,
+        attrs: BTreeMap::new(),
+        must_name,
+    }
+}
+
+impl Adapter for WorkerStartAdapter {
+    fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+
+    fn decode<'a>(
+        &'a self,
+        target: &'a Value,
+        arguments: &'a Value,
+    ) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
+        ready((|| {
+            let t: StartTarget = decode_closed("target", target)?;
+            let a: StartArgs = decode_closed("arguments", arguments)?;
+            Ok(Decoded {
+                target: to_value(&t),
+                arguments: to_value(&a),
+            })
+        })())
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        input: Decoded,
+    ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
+        ready((|| {
+            let t: StartTarget = decode_closed("target", &input.target)?;
+            let plan = self.derive(ctx, &t)?;
+            Ok(Resolved {
+                target: input.target,
+                arguments: input.arguments,
+                preconditions: to_value(&plan),
+            })
+        })())
+    }
+
+    fn authorize<'a>(
+        &'a self,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Classification, AdapterError>> {
+        ready(decode_plan(plan).map(|(t, p)| classify(&t, &p)))
+    }
+
+    fn present<'a>(
+        &'a self,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
+        ready(decode_plan(plan).map(|(t, p)| {
+            let decls: Vec<String> = p
+                .declarations
+                .iter()
+                .map(|d| format!("{} {}={}", d.kind.as_str(), d.name, d.reference))
+                .collect();
+            Presentation {
+                title: format!("Start worker {} ({})", t.worker_id, t.profile.value()),
+                summary: format!(
+                    "bundle {} {}; argv {:?}; input {:?}; secrets [{}]; declarations [{}]",
+                    t.config_bundle.id,
+                    t.config_bundle.digest,
+                    p.argv,
+                    p.input_mode,
+                    p.secrets.join(", "),
+                    decls.join("; ")
+                ),
+            }
+        }))
+    }
+
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async move {
+            let (t, p) = decode_plan(plan)
+                .map_err(|e| ExecError::new(FailureKind::NotStarted, &e.code, e.message))?;
+            let spec = StartSpec {
+                worker_id: t.worker_id.clone(),
+                operation_id: ctx.operation_id.clone(),
+                profile: p.profile,
+                declarations: p.declarations,
+                argument_input: p.argument_input,
+            };
+            match self.workers.start_worker(spec).await {
+                Ok(w) => Ok(Outcome {
+                    proven: true,
+                    result: Some(serde_json::json!({ "worker_id": w.id, "status": w.status })),
+                    upstream_status: None,
+                }),
+                Err(e) => Err(ExecError::new(
+                    FailureKind::Definitive,
+                    codes::PRECONDITION_FAILED,
+                    e.to_string(),
+                )),
+            }
+        })
+    }
+
+    fn reconcile<'a>(
+        &'a self,
+        ctx: &'a AdapterCtx,
+        plan: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        ready((|| {
+            let (t, _) = decode_plan(plan)
+                .map_err(|e| ExecError::new(FailureKind::PossiblyPartial, &e.code, e.message))?;
+            let started = self.workers.workspace().read(|s| {
+                s.workers.get(&t.worker_id).is_some_and(|w| {
+                    w.operation_id.as_deref() == Some(&ctx.operation_id)
+                        && w.status != WorkerStatus::PendingApproval
+                })
+            });
+            Ok(Outcome {
+                proven: started,
+                result: started.then(|| serde_json::json!({ "worker_id": t.worker_id })),
+                upstream_status: None,
+            })
+        })())
+    }
+}

@@ -1,0 +1,267 @@
+//! Secret values gaffer injects into the processes it starts, and the scrubber that keeps them
+//! out of everything written or sent: the exact value and its common encodings (base64 at every
+//! byte alignment, standard and URL-safe; hex either case; URL-encoded) become `[secret:NAME]`.
+
+use crate::bundles::{Declaration, DeclarationKind};
+use crate::util::{base64url, hex};
+
+/// Values shorter than this are not scrubbed inside encodings (too many false hits); the exact
+/// value still is.
+const MIN_ENCODED: usize = 6;
+
+/// One injected secret: its declaration name, the variable it is passed as, and its value.
+#[derive(Clone)]
+pub struct Secret {
+    pub name: String,
+    pub env: String,
+    pub value: String,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({} as {})", self.name, self.env)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error("secret `{name}` is not an env: reference, the only kind gaffer can provide")]
+    UnsupportedReference { name: String },
+    #[error("secret `{name}` refers to environment variable {env}, which is not set for gaffer")]
+    Unset { name: String, env: String },
+}
+
+/// Names of the bundle's secret declarations, sorted (what a plan and a rule name).
+pub fn names(decls: &[Declaration]) -> Vec<String> {
+    let mut v: Vec<String> = decls
+        .iter()
+        .filter(|d| d.kind == DeclarationKind::SecretRef)
+        .map(|d| d.name.clone())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Reads each declared `env:NAME` secret from gaffer's own environment.
+pub fn resolve(decls: &[Declaration]) -> Result<Vec<Secret>, SecretError> {
+    let mut out = Vec::new();
+    for d in decls
+        .iter()
+        .filter(|d| d.kind == DeclarationKind::SecretRef)
+    {
+        let Some(env) = d.env_var() else {
+            return Err(SecretError::UnsupportedReference {
+                name: d.name.clone(),
+            });
+        };
+        let value = std::env::var(env).map_err(|_| SecretError::Unset {
+            name: d.name.clone(),
+            env: env.to_string(),
+        })?;
+        out.push(Secret {
+            name: d.name.clone(),
+            env: env.to_string(),
+            value,
+        });
+    }
+    Ok(out)
+}
+
+/// Replaces secret values (and their encodings) in text. Patterns are tried longest first.
+#[derive(Clone, Default)]
+pub struct Scrubber {
+    patterns: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for Scrubber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Scrubber({} patterns)", self.patterns.len())
+    }
+}
+
+impl Scrubber {
+    pub fn new(secrets: &[Secret]) -> Scrubber {
+        let mut patterns = Vec::new();
+        for s in secrets.iter().filter(|s| !s.value.is_empty()) {
+            let mark = format!("[secret:{}]", s.name);
+            for p in encodings(s.value.as_bytes()) {
+                patterns.push((p, mark.clone()));
+            }
+            patterns.push((s.value.clone(), mark));
+        }
+        patterns.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        patterns.dedup_by(|a, b| a.0 == b.0);
+        Scrubber { patterns }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.patterns.is_empty()
+    }
+
+    /// Scrubs a whole text.
+    pub fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for (p, mark) in &self.patterns {
+            if out.contains(p.as_str()) {
+                out = out.replace(p.as_str(), mark);
+            }
+        }
+        out
+    }
+
+    /// Length of the longest suffix of `text` that could be the start of a pattern: a stream
+    /// holds that much back until more output (or its end) shows what it is.
+    pub fn partial_tail(&self, text: &str) -> usize {
+        let mut best = 0;
+        for (p, _) in &self.patterns {
+            let max = p.len().saturating_sub(1).min(text.len());
+            for n in (best + 1..=max).rev() {
+                let start = text.len() - n;
+                if text.is_char_boundary(start) && p.starts_with(&text[start..]) {
+                    best = n;
+                    break;
+                }
+            }
+        }
+        best
+    }
+}
+
+/// A stream of text through a scrubber: output cut anywhere never lets a secret through.
+#[derive(Debug, Default)]
+pub struct ScrubStream {
+    carry: String,
+}
+
+impl ScrubStream {
+    /// Scrubs what can be decided now; keeps a possible secret prefix for the next call.
+    pub fn push(&mut self, scrubber: &Scrubber, text: &str) -> String {
+        if scrubber.is_empty() {
+            return text.to_string();
+        }
+        self.carry.push_str(text);
+        let scrubbed = scrubber.scrub(&self.carry);
+        let keep = scrubber.partial_tail(&scrubbed);
+        let cut = scrubbed.len() - keep;
+        self.carry = scrubbed[cut..].to_string();
+        scrubbed[..cut].to_string()
+    }
+
+    /// The held-back rest, scrubbed.
+    pub fn finish(&mut self, scrubber: &Scrubber) -> String {
+        scrubber.scrub(&std::mem::take(&mut self.carry))
+    }
+}
+
+/// base64 (both alphabets, at the three alignments a value can have inside a longer encoded
+/// text, plus the padded standalone form), hex in both cases, and percent-encoding.
+fn encodings(v: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    if v.len() >= MIN_ENCODED {
+        for lead in 0..3usize {
+            let mut padded = vec![0u8; lead];
+            padded.extend_from_slice(v);
+            let enc = base64url(&padded);
+            // Characters fixed by the value alone: skip those mixed with the lead bytes, and
+            // stop before the last, partial group.
+            let start = (lead * 8).div_ceil(6);
+            let end = (padded.len() / 3) * 4;
+            if end > start {
+                let core = &enc[start..end];
+                out.push(core.to_string());
+                out.push(standard(core));
+            }
+        }
+        let whole = base64url(v);
+        let pad = "=".repeat((4 - whole.len() % 4) % 4);
+        out.push(whole.clone());
+        out.push(format!("{}{pad}", standard(&whole)));
+        let h = hex(v);
+        out.push(h.to_uppercase());
+        out.push(h);
+    }
+    let url = percent(v);
+    if url.as_bytes() != v {
+        out.push(url);
+    }
+    out
+}
+
+fn standard(b64url: &str) -> String {
+    b64url.replace('-', "+").replace('_', "/")
+}
+
+fn percent(v: &[u8]) -> String {
+    let mut s = String::new();
+    for &b in v {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrubber(v: &str) -> Scrubber {
+        Scrubber::new(&[Secret {
+            name: "tok".into(),
+            env: "T".into(),
+            value: v.into(),
+        }])
+    }
+
+    fn b64(s: &[u8]) -> String {
+        let w = base64url(s);
+        format!("{}{}", standard(&w), "=".repeat((4 - w.len() % 4) % 4))
+    }
+
+    #[test]
+    fn value_and_encodings_are_replaced() {
+        let v = "s3cr3t-value/with+chars";
+        let s = scrubber(v);
+        for text in [
+            v.to_string(),
+            b64(v.as_bytes()),
+            b64(format!("{v}\n").as_bytes()),
+            b64(format!("x{v}").as_bytes()),
+            b64(format!("xy{v}yz").as_bytes()),
+            hex(v.as_bytes()),
+            hex(v.as_bytes()).to_uppercase(),
+            percent(v.as_bytes()),
+        ] {
+            let out = s.scrub(&format!("before {text} after"));
+            assert!(out.contains("[secret:tok]"), "{text} -> {out}");
+            assert!(!out.contains(v), "{out}");
+            assert!(!out.contains(&hex(v.as_bytes())), "{out}");
+        }
+    }
+
+    #[test]
+    fn a_stream_cut_anywhere_never_leaks() {
+        let v = "abcdef0123456789";
+        let s = scrubber(v);
+        let text = format!("x {v} y {} z", hex(v.as_bytes()));
+        for cut in 0..text.len() {
+            let mut st = ScrubStream::default();
+            let mut out = st.push(&s, &text[..cut]);
+            out.push_str(&st.push(&s, &text[cut..]));
+            out.push_str(&st.finish(&s));
+            assert_eq!(out, "x [secret:tok] y [secret:tok] z", "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn plain_output_is_not_held_back() {
+        let s = scrubber("zzzzzzzz");
+        let mut st = ScrubStream::default();
+        assert_eq!(st.push(&s, "hello\n"), "hello\n");
+        assert_eq!(st.push(&s, "ab zz"), "ab ");
+        assert_eq!(st.finish(&s), "zz");
+    }
+}
