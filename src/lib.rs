@@ -17,6 +17,7 @@ pub mod operator;
 pub mod patterns;
 pub mod peers;
 pub mod rpc;
+pub mod sandbox;
 pub mod secrets;
 pub mod store;
 pub mod util;

@@ -361,7 +361,7 @@ fn i6_no_backend_fails_closed_and_a_failed_spawn_is_never_input_capable() {
     let mut guarded = bundle();
     guarded["metadata"]["id"] = json!("guarded");
     guarded["declarations"] =
-        json!([{"kind": "network_policy", "name": "net", "reference": "network:none"}]);
+        json!([{"kind": "shell_policy", "name": "sh", "reference": "shell:strict"}]);
     let gref = s.call("bundles/sync", json!({"bundle": guarded}))["reference"].clone();
     let r = create(&mut s, &gref, "echo", None);
     assert_eq!(error_code(&r).1, "execution_backend_unavailable");

@@ -56,6 +56,7 @@ pub fn run(root: &Path) -> Report {
     }
     key_checks(root, &mut checks);
     trust_checks(root, &mut checks);
+    checks.push(sandbox_check());
     let ok = checks.iter().all(|c| c.ok);
     Report {
         ok,
@@ -65,6 +66,23 @@ pub fn run(root: &Path) -> Report {
 }
 
 /// The private key must sit outside the workspace; serving processes need only the public one.
+/// Whether processes can be started sandboxed here (without it, none are started).
+fn sandbox_check() -> Check {
+    let s = crate::sandbox::probe();
+    let problem = s.problem();
+    Check {
+        name: "sandbox",
+        ok: problem.is_none(),
+        detail: match problem {
+            None => format!(
+                "Landlock ABI {} and user namespaces: every process gaffer starts is sandboxed",
+                s.landlock_abi
+            ),
+            Some(p) => format!("{p}: gaffer refuses to start workers, commands and providers"),
+        },
+    }
+}
+
 fn key_checks(root: &Path, checks: &mut Vec<Check>) {
     use crate::operator::{OperatorPublic, OperatorSigner, key_path, public_key_path};
     let (Ok(private), Ok(public)) = (key_path(), public_key_path()) else {

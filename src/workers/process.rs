@@ -1,7 +1,8 @@
 //! The process backend: a worker is an OS process running the profile's argv.
 //!
 //! - The program runs directly (no shell), in the workspace root, as the leader of its own
-//!   process group so stop and timeout reach everything it started.
+//!   process group so stop and timeout reach everything it started, inside the sandbox
+//!   ([`crate::sandbox`]: the bundle's `mount_grant` / `network_policy` declarations widen it).
 //! - The environment is cleared except for a few locale/path basics, the worker's own id and
 //!   profile, and the variables named by the bundle's `secret_ref` declarations of the form
 //!   `env:NAME` (copied from gaffer's environment; a missing one fails the spawn).
@@ -85,27 +86,18 @@ impl ExecutionBackend for ProcessBackend {
         if profile.command.is_empty() {
             return Err("the profile declares no command to run".to_string());
         }
-        // This backend enforces nothing beyond passing environment variables, so any other
-        // declared grant or policy could not be honoured: refuse rather than run unconfined.
+        // Declarations the sandbox cannot enforce are refused, never ignored.
         for d in declarations {
-            match d.kind {
-                DeclarationKind::SecretRef if d.env_var().is_some() => {}
-                DeclarationKind::SecretRef => {
-                    return Err(format!(
-                        "secret `{}` is not an env: reference, which is the only kind this backend can provide",
-                        d.name
-                    ));
-                }
-                kind => {
-                    return Err(format!(
-                        "the bundle declares {} `{}`, which this backend cannot enforce",
-                        kind.as_str(),
-                        d.name
-                    ));
-                }
+            if d.kind == DeclarationKind::SecretRef && d.env_var().is_none() {
+                return Err(format!(
+                    "secret `{}` is not an env: reference, which is the only kind this backend can provide",
+                    d.name
+                ));
             }
         }
-        Ok(())
+        crate::sandbox::from_declarations(std::path::Path::new("/"), declarations)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     fn spawn(
@@ -154,7 +146,10 @@ impl ExecutionBackend for ProcessBackend {
         cmd.stderr(Stdio::piped());
         cmd.process_group(0);
         cmd.kill_on_drop(true);
-        die_with_parent(&mut cmd);
+        let spec = crate::sandbox::from_declarations(req.workspace_root, req.declarations)
+            .map_err(|e| e.to_string())?
+            .with_timeout_ms(req.profile.timeout_ms);
+        crate::sandbox::confine(&mut cmd, &spec).map_err(|e| e.to_string())?;
 
         let mut child = cmd
             .spawn()
@@ -309,31 +304,6 @@ impl ExecutionBackend for ProcessBackend {
         )
     }
 }
-
-/// Makes the kernel kill the worker if this gaffer process dies, even by SIGKILL: a worker
-/// whose creation was never recorded must not run on unseen, and one that was recorded is
-/// reported stopped by the next process anyway.
-#[cfg(target_os = "linux")]
-fn die_with_parent(cmd: &mut Command) {
-    let parent = std::process::id();
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
-    // (prctl, getppid); it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died before the prctl took effect.
-            if libc::getppid() as u32 != parent {
-                return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn die_with_parent(_cmd: &mut Command) {}
 
 /// Waits for the process to end by itself, by timeout or by a stop request.
 async fn supervise(

@@ -299,7 +299,10 @@ impl Adapter for CommandAdapter {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
+                .process_group(0)
                 .kill_on_drop(true);
+            let spec = crate::sandbox::Spec::new(&ctx.workspace_root).with_timeout_ms(a.timeout_ms);
+            crate::sandbox::confine(&mut cmd, &spec).map_err(|e| not_started(&e.to_string()))?;
             for k in INHERITED_ENV {
                 if let Some(v) = std::env::var_os(k) {
                     cmd.env(k, v);
@@ -316,6 +319,10 @@ impl Adapter for CommandAdapter {
             let status = match tokio::time::timeout(timeout, child.wait()).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(_)) | Err(_) => {
+                    // The whole group: whatever the program started ends with it.
+                    if let Some(pid) = child.id() {
+                        crate::workers::procinfo::kill_group(pid, libc::SIGKILL);
+                    }
                     let _ = child.kill().await;
                     if let Some(h) = out {
                         h.abort();

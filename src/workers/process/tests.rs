@@ -257,15 +257,22 @@ fn backend_refuses_what_it_cannot_honour() {
         reference: "vault:x".into(),
     };
     assert!(b.can_run(&p, &[vault]).is_err());
+    // The sandbox enforces network policies; shell policies it cannot, so they are refused.
     let net = Declaration {
         kind: DeclarationKind::NetworkPolicy,
         name: "n".into(),
         reference: "network:none".into(),
     };
+    assert!(b.can_run(&p, &[net]).is_ok());
+    let shell = Declaration {
+        kind: DeclarationKind::ShellPolicy,
+        name: "s".into(),
+        reference: "shell:strict".into(),
+    };
     assert!(
-        b.can_run(&p, &[net])
+        b.can_run(&p, &[shell])
             .unwrap_err()
-            .contains("network_policy")
+            .contains("shell_policy")
     );
     p.command.clear();
     assert!(b.can_run(&p, &[]).is_err());

@@ -1,0 +1,184 @@
+//! What the sandbox costs, printed as live measurements (no baselines, no ratios):
+//!
+//! - spawn → first output byte of `sh -c 'echo ready; cat'` (a worker's shape), unconfined
+//!   (process group + death with parent only) and sandboxed;
+//! - one whole `command.run`-shaped run of `true` (spawn, exit, reap), unconfined and
+//!   sandboxed: the per-run overhead;
+//! - `workers/create` → first output through the real runtime (create, `worker.start`
+//!   execution, sandboxed spawn, journalled output), with the authorizing rule in place.
+//!
+//! `cargo bench --bench sandbox` (ROUNDS=N to change the sample count).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+fn rounds() -> usize {
+    std::env::var("ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
+}
+
+fn report(what: &str, mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let median = v[v.len() / 2];
+    println!(
+        "{what:<44} median {:>8.0} µs   p90 {:>8.0} µs   min {:>8.0} µs   (n={})",
+        us(median),
+        us(v[v.len() * 9 / 10]),
+        us(v[0]),
+        v.len()
+    );
+    median
+}
+
+fn command(ws: &std::path::Path, argv: &[&str], sandboxed: bool) -> Command {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..])
+        .current_dir(ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
+    if sandboxed {
+        let spec = gaffer::sandbox::Spec::new(ws).with_timeout_ms(Some(60_000));
+        gaffer::sandbox::confine(&mut cmd, &spec).expect("the sandbox is available");
+    } else {
+        gaffer::sandbox::unconfined(&mut cmd);
+    }
+    cmd
+}
+
+async fn first_output(ws: &std::path::Path, sandboxed: bool) -> Duration {
+    let t = Instant::now();
+    let mut child = command(ws, &["sh", "-c", "echo ready; cat"], sandboxed)
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut b = [0u8; 1];
+    out.read_exact(&mut b).await.expect("first byte");
+    let d = t.elapsed();
+    drop(child.stdin.take());
+    let _ = child.wait().await;
+    d
+}
+
+async fn whole_run(ws: &std::path::Path, sandboxed: bool) -> Duration {
+    let t = Instant::now();
+    let status = command(ws, &["true"], sandboxed)
+        .stdin(Stdio::null())
+        .status()
+        .await
+        .expect("run");
+    assert!(status.success());
+    t.elapsed()
+}
+
+fn main() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join(".gaffer")).expect(".gaffer");
+    let ws = dir.path();
+    let n = rounds();
+    println!("kernel: {:?}", gaffer::sandbox::probe());
+    rt.block_on(async {
+        // Warm up the page cache and the binaries.
+        for s in [false, true] {
+            first_output(ws, s).await;
+        }
+        let mut plain = Vec::new();
+        let mut boxed = Vec::new();
+        for _ in 0..n {
+            plain.push(first_output(ws, false).await);
+            boxed.push(first_output(ws, true).await);
+        }
+        let a = report("spawn → first output, unconfined", plain);
+        let b = report("spawn → first output, sandboxed", boxed);
+        println!(
+            "{:<44} {:>+8.0} µs (difference of the medians above)",
+            "  sandbox adds",
+            (b.as_secs_f64() - a.as_secs_f64()) * 1e6
+        );
+        let mut plain = Vec::new();
+        let mut boxed = Vec::new();
+        for _ in 0..n {
+            plain.push(whole_run(ws, false).await);
+            boxed.push(whole_run(ws, true).await);
+        }
+        let a = report("command run of `true`, unconfined", plain);
+        let b = report("command run of `true`, sandboxed", boxed);
+        println!(
+            "{:<44} {:>+8.0} µs (difference of the medians above)",
+            "  sandbox adds per run",
+            (b.as_secs_f64() - a.as_secs_f64()) * 1e6
+        );
+    });
+    runtime_create(&rt, n.min(50));
+}
+
+/// `workers/create` → first journalled output, through the library as a serving gaffer runs it.
+fn runtime_create(rt: &tokio::runtime::Runtime, n: usize) {
+    use gaffer::methods::{App, AppConfig, call_local};
+    use gaffer::rpc::Role;
+    use serde_json::json;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = tempfile::tempdir().expect("cfg");
+    let key = cfg.path().join("operator.key");
+    gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
+    // SAFETY: set before any thread of this benchmark reads the environment.
+    unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
+    std::fs::create_dir(dir.path().join(".gaffer")).expect(".gaffer");
+    std::fs::write(
+        dir.path().join(".gaffer/policy.yaml"),
+        "rules:\n  - id: b\n    effect: allow\n    clients: [anonymous]\n    operations: [\"worker.start\"]\n",
+    )
+    .expect("policy");
+    let gaffer = env!("CARGO_BIN_EXE_gaffer");
+    let st = std::process::Command::new(gaffer)
+        .arg("--workspace")
+        .arg(dir.path())
+        .arg("trust")
+        .env("GAFFER_OPERATOR_KEY_FILE", &key)
+        .output()
+        .expect("trust");
+    assert!(st.status.success(), "{st:?}");
+    rt.block_on(async {
+        let app = App::open(dir.path(), AppConfig::default()).expect("open");
+        gaffer::operations::start_runtime(&app.operations);
+        let bundle = json!({"metadata": {"id": "bench", "revision": "r1", "created_at": "now", "provenance": {"source": "bench"}},
+            "profiles": [{"selector": {"kind": "named", "value": "echo"}, "command": ["sh", "-c", "echo ready; cat"]}]});
+        let r = call_local(app.clone(), Role::Agent, "bundles/sync", json!({"bundle": bundle}))
+            .await
+            .expect("sync");
+        let mut v = Vec::new();
+        for _ in 0..n {
+            let mut notices = app.workspace.subscribe();
+            let t = Instant::now();
+            let w = call_local(
+                app.clone(),
+                Role::Agent,
+                "workers/create",
+                json!({"profile": {"kind": "named", "value": "echo"}, "config_bundle": r["reference"]}),
+            )
+            .await
+            .expect("create");
+            let id = w["worker"]["id"].as_str().expect("id").to_string();
+            loop {
+                let n = notices.recv().await.expect("notice");
+                if n.method == "workers/output" && n.params["worker_id"] == id.as_str() {
+                    break;
+                }
+            }
+            v.push(t.elapsed());
+            let _ = call_local(app.clone(), Role::Agent, "workers/stop", json!({"worker_id": id})).await;
+        }
+        report("workers/create → first output (sandboxed)", v);
+    });
+}

@@ -1,0 +1,149 @@
+//! Bundle declarations the sandbox enforces; any other kind fails closed.
+//!
+//! - `mount_grant` `mount:read:VAR` or `mount:write:VAR`: the tree at the absolute path in
+//!   gaffer's environment variable `VAR` becomes readable (and writable). Like secrets, the
+//!   path comes from the environment the operator started gaffer with, never from the bundle;
+//!   `.gaffer/` stays covered whatever is granted;
+//! - `network_policy` `network:tcp-connect:PORT`: TCP connections to that port are allowed
+//!   (the process then shares gaffer's network namespace; Landlock allows no other TCP bind or
+//!   connect); `network:none`, the default: no network at all;
+//! - `secret_ref` `env:NAME`: passed by the runtime, nothing to confine.
+
+use std::path::Path;
+
+use super::{Grant, SandboxError, Spec};
+use crate::bundles::{Declaration, DeclarationKind};
+
+fn refuse(d: &Declaration, why: &str) -> SandboxError {
+    SandboxError::Declaration {
+        name: d.name.clone(),
+        why: why.to_string(),
+    }
+}
+
+/// The sandbox for a worker of `workspace` with these declarations.
+pub fn from_declarations(workspace: &Path, decls: &[Declaration]) -> Result<Spec, SandboxError> {
+    let mut spec = Spec::new(workspace);
+    for d in decls {
+        match d.kind {
+            DeclarationKind::SecretRef => {}
+            DeclarationKind::MountGrant => spec.grants.push(mount(d)?),
+            DeclarationKind::NetworkPolicy => {
+                if let Some(port) = network(d)? {
+                    spec.tcp_connect.push(port);
+                }
+            }
+            kind => {
+                return Err(refuse(
+                    d,
+                    &format!("{} cannot be enforced by the sandbox", kind.as_str()),
+                ));
+            }
+        }
+    }
+    Ok(spec)
+}
+
+fn mount(d: &Declaration) -> Result<Grant, SandboxError> {
+    let (write, var) = match d
+        .reference
+        .strip_prefix("mount:")
+        .and_then(|r| r.split_once(':'))
+    {
+        Some(("read", v)) => (false, v),
+        Some(("write", v)) => (true, v),
+        _ => {
+            return Err(refuse(
+                d,
+                "a mount_grant is `mount:read:VAR` or `mount:write:VAR`",
+            ));
+        }
+    };
+    let path = std::env::var_os(var)
+        .map(std::path::PathBuf::from)
+        .ok_or_else(|| {
+            refuse(
+                d,
+                &format!("environment variable {var} is not set for gaffer"),
+            )
+        })?;
+    if !path.is_absolute() || path.components().any(|c| c.as_os_str() == "..") {
+        return Err(refuse(d, "the granted path must be absolute, without `..`"));
+    }
+    if !path.exists() {
+        return Err(refuse(d, "the granted path does not exist"));
+    }
+    Ok(Grant { path, write })
+}
+
+fn network(d: &Declaration) -> Result<Option<u16>, SandboxError> {
+    if d.reference == "network:none" {
+        return Ok(None);
+    }
+    d.reference
+        .strip_prefix("network:tcp-connect:")
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|p| *p != 0)
+        .map(Some)
+        .ok_or_else(|| {
+            refuse(
+                d,
+                "a network_policy is `network:none` or `network:tcp-connect:PORT`",
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decl(kind: DeclarationKind, reference: &str) -> Declaration {
+        Declaration {
+            kind,
+            name: "d".into(),
+            reference: reference.into(),
+        }
+    }
+
+    #[test]
+    fn declarations_map_to_grants_or_fail_closed() {
+        let ws = Path::new("/ws");
+        // PATH is set for every test process; use a variable that holds an absolute path.
+        let dir = std::env::temp_dir();
+        let var = "GAFFER_SANDBOX_UNIT_DIR";
+        // SAFETY: no other test reads this variable.
+        unsafe { std::env::set_var(var, &dir) };
+        let s = from_declarations(
+            ws,
+            &[
+                decl(DeclarationKind::MountGrant, &format!("mount:read:{var}")),
+                decl(DeclarationKind::NetworkPolicy, "network:tcp-connect:8080"),
+                decl(DeclarationKind::NetworkPolicy, "network:none"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            s.grants,
+            vec![Grant {
+                path: dir,
+                write: false
+            }]
+        );
+        assert_eq!(s.tcp_connect, vec![8080]);
+        for bad in [
+            decl(
+                DeclarationKind::MountGrant,
+                "mount:read:GAFFER_SANDBOX_UNSET_VAR",
+            ),
+            decl(DeclarationKind::MountGrant, &format!("mount:rw:{var}")),
+            decl(DeclarationKind::NetworkPolicy, "network:tcp-connect:0"),
+            decl(DeclarationKind::NetworkPolicy, "network:udp:53"),
+            decl(DeclarationKind::ShellPolicy, "shell:x"),
+        ] {
+            assert!(
+                from_declarations(ws, std::slice::from_ref(&bad)).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The part that runs in the child between fork and exec. Everything it needs is prepared
+//! before the fork; the closure itself only makes system calls (no allocation on success).
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+
+use landlock::RulesetCreated;
+
+use super::{FILE_SIZE_LIMIT, PROCESS_LIMIT, SandboxError, Spec};
+
+pub struct ChildSetup {
+    parent: u32,
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+    /// `<workspace>/.gaffer`, covered by an empty read-only tmpfs.
+    gaffer_dir: Option<CString>,
+    new_net: bool,
+    cpu_seconds: Option<u64>,
+}
+
+impl ChildSetup {
+    pub fn new(spec: &Spec) -> Result<ChildSetup, SandboxError> {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let dir = spec.workspace.join(".gaffer");
+        let gaffer_dir = if dir.is_dir() {
+            Some(
+                CString::new(dir.as_os_str().as_bytes())
+                    .map_err(|_| SandboxError::Setup("workspace path holds NUL".into()))?,
+            )
+        } else {
+            None
+        };
+        Ok(ChildSetup {
+            parent: std::process::id(),
+            uid_map: format!("{uid} {uid} 1").into_bytes(),
+            gid_map: format!("{gid} {gid} 1").into_bytes(),
+            gaffer_dir,
+            new_net: spec.tcp_connect.is_empty(),
+            cpu_seconds: spec.cpu_seconds,
+        })
+    }
+}
+
+fn check(r: libc::c_int) -> io::Result<()> {
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn write_proc(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
+    // SAFETY: plain open/write/close on a NUL-terminated path and a live buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        check(fd)?;
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        libc::close(fd);
+        if n != data.len() as isize {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn set_limit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: value,
+        rlim_max: value,
+    };
+    // SAFETY: setrlimit with a valid struct.
+    check(unsafe { libc::setrlimit(resource, &lim) })
+}
+
+impl ChildSetup {
+    fn namespaces(&self) -> io::Result<()> {
+        let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
+        if self.new_net {
+            flags |= libc::CLONE_NEWNET;
+        }
+        // SAFETY: the child is single-threaded after fork, as unshare(CLONE_NEWUSER) needs.
+        check(unsafe { libc::unshare(flags) })?;
+        write_proc(c"/proc/self/setgroups", b"deny")?;
+        write_proc(c"/proc/self/uid_map", &self.uid_map)?;
+        write_proc(c"/proc/self/gid_map", &self.gid_map)?;
+        // SAFETY: mount(2) with NUL-terminated strings or nulls.
+        unsafe {
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            if let Some(dir) = &self.gaffer_dir {
+                check(libc::mount(
+                    c"tmpfs".as_ptr(),
+                    dir.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"size=4k,mode=0555".as_ptr().cast(),
+                ))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn limits(&self) -> io::Result<()> {
+        if let Some(cpu) = self.cpu_seconds {
+            set_limit(libc::RLIMIT_CPU, cpu)?;
+        }
+        set_limit(libc::RLIMIT_FSIZE, FILE_SIZE_LIMIT)?;
+        set_limit(libc::RLIMIT_NPROC, PROCESS_LIMIT)
+    }
+}
+
+/// SIGKILL when gaffer dies (set last: changing credentials clears it).
+fn die_with_parent(parent: u32) -> io::Result<()> {
+    // SAFETY: prctl and getppid are async-signal-safe.
+    unsafe {
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+        if libc::getppid() as u32 != parent {
+            return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+        }
+    }
+    Ok(())
+}
+
+pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup, ruleset: RulesetCreated) {
+    let mut ruleset = Some(ruleset);
+    // SAFETY: the closure runs between fork and exec and only makes system calls on data
+    // prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            setup.namespaces()?;
+            setup.limits()?;
+            die_with_parent(setup.parent)?;
+            let rs = ruleset
+                .take()
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            rs.restrict_self()
+                .map_err(|_| io::Error::from_raw_os_error(libc::EPERM))?;
+            Ok(())
+        });
+    }
+}
+
+pub fn install_lifetime_only(cmd: &mut tokio::process::Command) {
+    let parent = std::process::id();
+    // SAFETY: as above; prctl and getppid only.
+    unsafe {
+        cmd.pre_exec(move || die_with_parent(parent));
+    }
+}
+
+/// Whether this process may create a user namespace.
+pub fn user_namespaces_work() -> bool {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+    };
+    if read("/proc/sys/user/max_user_namespaces") == Some(0) {
+        return false;
+    }
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    root || read("/proc/sys/kernel/unprivileged_userns_clone") != Some(0)
+}

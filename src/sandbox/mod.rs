@@ -1,0 +1,120 @@
+//! What every process gaffer starts runs inside (workers, `command.run`, external providers).
+//!
+//! On Linux, between fork and exec the child
+//! 1. enters new user and mount namespaces (and a new network namespace unless a declaration
+//!    grants TCP ports), mapping its own uid/gid;
+//! 2. covers `<workspace>/.gaffer/` with an empty read-only tmpfs, so the store can be neither
+//!    read nor written;
+//! 3. gets rlimits (CPU time from its timeout, file size, process count), its own process
+//!    group (set by the caller) and SIGKILL when its gaffer dies;
+//! 4. restricts itself with Landlock: read-write on the workspace, read+execute on system
+//!    paths, nothing else (the user's config dir with the operator key, the rest of `$HOME`,
+//!    `/tmp`) unless a `mount_grant` declares it; TCP bind/connect only to declared ports;
+//!    scoped so it can neither signal gaffer nor reach abstract unix sockets outside.
+//!
+//! Where the kernel cannot do this, [`probe`] says why and processes are refused.
+
+mod declare;
+mod exec;
+mod rules;
+
+use std::path::{Path, PathBuf};
+
+pub use declare::from_declarations;
+
+/// Landlock ABI needed: 6 adds signal and abstract-socket scoping.
+pub const MIN_ABI: i32 = 6;
+/// Largest file a sandboxed process may write.
+pub const FILE_SIZE_LIMIT: u64 = 1 << 30;
+/// Processes (per sandbox user namespace) a sandboxed process may have.
+pub const PROCESS_LIMIT: u64 = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SandboxError {
+    #[error("the sandbox is unavailable: {0}")]
+    Unavailable(String),
+    #[error("declaration `{name}`: {why}")]
+    Declaration { name: String, why: String },
+    #[error("the sandbox could not be set up: {0}")]
+    Setup(String),
+}
+
+/// A path a declaration grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub path: PathBuf,
+    pub write: bool,
+}
+
+/// What one process may reach.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Spec {
+    pub workspace: PathBuf,
+    pub grants: Vec<Grant>,
+    /// TCP ports it may connect to; empty means no network at all.
+    pub tcp_connect: Vec<u16>,
+    /// CPU seconds (from the run's timeout).
+    pub cpu_seconds: Option<u64>,
+}
+
+impl Spec {
+    pub fn new(workspace: &Path) -> Spec {
+        Spec {
+            workspace: workspace.to_path_buf(),
+            ..Spec::default()
+        }
+    }
+
+    pub fn with_timeout_ms(mut self, ms: Option<u64>) -> Spec {
+        self.cpu_seconds = ms.map(|ms| ms.div_ceil(1000) + 1);
+        self
+    }
+}
+
+/// What this kernel offers, for `doctor` and for refusing early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Support {
+    pub landlock_abi: i32,
+    pub user_namespaces: bool,
+}
+
+impl Support {
+    pub fn problem(&self) -> Option<String> {
+        if self.landlock_abi < MIN_ABI {
+            return Some(format!(
+                "Landlock ABI {} (need {MIN_ABI}: filesystem, TCP and scope rules)",
+                self.landlock_abi
+            ));
+        }
+        if !self.user_namespaces {
+            return Some("unprivileged user namespaces are not available".into());
+        }
+        None
+    }
+}
+
+/// Asks the kernel (once per call; cheap) what it supports.
+pub fn probe() -> Support {
+    Support {
+        landlock_abi: rules::kernel_abi(),
+        user_namespaces: exec::user_namespaces_work(),
+    }
+}
+
+/// Confines `cmd` to `spec`. Fails (and the caller starts nothing) when the kernel lacks what
+/// the sandbox needs.
+pub fn confine(cmd: &mut tokio::process::Command, spec: &Spec) -> Result<(), SandboxError> {
+    if let Some(p) = probe().problem() {
+        return Err(SandboxError::Unavailable(p));
+    }
+    let ruleset = rules::build(spec)?;
+    let child = exec::ChildSetup::new(spec)?;
+    exec::install(cmd, child, ruleset);
+    Ok(())
+}
+
+/// Only makes the child die with gaffer (process group set by the caller): what a process
+/// gets when the trusted policy turned the sandbox off.
+pub fn unconfined(cmd: &mut tokio::process::Command) {
+    exec::install_lifetime_only(cmd);
+}

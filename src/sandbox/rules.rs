@@ -1,0 +1,82 @@
+//! The Landlock ruleset, built in gaffer (it opens paths and allocates) and only enforced in
+//! the child.
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope,
+};
+
+use super::{SandboxError, Spec};
+
+/// Read-only (and executable) system paths a program needs; missing ones are skipped.
+const SYSTEM_PATHS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys",
+];
+/// Devices and pseudo-terminals: read and write (file permissions still apply).
+const DEVICE_PATHS: &[&str] = &["/dev"];
+
+const ABI_USED: ABI = ABI::V6;
+
+/// The kernel's Landlock ABI version (0 when there is none).
+pub fn kernel_abi() -> i32 {
+    // SAFETY: LANDLOCK_CREATE_RULESET_VERSION takes no attributes and returns the version.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    i32::try_from(v).unwrap_or(0).max(0)
+}
+
+fn setup(e: impl std::fmt::Display) -> SandboxError {
+    SandboxError::Setup(e.to_string())
+}
+
+pub fn build(spec: &Spec) -> Result<RulesetCreated, SandboxError> {
+    let all = AccessFs::from_all(ABI_USED);
+    let read = AccessFs::from_read(ABI_USED);
+    let mut rs = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(all)
+        .map_err(setup)?
+        .handle_access(AccessNet::from_all(ABI_USED))
+        .map_err(setup)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(setup)?
+        .create()
+        .map_err(setup)?;
+    let mut add = |path: &std::path::Path, access| -> Result<(), SandboxError> {
+        let fd = PathFd::new(path).map_err(setup)?;
+        (&mut rs)
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(setup)?;
+        Ok(())
+    };
+    for p in SYSTEM_PATHS
+        .iter()
+        .map(std::path::Path::new)
+        .filter(|p| p.exists())
+    {
+        add(p, read)?;
+    }
+    for p in DEVICE_PATHS
+        .iter()
+        .map(std::path::Path::new)
+        .filter(|p| p.exists())
+    {
+        add(p, read | AccessFs::from_write(ABI_USED))?;
+    }
+    add(&spec.workspace, all)?;
+    for g in &spec.grants {
+        add(&g.path, if g.write { all } else { read })?;
+    }
+    for port in &spec.tcp_connect {
+        (&mut rs)
+            .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+            .map_err(setup)?;
+    }
+    Ok(rs)
+}

@@ -1,0 +1,155 @@
+//! `command.run` runs sandboxed and never outlives its timeout or its gaffer (finding 4's
+//! child-lifetime half), played as an agent submitting operations.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::gate::{Env, submit, wait_state};
+use serde_json::json;
+
+const POLICY: &str = r#"
+rules:
+  - id: run
+    effect: allow
+    operations: ["command.run"]
+"#;
+
+fn env() -> Env {
+    let env = Env::untrusted(Some(POLICY));
+    std::fs::remove_file(env.root().join(".gaffer/providers.yaml")).unwrap();
+    let (code, out, err) = env.cli(&["trust"]);
+    assert_eq!(code, 0, "{out} {err}");
+    env
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie is as good as gone: nothing runs.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| !r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn read_pid(path: &Path) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(p) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn gone_soon(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+#[test]
+fn a_timed_out_command_takes_its_whole_process_group_with_it() {
+    let env = env();
+    let mut s = env.agent("agent");
+    // The grandchild ignores the shell's end; only a group kill reaches it.
+    let script = "sleep 30 & echo $! > grandchild.pid; wait";
+    let r = submit(
+        &mut s,
+        "command.run",
+        json!({"argv": ["sh", "-c", script]}),
+        json!({"timeout_ms": 500}),
+        "timeout-1",
+    );
+    let id = r["result"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let pid = read_pid(&env.root().join("grandchild.pid"));
+    let done = wait_state(&mut s, &id, &["failed", "succeeded"]);
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(gone_soon(pid), "grandchild {pid} outlived the timeout");
+}
+
+#[test]
+fn a_command_dies_with_a_sigkilled_gaffer() {
+    let env = env();
+    let mut s = env.agent("agent");
+    let r = submit(
+        &mut s,
+        "command.run",
+        json!({"argv": ["sh", "-c", "echo $$ > child.pid; exec sleep 30"]}),
+        json!({"timeout_ms": 60000}),
+        "lifetime-1",
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    let pid = read_pid(&env.root().join("child.pid"));
+    assert!(alive(pid));
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    assert!(
+        gone_soon(pid),
+        "command {pid} outlived its SIGKILLed gaffer"
+    );
+}
+
+#[test]
+fn a_command_cannot_read_the_operator_key_or_write_the_store() {
+    let env = env();
+    let mut s = env.agent("agent");
+    let key = env.key_file.display().to_string();
+    for (i, (script, what)) in [
+        (format!("cat '{key}'"), "the operator key"),
+        ("G=.gaf\"\"fer; echo x > $G/pwn".to_string(), "the store"),
+        ("echo hi > /dev/tcp/127.0.0.1/9".to_string(), "the network"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = submit(
+            &mut s,
+            "command.run",
+            json!({"argv": ["bash", "-c", script]}),
+            json!({}),
+            &format!("reach-{i}"),
+        );
+        let id = r["result"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string();
+        let done = wait_state(&mut s, &id, &["failed", "succeeded"]);
+        let code = done["result"]["exit_code"].as_i64();
+        assert!(code.is_some_and(|c| c != 0), "{what} was reachable: {done}");
+    }
+    assert!(!env.root().join(".gaffer/pwn").exists());
+    // And a command that stays inside works.
+    let r = submit(
+        &mut s,
+        "command.run",
+        json!({"argv": ["sh", "-c", "echo ok > inside.txt"]}),
+        json!({}),
+        "inside",
+    );
+    let id = r["result"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let done = wait_state(&mut s, &id, &["failed", "succeeded"]);
+    assert_eq!(done["result"]["exit_code"], 0, "{done}");
+}

@@ -1,0 +1,204 @@
+//! Every process gaffer starts is sandboxed: a worker cannot read outside the workspace, write
+//! (or read) `.gaffer/`, read the operator key, or connect to a loopback listener, unless a
+//! declaration grants it. The same probe script run unsandboxed shows each check can fail.
+//! These tests need Landlock ABI >= 6 and user namespaces and fail loudly without them.
+
+mod common;
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::Server;
+use common::gate::Env;
+use serde_json::{Value, json};
+
+const POLICY: &str = r#"
+rules:
+  - id: sandbox-tests
+    effect: allow
+    clients: [anonymous]
+    operations: ["worker.start"]
+"#;
+
+struct Fixture {
+    env: Env,
+    outside: tempfile::TempDir,
+    listener: TcpListener,
+}
+
+fn fixture() -> Fixture {
+    let (code, out, _) = common::run_cli(Path::new("/"), &["doctor"]);
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("doctor: {out}"));
+    let sandbox = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "sandbox")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        sandbox["ok"], true,
+        "this kernel cannot sandbox (exit {code}): {sandbox}"
+    );
+    let env = Env::untrusted(Some(POLICY));
+    std::fs::remove_file(env.root().join(".gaffer/providers.yaml")).unwrap();
+    let (code, out, err) = env.cli(&["trust"]);
+    assert_eq!(code, 0, "{out} {err}");
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("private.txt"), "outside data\n").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    Fixture {
+        env,
+        outside,
+        listener,
+    }
+}
+
+/// Prints one `name:result` line per boundary.
+fn probe_script(f: &Fixture) -> String {
+    let port = f.listener.local_addr().unwrap().port();
+    format!(
+        r#"G=.gaf""fer  # bundle validation refuses the store's name as written; an agent splits it
+cat '{outside}/private.txt' >/dev/null 2>&1 && echo outside:readable || echo outside:denied
+cat '{key}' >/dev/null 2>&1 && echo key:readable || echo key:denied
+(echo pwn > $G/pwn) 2>/dev/null && echo gaffer:writable || echo gaffer:denied
+ls $G/journal >/dev/null 2>&1 && echo journal:readable || echo journal:denied
+(echo hi > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo net:connected || echo net:denied
+(echo in > inside.txt) 2>/dev/null && echo workspace:writable || echo workspace:denied
+echo probe:done
+"#,
+        outside = f.outside.path().display(),
+        key = f.env.key_file.display(),
+    )
+}
+
+fn results(text: &str) -> Vec<String> {
+    let mut v: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains(':') && !l.starts_with("worker "))
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+/// Runs the probe as a worker with `declarations`; returns its stdout lines, sorted.
+fn run_worker(f: &Fixture, id: &str, declarations: Value) -> Vec<String> {
+    let data = f.outside.path().display().to_string();
+    let mut s: Server = f.env.start(&[("E2E_DATA_DIR", &data)]);
+    let bundle = json!({
+        "metadata": {"id": id, "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
+        "profiles": [{"selector": {"kind": "named", "value": "probe"}, "command": ["bash", "-c", probe_script(f)]}],
+        "declarations": declarations,
+    });
+    let reference = s.call("bundles/sync", json!({"bundle": bundle}))["reference"].clone();
+    let w = s.call(
+        "workers/create",
+        json!({"profile": {"kind": "named", "value": "probe"}, "config_bundle": reference}),
+    )["worker"]
+        .clone();
+    let wid = w["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let w = s.call("workers/get", json!({"worker_id": wid}))["worker"].clone();
+        if w["status"] == "stopped" || w["status"] == "failed" {
+            assert_eq!(w["status"], "stopped", "{w}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "worker never ended: {w}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let t = s.call("workers/transcript", json!({"worker_id": wid}));
+    let out: String = t["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["stream"] == "stdout")
+        .map(|e| e["text"].as_str().unwrap().to_string())
+        .collect();
+    assert!(out.contains("probe:done"), "{t}");
+    results(&out)
+}
+
+fn expect(pairs: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = pairs.iter().map(|s| s.to_string()).collect();
+    v.push("probe:done".into());
+    v.sort();
+    v
+}
+
+#[test]
+fn unsandboxed_the_probe_reaches_everything() {
+    let f = fixture();
+    let out = std::process::Command::new("bash")
+        .args(["-c", &probe_script(&f)])
+        .current_dir(f.env.root())
+        .output()
+        .unwrap();
+    assert_eq!(
+        results(&String::from_utf8_lossy(&out.stdout)),
+        expect(&[
+            "outside:readable",
+            "key:readable",
+            "gaffer:writable",
+            "journal:readable",
+            "net:connected",
+            "workspace:writable",
+        ])
+    );
+}
+
+#[test]
+fn a_sandboxed_worker_reaches_only_the_workspace() {
+    let f = fixture();
+    let got = run_worker(&f, "confined", json!([]));
+    assert_eq!(
+        got,
+        expect(&[
+            "outside:denied",
+            "key:denied",
+            "gaffer:denied",
+            "journal:denied",
+            "net:denied",
+            "workspace:writable",
+        ])
+    );
+    assert!(!f.env.root().join(".gaffer/pwn").exists());
+    assert_eq!(
+        std::fs::read_to_string(f.env.root().join("inside.txt")).unwrap(),
+        "in\n"
+    );
+}
+
+#[test]
+fn declarations_grant_exactly_what_they_name() {
+    let f = fixture();
+    let port = f.listener.local_addr().unwrap().port();
+    let got = run_worker(
+        &f,
+        "granted",
+        json!([
+            {"kind": "mount_grant", "name": "data", "reference": "mount:read:E2E_DATA_DIR"},
+            {"kind": "network_policy", "name": "api", "reference": format!("network:tcp-connect:{port}")},
+        ]),
+    );
+    assert_eq!(
+        got,
+        expect(&[
+            "outside:readable",
+            "key:denied",
+            "gaffer:denied",
+            "journal:denied",
+            "net:connected",
+            "workspace:writable",
+        ])
+    );
+    // The listener really got the connection.
+    f.listener.set_nonblocking(false).unwrap();
+    let (mut conn, _) = f.listener.accept().unwrap();
+    let mut buf = String::new();
+    conn.read_to_string(&mut buf).unwrap();
+    assert_eq!(buf, "hi\n");
+}
