@@ -3,6 +3,7 @@
 pub mod command;
 pub mod common;
 pub mod external;
+pub mod handle;
 pub mod paths;
 pub mod worker;
 pub mod workspace;

@@ -2,8 +2,7 @@
 //! the content digest observed at resolve time and proven by reading back.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -16,6 +15,7 @@ use super::super::adapter::{
 use super::super::lifecycle::codes;
 use super::super::policy::Classification;
 use super::common::{decode_closed, ready, schema_of, to_value};
+use super::handle::{self, FileError, Parent, ReplaceError};
 use super::paths::{inside_workspace, normalize_relative};
 
 pub const PROVIDER: &str = "workspace";
@@ -114,16 +114,16 @@ pub fn adapters() -> Vec<std::sync::Arc<dyn Adapter>> {
     ]
 }
 
-fn sha256_file(path: &Path) -> std::io::Result<Option<String>> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(crate::util::sha256_hex(&bytes))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+/// Opens the file's directory by handle (re-checked at every step: a link may have appeared
+/// since the plan was made) and digests the file through it.
+fn open(ctx: &AdapterCtx, rel: &str, create: bool) -> Result<(Parent, Option<String>), FileError> {
+    let parent = handle::parent(&ctx.workspace_root, rel, create)?;
+    let digest = parent.digest()?;
+    Ok((parent, digest))
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
+fn not_started(code: &str, e: FileError) -> ExecError {
+    ExecError::new(FailureKind::NotStarted, code, e.to_string())
 }
 
 struct Plan<'a> {
@@ -175,11 +175,9 @@ impl FileAdapter {
                 "plan has no content",
             )
         })?;
-        let path = locate(ctx, p.rel)?;
-        let io_fail =
-            |kind, what: &str| ExecError::new(kind, "file_write_failed", what.to_string());
-        let current = sha256_file(&path)
-            .map_err(|_| io_fail(FailureKind::NotStarted, "cannot read the current file"))?;
+        locate(ctx, p.rel)?;
+        let (parent, current) =
+            open(ctx, p.rel, true).map_err(|e| not_started("file_write_failed", e))?;
         if current != p.prior {
             return Err(ExecError::new(
                 FailureKind::NotStarted,
@@ -187,53 +185,23 @@ impl FileAdapter {
                 "the file changed after the operation was planned",
             ));
         }
-        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        std::fs::create_dir_all(&dir).map_err(|_| {
-            io_fail(
-                FailureKind::NotStarted,
-                "cannot create the parent directory",
-            )
+        let tmp = format!(".{}.gaffer-{}.tmp", parent.name, ctx.operation_id);
+        parent.replace(&tmp, content.as_bytes()).map_err(|e| {
+            let kind = match e {
+                ReplaceError::NotWritten => FailureKind::NotStarted,
+                ReplaceError::NotRenamed => FailureKind::Definitive,
+                ReplaceError::NotDurable => FailureKind::PossiblyPartial,
+            };
+            ExecError::new(kind, "file_write_failed", e.to_string())
         })?;
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-        let tmp = dir.join(format!(".{name}.gaffer-{}.tmp", ctx.operation_id));
-        let written = (|| -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(content.as_bytes())?;
-            f.sync_all()
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io_fail(
-                FailureKind::NotStarted,
-                "cannot write the new content",
-            ));
-        }
-        if std::fs::rename(&tmp, &path).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io_fail(
-                FailureKind::Definitive,
-                "cannot move the new content in place",
-            ));
-        }
-        if sync_dir(&dir).is_err() {
-            return Err(io_fail(
-                FailureKind::PossiblyPartial,
-                "cannot make the rename durable",
-            ));
-        }
         self.read_back(ctx, plan)
     }
 
     fn delete(&self, ctx: &AdapterCtx, plan: &Resolved) -> Result<Outcome, ExecError> {
         let p = plan_parts(plan)?;
-        let path = locate(ctx, p.rel)?;
-        let current = sha256_file(&path).map_err(|_| {
-            ExecError::new(
-                FailureKind::NotStarted,
-                "file_delete_failed",
-                "cannot read the file",
-            )
-        })?;
+        locate(ctx, p.rel)?;
+        let (parent, current) =
+            open(ctx, p.rel, false).map_err(|e| not_started("file_delete_failed", e))?;
         if current != p.prior {
             return Err(ExecError::new(
                 FailureKind::NotStarted,
@@ -241,16 +209,14 @@ impl FileAdapter {
                 "the file changed after the operation was planned",
             ));
         }
-        std::fs::remove_file(&path).map_err(|_| {
+        parent.remove().map_err(|_| {
             ExecError::new(
                 FailureKind::Definitive,
                 "file_delete_failed",
                 "cannot delete the file",
             )
         })?;
-        if let Some(dir) = path.parent()
-            && sync_dir(dir).is_err()
-        {
+        if parent.sync().is_err() {
             return Err(ExecError::new(
                 FailureKind::PossiblyPartial,
                 "file_delete_failed",
@@ -263,14 +229,21 @@ impl FileAdapter {
     /// Proves the desired end state from the disk alone.
     fn read_back(&self, ctx: &AdapterCtx, plan: &Resolved) -> Result<Outcome, ExecError> {
         let p = plan_parts(plan)?;
-        let path = locate(ctx, p.rel)?;
-        let now = sha256_file(&path).map_err(|_| {
-            ExecError::new(
-                FailureKind::PossiblyPartial,
-                codes::RECONCILIATION_FAILED,
-                "cannot read back",
-            )
-        })?;
+        locate(ctx, p.rel)?;
+        let now = match open(ctx, p.rel, false) {
+            Ok((_, d)) => d,
+            Err(FileError::Io {
+                kind: std::io::ErrorKind::NotFound,
+                ..
+            }) => None,
+            Err(e) => {
+                return Err(ExecError::new(
+                    FailureKind::PossiblyPartial,
+                    codes::RECONCILIATION_FAILED,
+                    format!("cannot read back: {e}"),
+                ));
+            }
+        };
         let (proven, result) = match self.kind {
             Kind::Write => {
                 let content = p.content.unwrap_or_default();
@@ -289,6 +262,56 @@ impl FileAdapter {
             proven,
             result: proven.then_some(result),
             upstream_status: None,
+        })
+    }
+}
+
+impl FileAdapter {
+    fn copy(&self) -> FileAdapter {
+        FileAdapter {
+            kind: self.kind,
+            desc: self.desc.clone(),
+        }
+    }
+
+    fn resolve_blocking(&self, ctx: &AdapterCtx, input: Decoded) -> Result<Resolved, AdapterError> {
+        let rel = input.target["path"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        inside_workspace(&ctx.workspace_root, "target.path", &rel, true)?;
+        let prior = match open(ctx, &rel, false) {
+            Ok((_, d)) => d,
+            // A missing parent directory is created at execution.
+            Err(FileError::Io {
+                kind: std::io::ErrorKind::NotFound,
+                ..
+            }) => None,
+            Err(
+                e
+                @ (FileError::NotRegular { .. } | FileError::TooLarge { .. } | FileError::Link(_)),
+            ) => {
+                return Err(AdapterError::input(Some("target.path"), e.to_string()));
+            }
+            Err(_) => {
+                return Err(AdapterError::coded(
+                    codes::PROVIDER_UNAVAILABLE,
+                    "cannot read the current file",
+                ));
+            }
+        };
+        if self.kind == Kind::Delete && prior.is_none() {
+            return Err(AdapterError::coded(
+                codes::PRECONDITION_FAILED,
+                format!("{rel} does not exist"),
+            ));
+        }
+        Ok(Resolved {
+            target: input.target,
+            arguments: input.arguments,
+            preconditions: to_value(&Pinned {
+                prior_sha256: prior,
+            }),
         })
     }
 }
@@ -331,35 +354,18 @@ impl Adapter for FileAdapter {
         ctx: &'a AdapterCtx,
         input: Decoded,
     ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
-        ready((|| {
-            let rel = input.target["path"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let path = inside_workspace(&ctx.workspace_root, "target.path", &rel, true)?;
-            if path.is_dir() {
-                return Err(AdapterError::input(
-                    Some("target.path"),
-                    "path is a directory",
-                ));
-            }
-            let prior = sha256_file(&path).map_err(|_| {
-                AdapterError::coded(codes::PROVIDER_UNAVAILABLE, "cannot read the current file")
-            })?;
-            if self.kind == Kind::Delete && prior.is_none() {
-                return Err(AdapterError::coded(
-                    codes::PRECONDITION_FAILED,
-                    format!("{rel} does not exist"),
-                ));
-            }
-            Ok(Resolved {
-                target: input.target,
-                arguments: input.arguments,
-                preconditions: to_value(&Pinned {
-                    prior_sha256: prior,
-                }),
-            })
-        })())
+        let (a, ctx) = (self.copy(), ctx.clone());
+        // Reading the file may be slow (a big file, a slow disk): never on an async thread.
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || a.resolve_blocking(&ctx, input))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(AdapterError::coded(
+                        codes::PROVIDER_UNAVAILABLE,
+                        "the file task stopped",
+                    ))
+                })
+        })
     }
 
     fn authorize<'a>(
@@ -439,13 +445,25 @@ impl Adapter for FileAdapter {
         ctx: &'a AdapterCtx,
         plan: &'a Resolved,
     ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
-        ready(self.read_back(ctx, plan))
+        let (a, ctx, plan) = (self.copy(), ctx.clone(), plan.clone());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || a.read_back(&ctx, &plan))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ExecError::new(
+                        FailureKind::PossiblyPartial,
+                        codes::RECONCILIATION_FAILED,
+                        "the file task stopped",
+                    ))
+                })
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn ctx(root: &Path) -> AdapterCtx {
         AdapterCtx {
