@@ -140,7 +140,9 @@ impl OperationRuntime {
             .ws
             .read(|s| approval_id_for(&s.operations, id))
             .ok_or_else(no_approval)?;
-        self.view(&aid).await
+        let mut view = self.view(&aid).await?;
+        view.detail = self.detail_of(&aid).await;
+        Ok(view)
     }
 
     /// Builds the payload the operator signs, from the plan text as it is now.
