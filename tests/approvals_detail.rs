@@ -207,3 +207,28 @@ fn a_command_shows_argv_env_names_and_limits_and_other_operations_their_plan() {
     assert_eq!(plan["target"], json!({"key": "colour"}));
     assert_eq!(plan["arguments"]["value"], "blue");
 }
+
+#[test]
+fn an_editor_connection_can_decide_first_in_a_workspace_nobody_trusted() {
+    // No `gaffer trust`, no client credential, no CLI decision before: an anonymous agent
+    // submits and the operator connection is the first to sign anything.
+    let env = Env::untrusted(None);
+    let mut a = env.start(&[]);
+    let p = ok(&submit(
+        &mut a,
+        "file.write",
+        json!({"path": "n.txt"}),
+        json!({"content": "x\n"}),
+        "w",
+    ))
+    .clone();
+    let id = p["id"].as_str().unwrap();
+    let mut o = env.operator();
+    approve(&env, &mut o, id);
+    let done = wait_state(&mut a, id, &["succeeded", "failed"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("n.txt")).unwrap(),
+        "x\n"
+    );
+}

@@ -58,7 +58,13 @@ class Gaffer {
   async start(): Promise<void> {
     const cfg = vscode.workspace.getConfiguration("gaffer", this.folder.uri);
     const bin = cfg.get<string>("path", "").trim() || "gaffer";
-    const keyPath = m.operatorKeyPath(cfg.get<string>("operator.keyFile", ""), process.env, os.homedir());
+    event("config", { bin, inspect: cfg.inspect("path") });
+    const keySetting = cfg.get<string>("operator.keyFile", "");
+    const keyPath = m.operatorKeyPath(keySetting, process.env, os.homedir());
+    const publicKey =
+      keySetting.trim() === "" && process.env.GAFFER_OPERATOR_PUBLIC_KEY_FILE
+        ? process.env.GAFFER_OPERATOR_PUBLIC_KEY_FILE
+        : m.publicKeyPath(keyPath);
     this.key = undefined;
     let keyProblem: string | undefined;
     if (fs.existsSync(keyPath)) {
@@ -73,7 +79,11 @@ class Gaffer {
     const server: ServerOptions = {
       command: bin,
       args: ["serve", "--lsp"],
-      options: { cwd: this.folder.uri.fsPath, env: { ...process.env } },
+      // Only the public key's path goes to the server; it never reads the private key.
+      options: {
+        cwd: this.folder.uri.fsPath,
+        env: { ...process.env, GAFFER_OPERATOR_PUBLIC_KEY_FILE: publicKey },
+      },
     };
     const options: LanguageClientOptions = {
       documentSelector: [],
@@ -108,7 +118,7 @@ class Gaffer {
       await client.start();
     } catch (e) {
       this.client = undefined;
-      await this.ui.startFailed(this, bin, e as Error);
+      await this.ui.startFailed(this, bin, e instanceof Error ? e : new Error(JSON.stringify(e)));
       return;
     }
     const status = await client.sendRequest<{ version?: string }>("gaffer/status", {});

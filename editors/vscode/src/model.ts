@@ -344,3 +344,10 @@ export function operatorKeyPath(setting: string, env: NodeJS.ProcessEnv, home: s
   const base = env.XDG_CONFIG_HOME && env.XDG_CONFIG_HOME !== "" ? env.XDG_CONFIG_HOME : `${home}/.config`;
   return `${base}/gaffer/operator.key`;
 }
+
+/** Where gaffer looks for the public key beside a private one (`operator.key` → `operator.pub`). */
+export function publicKeyPath(keyPath: string): string {
+  const slash = keyPath.lastIndexOf("/");
+  const dot = keyPath.lastIndexOf(".");
+  return (dot > slash + 1 ? keyPath.slice(0, dot) : keyPath) + ".pub";
+}

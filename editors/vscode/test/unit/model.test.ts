@@ -174,6 +174,9 @@ test("the operator key path follows the setting, then the env, then the CLI defa
   assert.equal(m.operatorKeyPath("", { GAFFER_OPERATOR_KEY_FILE: "/x/op.key" }, "/home/u"), "/x/op.key");
   assert.equal(m.operatorKeyPath("", { XDG_CONFIG_HOME: "/cfg" }, "/home/u"), "/cfg/gaffer/operator.key");
   assert.equal(m.operatorKeyPath(" ", {}, "/home/u"), "/home/u/.config/gaffer/operator.key");
+  assert.equal(m.publicKeyPath("/k/operator.key"), "/k/operator.pub");
+  assert.equal(m.publicKeyPath("/k.d/operator"), "/k.d/operator.pub");
+  assert.equal(m.publicKeyPath("/k/.hidden"), "/k/.hidden.pub");
 });
 
 test("the plan-a-task preview lists pattern, mechanism, lanes and proofs", () => {
