@@ -212,7 +212,7 @@ async function main() {
     expect(op1.state === "pending", `the agent's file.write waits for a human (${op1.id})`);
     const tToast1 = await toastTime("Write notes/todo.txt");
     const recv1 = await waitEvent((e) => e.ev === "requested" && e.approval_id === op1.approval_id, 5000, "approvals/requested");
-    const latency1 = { submit_to_toast_ms: tToast1 - tReply1, requested_to_toast_ms: tToast1 - recv1.t, submit_to_requested_ms: recv1.t - tReply1, submit_roundtrip_ms: tReply1 - tSubmit1 };
+    const latency1 = { sent_to_toast_ms: tToast1 - tSubmit1, submit_to_toast_ms: tToast1 - tReply1, requested_to_toast_ms: tToast1 - recv1.t, submit_to_requested_ms: recv1.t - tReply1, submit_roundtrip_ms: tReply1 - tSubmit1 };
     say(`notification latency (write 1): ${JSON.stringify(latency1)}`);
     await page.waitForSelector('.statusbar-item:has-text("gaffer: 1 pending")', { timeout: 10000 });
     await page.screenshot({ path: `${shots}/1-notification.png` });
@@ -225,6 +225,7 @@ async function main() {
       "the diff editor's tab names the file and the sides",
     );
     await button("Write notes/todo.txt", "Approve").waitFor({ timeout: 10000 });
+    await page.waitForTimeout(600); // the toast's fade-in, for a readable screenshot
     await page.screenshot({ path: `${shots}/2-diff-and-approve.png` });
     expect(fs.readFileSync(`${dirs.ws}/notes/todo.txt`, "utf8") === BEFORE, "nothing is written before the approval");
     await button("Write notes/todo.txt", "Approve").click();
@@ -247,7 +248,7 @@ async function main() {
     const tReply2 = Date.now();
     const tToast2 = await toastTime("Write notes/secrets.txt");
     const recv2 = await waitEvent((e) => e.ev === "requested" && e.approval_id === op2.approval_id, 5000, "approvals/requested 2");
-    const latency2 = { submit_to_toast_ms: tToast2 - tReply2, requested_to_toast_ms: tToast2 - recv2.t, submit_to_requested_ms: recv2.t - tReply2, submit_roundtrip_ms: tReply2 - tSubmit2 };
+    const latency2 = { sent_to_toast_ms: tToast2 - tSubmit2, submit_to_toast_ms: tToast2 - tReply2, requested_to_toast_ms: tToast2 - recv2.t, submit_to_requested_ms: recv2.t - tReply2, submit_roundtrip_ms: tReply2 - tSubmit2 };
     say(`notification latency (write 2): ${JSON.stringify(latency2)}`);
     await button("Write notes/secrets.txt", "Deny").click();
     const input = page.locator(".quick-input-widget input");
