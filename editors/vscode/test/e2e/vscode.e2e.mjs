@@ -95,7 +95,8 @@ process.on("exit", cleanup);
 function agent() {
   const p = spawn(GAFFER, ["--workspace", dirs.ws, "serve", "--jsonl", "--log-file", `${OUT}/agent-gaffer.log`], {
     stdio: ["pipe", "pipe", "inherit"],
-    env: { ...process.env, GAFFER_OPERATOR_KEY_FILE: `${R}/agent-has-no-key` },
+    // Like every serving gaffer, the agent's holds the operator's public key (only).
+    env: { ...process.env, GAFFER_OPERATOR_KEY_FILE: `${R}/agent-has-no-private-key`, GAFFER_OPERATOR_PUBLIC_KEY_FILE: KEY.replace(/\.key$/, ".pub") },
   });
   children.push(p);
   let next = 1;
