@@ -47,7 +47,18 @@ function M.check()
   end
   local seen_sandbox = false
   for _, c in ipairs(report.checks) do
-    local line = string.format("%s: %s", c.name, c.detail or "")
+    local detail = c.detail
+    if type(detail) == "string" and detail:sub(1, 1) == "{" then
+      local okj, t = pcall(vim.json.decode, detail)
+      if okj then
+        detail = t
+      end
+    end
+    if type(detail) == "table" then
+      detail = detail.exists == false and "no store yet"
+        or string.format("%s records, %s", tostring(detail.records or "?"), detail.ok and "verified" or "problems found")
+    end
+    local line = string.format("%s: %s", c.name, tostring(detail or ""))
     if c.name == "sandbox" then
       seen_sandbox = true
     end
