@@ -70,6 +70,7 @@ fs.writeFileSync(
       "workbench.enableExperiments": false,
       "update.mode": "none",
       "workbench.tips.enabled": false,
+      "workbench.secondarySideBar.defaultVisibility": "hidden",
       "security.workspace.trust.enabled": false,
       "git.enabled": false,
       "git.openRepositoryInParentFolders": "never",
