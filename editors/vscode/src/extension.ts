@@ -526,7 +526,9 @@ class Ui {
   }
 
   async crashed(g: Gaffer): Promise<void> {
+    const dead = g.client;
     g.client = undefined;
+    setTimeout(() => void dead?.dispose().catch(() => undefined), 0);
     g.operator = false;
     this.changed();
     event("crashed", { folder: g.name });

@@ -281,6 +281,35 @@ async function main() {
     expect(fs.statSync(`${dirs.ws}/notes/todo.txt`).mtimeMs === mtime, "the file was written once (unchanged since)");
     a.close();
 
+    // --- 4. gaffer crashes: a clear message and a restart that works ----------------------------
+    const lsp = fs.readdirSync("/proc").filter((d) => /^\d+$/.test(d)).filter((pid) => {
+      try {
+        const argv = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+        return argv[0] === GAFFER && argv.includes("--lsp") && fs.readlinkSync(`/proc/${pid}/cwd`) === dirs.ws;
+      } catch {
+        return false;
+      }
+    });
+    expect(lsp.length === 1, `the extension runs one gaffer serve --lsp for the folder (pid ${lsp[0]})`);
+    process.kill(Number(lsp[0]), "SIGKILL");
+    await button("stopped unexpectedly", "Restart").click({ timeout: 15000 });
+    await waitEvent((e) => e.ev === "ready" && e.t > tReply2, 20000, "ready after the restart");
+    await page.waitForSelector('.statusbar-item:has-text("gaffer: 0 pending")', { timeout: 10000 });
+    expect(true, "after a crash the notification offers Restart, and Restart brings gaffer back");
+
+    // --- 5. gaffer missing: the message names the setting to fix -------------------------------------
+    const machine = `${dirs.udd}/Machine/settings.json`;
+    const good = fs.readFileSync(machine, "utf8");
+    fs.writeFileSync(machine, JSON.stringify({ "gaffer.path": `${R}/no-such-gaffer`, "gaffer.operator.keyFile": KEY }));
+    await toast("gaffer.path").locator(".monaco-button", { hasText: "Open Settings" }).waitFor({ timeout: 20000 });
+    expect((await toast("gaffer.path").textContent()).includes("no-such-gaffer"), "a missing gaffer says which path failed and to set gaffer.path");
+    await page.waitForSelector('.statusbar-item:has-text("gaffer: not running")', { timeout: 10000 });
+    await page.screenshot({ path: `${shots}/5-gaffer-missing.png` });
+    const tFix = Date.now();
+    fs.writeFileSync(machine, good);
+    await waitEvent((e) => e.ev === "ready" && e.t > tFix, 20000, "ready after fixing gaffer.path");
+    expect(true, "fixing the setting restarts gaffer");
+
     const measures = { activation, latency: [latency1, latency2], total_s: (Date.now() - T0) / 1000 };
     fs.writeFileSync(`${OUT}/measures.json`, JSON.stringify(measures, null, 1) + "\n");
     say(`MEASURES ${JSON.stringify(measures)}`);
