@@ -296,7 +296,7 @@ end
 wait(function()
   return log_text():find("worker heard: hello from the agent", 1, true) ~= nil
 end, 10000, "the transcript in :Gaffer logs")
-expect(true, ":Gaffer logs shows the transcript")
+expect(log_text():find("> hello from the agent\nworker heard: hello from the agent", 1, true) ~= nil, ":Gaffer logs shows the transcript, input marked:\n" .. log_text())
 agent:call("workers/input", { worker_id = wid, input = "a later line" })
 wait(function()
   return log_text():find("worker heard: a later line", 1, true) ~= nil

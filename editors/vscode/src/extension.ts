@@ -112,7 +112,7 @@ class Gaffer {
     client.onNotification("workers/changed", () => this.scheduleRefresh());
     client.onNotification("workers/output", (p: { worker_id: string; stream: string; text: string }) => {
       const ch = this.workerChannels.get(p.worker_id);
-      if (ch) ch.append(p.stream === "stderr" ? prefixLines(p.text, "! ") : p.text);
+      if (ch) ch.append(m.transcriptText(p.stream, p.text));
     });
     try {
       await client.start();
@@ -242,7 +242,7 @@ class Gaffer {
           has_more: boolean;
           next_after_seq: number;
         }>("workers/transcript", { worker_id: w.id, after_seq: after, limit: 500 });
-        for (const e of page.entries) ch.append(e.stream === "stderr" ? prefixLines(e.text, "! ") : e.text);
+        for (const e of page.entries) ch.append(m.transcriptText(e.stream, e.text));
         after = page.next_after_seq;
         if (!page.has_more) break;
       }
@@ -256,9 +256,6 @@ class Gaffer {
   }
 }
 
-function prefixLines(text: string, p: string): string {
-  return text.replace(/^(?=.)/gm, p);
-}
 
 async function withServerProgress(client: LanguageClient, title: string, method: string, params: object): Promise<unknown> {
   const token = crypto.randomUUID();

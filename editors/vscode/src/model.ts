@@ -351,3 +351,13 @@ export function publicKeyPath(keyPath: string): string {
   const dot = keyPath.lastIndexOf(".");
   return (dot > slash + 1 ? keyPath.slice(0, dot) : keyPath) + ".pub";
 }
+
+/** One transcript entry as a worker's output channel shows it: input as `> …`, stderr as `! …`,
+ * gaffer's own notes as `[gaffer] …`; whole lines except for the program's own output. */
+export function transcriptText(stream: string, text: string): string {
+  const line = (p: string) => text.replace(/\n$/, "").split("\n").map((l) => p + l).join("\n") + "\n";
+  if (stream === "input") return line("> ");
+  if (stream === "system") return line("[gaffer] ");
+  if (stream === "stderr") return text.replace(/^(?=.)/gm, "! ");
+  return text;
+}

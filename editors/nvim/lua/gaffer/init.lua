@@ -402,6 +402,25 @@ function M.workers(done)
   end)
 end
 
+--- A transcript entry as shown: input as `> …`, gaffer's notes as `[gaffer] …`, stderr `! …`.
+function M.transcript_text(stream, text)
+  local function lines(prefix)
+    local out = {}
+    for _, l in ipairs(vim.split((text:gsub("\n$", "")), "\n", { plain = true })) do
+      table.insert(out, prefix .. l)
+    end
+    return table.concat(out, "\n") .. "\n"
+  end
+  if stream == "input" then
+    return lines("> ")
+  elseif stream == "system" then
+    return lines("[gaffer] ")
+  elseif stream == "stderr" then
+    return (text:gsub("([^\n]+)", "! %1"))
+  end
+  return text
+end
+
 local function follow(buf)
   for _, win in ipairs(vim.fn.win_findbuf(buf)) do
     vim.api.nvim_win_set_cursor(win, { vim.api.nvim_buf_line_count(buf), 0 })
@@ -435,7 +454,7 @@ function M.logs(id, done)
         return done and done()
       end
       for _, e in ipairs(r.entries) do
-        append(buf, e.stream == "stderr" and ("! " .. e.text) or e.text)
+        append(buf, M.transcript_text(e.stream, e.text))
       end
       state.seen = state.seen or {}
       state.seen[id] = r.next_after_seq
@@ -518,7 +537,7 @@ handlers["workers/output"] = function(_, p)
     if state.seen and state.seen[p.worker_id] and p.seq and p.seq <= state.seen[p.worker_id] then
       return
     end
-    append(buf, p.stream == "stderr" and ("! " .. p.text) or p.text)
+    append(buf, M.transcript_text(p.stream, p.text))
   end
 end
 

@@ -279,6 +279,31 @@ async function main() {
     const list = await a.call("operations/list", {});
     expect(list.operations.filter((o) => o.idempotency_key === "todo-1").length === 1, "one operation for the write");
     expect(fs.statSync(`${dirs.ws}/notes/todo.txt`).mtimeMs === mtime, "the file was written once (unchanged since)");
+    // --- 3b. Workers view: open -> the transcript streams into an output channel -----------------
+    const synced = await a.call("bundles/sync", {
+      bundle: {
+        metadata: { id: "echo-bundle", revision: "r1", created_at: "2026-12-01T00:00:00Z", provenance: { source: "vscode-test" } },
+        profiles: [{ selector: { kind: "named", value: "echo" }, label: "echo worker",
+          command: ["sh", "-c", 'while read line; do echo "worker heard: $line"; done'], input_mode: "stdin_text" }],
+      },
+    });
+    const w = await a.call("workers/create", {
+      profile: { kind: "named", value: "echo" }, config_bundle: synced.reference, display_name: "echo-worker",
+      initial_input: "hello from the agent", idempotency_key: "echo-1",
+    });
+    const workersView = page.locator(".pane", { has: page.locator(".pane-header", { hasText: /Workers/i }) });
+    const row = workersView.locator(".monaco-list-row", { hasText: "echo-worker" });
+    await row.waitFor({ timeout: 15000 });
+    await row.click();
+    const panel = page.locator(".part.panel");
+    await panel.locator(".view-line", { hasText: "worker heard: hello from the agent" }).waitFor({ timeout: 15000 });
+    const outputText = (await panel.locator(".view-lines").innerText()).replace(/\u00a0/g, " ");
+    expect(outputText.includes("> hello from the agent\nworker heard: hello from the agent"), `the input is marked: ${JSON.stringify(outputText)}`);
+    expect(true, `Workers view: opening ${w.worker.id} shows its transcript (input marked) in an output channel`);
+    await a.call("workers/input", { worker_id: w.worker.id, input: "a later line" });
+    await panel.locator(".view-line", { hasText: "worker heard: a later line" }).waitFor({ timeout: 15000 });
+    expect(true, "the output channel follows the worker's new output");
+    await page.screenshot({ path: `${shots}/4b-worker-transcript.png` });
     a.close();
 
     // --- 4. gaffer crashes: a clear message and a restart that works ----------------------------

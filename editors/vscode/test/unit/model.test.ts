@@ -193,3 +193,11 @@ test("the plan-a-task preview lists pattern, mechanism, lanes and proofs", () =>
   assert.match(md, /\| builder \| router \| fast \| Build \\\| router \|/);
   assert.match(md, /- \[ \] Tests ran\./);
 });
+
+test("transcript entries: input and gaffer's notes as whole prefixed lines, stderr marked", () => {
+  assert.equal(m.transcriptText("input", "hello"), "> hello\n");
+  assert.equal(m.transcriptText("input", "a\nb\n"), "> a\n> b\n");
+  assert.equal(m.transcriptText("system", "exited 0"), "[gaffer] exited 0\n");
+  assert.equal(m.transcriptText("stderr", "oops\nagain\n"), "! oops\n! again\n");
+  assert.equal(m.transcriptText("stdout", "partial"), "partial");
+});
