@@ -306,6 +306,27 @@ async function main() {
     await page.screenshot({ path: `${shots}/4b-worker-transcript.png` });
     a.close();
 
+    // --- 3c. "gaffer: Plan a task…" previews pattern, lanes, mechanism and proofs -----------------
+    await page.keyboard.press("F1");
+    const qi = page.locator(".quick-input-widget input");
+    await qi.waitFor({ state: "visible", timeout: 10000 });
+    await qi.type("gaffer: Plan a task", { delay: 10 });
+    await page.locator(".quick-input-list .monaco-list-row", { hasText: "Plan a task" }).first().waitFor({ timeout: 10000 });
+    await page.keyboard.press("Enter");
+    await page.waitForFunction(() => document.querySelector(".quick-input-widget input")?.value === "", null, { timeout: 10000 });
+    await qi.type("Add rate limiting to the router and billing, with tests", { delay: 5 });
+    await page.keyboard.press("Enter");
+    await page.locator(".quick-input-title", { hasText: "Scopes" }).waitFor({ timeout: 10000 });
+    await qi.type("router, billing", { delay: 5 });
+    await page.keyboard.press("Enter");
+    await page.locator(".tab", { hasText: /Preview plan-\d+\.md/ }).waitFor({ timeout: 20000 });
+    const frame = page.frameLocator("iframe.webview.ready").frameLocator("iframe");
+    await frame.locator("text=Proof expectations").waitFor({ timeout: 20000 });
+    const previewText = await frame.locator("body").innerText();
+    expect(/pattern: module-swarm/.test(previewText) && /mechanism: ephemeral_workers/.test(previewText), "Plan a task… previews the pattern and mechanism");
+    expect(previewText.includes("router") && previewText.includes("billing"), "…with lanes for both scopes");
+    await page.screenshot({ path: `${shots}/4c-plan-a-task.png` });
+
     // --- 4. gaffer crashes: a clear message and a restart that works ----------------------------
     const lsp = fs.readdirSync("/proc").filter((d) => /^\d+$/.test(d)).filter((pid) => {
       try {
