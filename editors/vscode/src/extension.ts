@@ -261,7 +261,9 @@ async function withServerProgress(client: LanguageClient, title: string, method:
   const token = crypto.randomUUID();
   return vscode.window.withProgress({ location: vscode.ProgressLocation.Window, title }, async (progress) => {
     const sub = client.onProgress(WorkDoneProgress.type, token, (v) => {
-      if (v.kind !== "end" && v.message) progress.report({ message: v.message });
+      const message = v.kind === "begin" ? (v.message ?? v.title) : v.message;
+      event("progress", { method, kind: v.kind, message });
+      if (v.kind !== "end" && message) progress.report({ message });
     });
     try {
       return await client.sendRequest(method, { ...params, workDoneToken: token });
@@ -427,6 +429,32 @@ class Ui {
   async approve(g: Gaffer, id: string): Promise<void> {
     const r = await g.decide(id, "approve");
     void vscode.window.showInformationMessage(`gaffer: approved ${r.title ?? r.operation}`);
+    void this.follow(g, r.operation_id, r.title ?? r.operation);
+  }
+
+  /** After an approval: the operation's progress in the window, then its outcome. */
+  async follow(g: Gaffer, opId: string, title: string): Promise<void> {
+    const c = g.client;
+    if (!c) return;
+    try {
+      let rev = 0;
+      let op: m.Operation & { revision: number };
+      let i = 0;
+      do {
+        op = (await withServerProgress(c, `gaffer: ${title}`, "operations/wait", {
+          id: opId,
+          after_revision: rev,
+          wait_seconds: 30,
+        })) as m.Operation & { revision: number };
+        rev = op.revision;
+      } while (!m.TERMINAL.has(op.state) && ++i < 20);
+      event("outcome", { operation_id: opId, state: op.state });
+      const text = `gaffer: ${title} ${op.state}${op.error ? `: ${op.error.message}` : ""}`;
+      if (op.state === "succeeded") void vscode.window.showInformationMessage(text);
+      else if (m.TERMINAL.has(op.state)) void vscode.window.showWarningMessage(text);
+    } catch (e) {
+      log.appendLine(`[${g.name}] following ${opId}: ${(e as Error).message}`);
+    }
   }
 
   async approveNarrower(g: Gaffer, id: string): Promise<void> {
@@ -442,6 +470,7 @@ class Ui {
       constraints: { duration_seconds: pick.c.duration_seconds, max_uses: pick.c.max_uses },
     });
     void vscode.window.showInformationMessage(`gaffer: approved ${a.title ?? a.operation} (${pick.label})`);
+    void this.follow(g, a.operation_id, a.title ?? a.operation);
   }
 
   async deny(g: Gaffer, id: string): Promise<void> {

@@ -112,6 +112,9 @@ export function approvalItem(a: Approval, nowMs: number): Item {
   };
 }
 
+/** States an operation never leaves. */
+export const TERMINAL = new Set(["succeeded", "failed", "denied", "canceled", "expired"]);
+
 /** The order operations are grouped in: what needs attention first. */
 export const STATE_ORDER = [
   "pending",

@@ -235,6 +235,11 @@ async function main() {
     expect(done1.state === "succeeded", `clicking Approve ran the write: the agent's wait returned ${done1.state}`);
     expect(fs.readFileSync(`${dirs.ws}/notes/todo.txt`, "utf8") === AFTER, "the file has the proposed content");
     const mtime = fs.statSync(`${dirs.ws}/notes/todo.txt`).mtimeMs;
+    await waitEvent((e) => e.ev === "progress" && e.method === "operations/wait" && String(e.message).includes(op1.id), 10000, "$/progress for the approved operation");
+    expect(true, "$/progress from operations/wait reached the window's progress UI");
+    await waitEvent((e) => e.ev === "outcome" && e.operation_id === op1.id && e.state === "succeeded", 10000, "the outcome");
+    await toast("Write notes/todo.txt succeeded").waitFor({ timeout: 10000 });
+    expect(true, "the outcome is notified: Write notes/todo.txt succeeded");
     const decided = events().filter((e) => e.ev === "decided" && e.approval_id === op1.approval_id);
     expect(decided.length === 1, "one signed decision was recorded for it");
 
