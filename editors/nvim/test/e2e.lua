@@ -186,6 +186,15 @@ expect(preview:find("-- add tests\n+- add tests for the parser", 1, true) ~= nil
 local done1 = agent:wait_for(op1.id, { "succeeded", "failed", "denied", "canceled", "expired" })
 expect(done1.state == "succeeded", "approved through the plugin: the agent's wait returned " .. done1.state .. " " .. vim.json.encode(done1.error or {}))
 expect(read(WS .. "/notes/todo.txt") == AFTER, "the file has the proposed content")
+wait(function()
+  for _, p in ipairs(g.progress_log or {}) do
+    if (p.title or ""):find(op1.id, 1, true) then
+      return true
+    end
+  end
+  return false
+end, 10000, "$/progress (LspProgress) for the approved operation")
+expect(true, "the approved operation's progress arrives through LspProgress")
 local mtime = vim.uv.fs_stat(WS .. "/notes/todo.txt").mtime.sec
 
 -- --- 2. deny with a reason ---------------------------------------------------------------------

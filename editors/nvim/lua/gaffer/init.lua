@@ -181,6 +181,32 @@ function M.narrowing_choices(n)
   return out
 end
 
+--- After an approval: operations/wait with a workDoneToken until the operation ends, so its
+--- progress arrives as `$/progress` (LspProgress). Terminal states are notified from
+--- operations/changed.
+function M.follow(op_id, done)
+  local c = M.client()
+  if not c then
+    return
+  end
+  local rev, n = 0, 0
+  local function step()
+    n = n + 1
+    local token = "gaffer-follow-" .. op_id .. "-" .. n
+    c:request("operations/wait", { id = op_id, after_revision = rev, wait_seconds = 30, workDoneToken = token }, function(err, op)
+      if err or not op then
+        return done and done(nil)
+      end
+      rev = op.revision
+      if TERMINAL[op.state] or n >= 20 then
+        return done and done(op)
+      end
+      step()
+    end)
+  end
+  step()
+end
+
 --- prepare -> `gaffer operator sign` -> decide. opts: constraints, reason. cb(approval|nil, err)
 function M.decide(id, decision, opts, cb)
   opts = opts or {}
@@ -207,6 +233,9 @@ function M.decide(id, decision, opts, cb)
         M.request("approvals/decide", { payload = prep.payload, signature = sig }, function(r)
           if r then
             notify(string.format("%s %s", decision == "approve" and "approved" or "denied", a.title or a.operation))
+            if decision == "approve" then
+              M.follow(a.operation_id)
+            end
           end
           cb(r, r and nil or "decide failed")
         end)
@@ -592,6 +621,8 @@ function M.setup(opts)
       local c = vim.lsp.get_client_by_id(ev.data.client_id)
       local v = ev.data.params and ev.data.params.value
       if c and c.name == "gaffer" and type(v) == "table" and (v.message or v.title) then
+        M.progress_log = M.progress_log or {}
+        table.insert(M.progress_log, { kind = v.kind, title = v.title, message = v.message })
         vim.api.nvim_echo({ { "gaffer: " .. (v.title or "") .. " " .. (v.message or "") } }, false, {})
       end
     end,
