@@ -206,6 +206,8 @@ pub fn classify(value: Value) -> Incoming {
     let params = match obj.remove("params") {
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(p @ Value::Object(_)) => p,
+        // Some clients (Neovim's Lua encoder) cannot tell `{}` from `[]`: no params.
+        Some(Value::Array(a)) if a.is_empty() => Value::Object(Map::new()),
         Some(Value::Array(_)) => {
             let error =
                 RpcError::invalid_params("params", "params must be given by name (an object)");

@@ -205,8 +205,42 @@ pub fn schema_of<T: JsonSchema>() -> Schema {
 }
 
 /// Decodes params into `P`, naming the offending field on failure.
-pub fn decode_params<P: DeserializeOwned>(params: Value) -> Result<P, RpcError> {
-    serde_path_to_error::deserialize::<_, P>(params).map_err(|err| {
+pub fn decode_params<P: DeserializeOwned>(mut params: Value) -> Result<P, RpcError> {
+    // An empty array where an object belongs is an empty object: encoders that cannot tell
+    // them apart (Neovim's Lua) send `[]` for `{}`. Each retry fixes one such spot.
+    for _ in 0..MAX_EMPTY_ARRAY_FIXES {
+        match serde_path_to_error::deserialize::<_, P>(&params) {
+            Ok(p) => return Ok(p),
+            Err(err) => match empty_array_at(&mut params, err.path()) {
+                Some(slot) => *slot = Value::Object(serde_json::Map::new()),
+                None => return Err(params_error(err)),
+            },
+        }
+    }
+    serde_path_to_error::deserialize::<_, P>(&params).map_err(params_error)
+}
+
+const MAX_EMPTY_ARRAY_FIXES: usize = 64;
+
+/// The value at `path` when it is an empty array.
+fn empty_array_at<'a>(
+    value: &'a mut Value,
+    path: &serde_path_to_error::Path,
+) -> Option<&'a mut Value> {
+    use serde_path_to_error::Segment;
+    let mut node = value;
+    for seg in path.iter() {
+        node = match seg {
+            Segment::Seq { index } => node.get_mut(*index)?,
+            Segment::Map { key } => node.get_mut(key.as_str())?,
+            Segment::Enum { .. } | Segment::Unknown => return None,
+        };
+    }
+    matches!(node, Value::Array(a) if a.is_empty()).then_some(node)
+}
+
+fn params_error(err: serde_path_to_error::Error<serde_json::Error>) -> RpcError {
+    {
         let path = err.path().to_string();
         let inner = err.into_inner().to_string();
         // serde reports an unknown or missing field at its parent; name the field itself.
@@ -233,7 +267,7 @@ pub fn decode_params<P: DeserializeOwned>(params: Value) -> Result<P, RpcError> 
             field.clone()
         };
         RpcError::invalid_params(&field, format!("invalid `{label}`: {inner}"))
-    })
+    }
 }
 
 fn field_from_message(msg: &str) -> Option<String> {
