@@ -100,6 +100,17 @@ async fn serve(g: &Global, args: ServeArgs) -> ExitCode {
     } else {
         ProfileChoice::Auto
     };
+    // A workspace named on the command line must exist: a server that cannot open it would
+    // only fail every request.
+    if let Some(ws) = &g.workspace
+        && !ws.is_dir()
+    {
+        eprintln!(
+            "gaffer: --workspace {} is not a directory; create it or name another",
+            ws.display()
+        );
+        return ExitCode::from(2);
+    }
     let host = Arc::new(Server { config: config(g) });
     let router = Arc::new(methods::router());
     let (input, output) = stdio();
@@ -183,11 +194,11 @@ async fn call(g: &Global, method: &str, params: &str) -> ExitCode {
     };
     match methods::call_local(app, Role::Agent, method, params).await {
         Ok(v) => {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            gaffer::outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             ExitCode::SUCCESS
         }
         Err(e) => {
-            println!("{}", serde_json::json!({ "error": e }));
+            gaffer::outln!("{}", serde_json::json!({ "error": e }));
             ExitCode::FAILURE
         }
     }
@@ -195,7 +206,7 @@ async fn call(g: &Global, method: &str, params: &str) -> ExitCode {
 
 fn doctor(root: &Path) -> ExitCode {
     let report = gaffer::cli::doctor::run(root);
-    println!(
+    gaffer::outln!(
         "{}",
         serde_json::to_string_pretty(&report).unwrap_or_default()
     );

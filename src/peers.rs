@@ -72,6 +72,17 @@ impl Instance {
     }
 }
 
+impl Instance {
+    /// Removes the presence file: this process is about to exit (the process may end without
+    /// running destructors, so exit paths call this rather than rely on `Drop`).
+    pub fn deregister(&self) {
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = file.take() {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
 impl Drop for Instance {
     fn drop(&mut self) {
         let file = self.file.lock().unwrap_or_else(|p| p.into_inner());

@@ -3,6 +3,7 @@
 pub mod bundles;
 pub mod doctor;
 pub mod operations;
+pub mod output;
 pub mod patterns;
 pub mod store;
 pub mod workers;

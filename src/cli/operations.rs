@@ -113,7 +113,7 @@ pub enum OperatorCmd {
 }
 
 fn print(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    crate::outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 fn open(root: &Path) -> Result<Arc<App>, ExitCode> {
@@ -127,7 +127,7 @@ async fn call(app: &Arc<App>, role: Role, method: &str, params: Value) -> Result
     call_local(Arc::clone(app), role, method, params)
         .await
         .map_err(|e| {
-            println!("{}", json!({ "error": e }));
+            crate::outln!("{}", json!({ "error": e }));
             ExitCode::FAILURE
         })
 }

@@ -258,6 +258,7 @@ impl Host for Server {
         app.workers
             .shutdown(std::time::Duration::from_secs(3))
             .await;
+        app.instance.deregister();
     }
 
     fn instructions(&self) -> &'static str {

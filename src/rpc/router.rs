@@ -12,12 +12,12 @@ use std::sync::Arc;
 use schemars::{JsonSchema, Schema, generate::SchemaSettings};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use serde_json::value::RawValue;
 
 use super::message::{RpcError, encode, notification};
+use super::outbox::Outbox;
 
 /// Whether a method changes the workspace. Writes are applied in arrival order; reads may run
 /// concurrently but only after every earlier write has finished.
@@ -75,7 +75,7 @@ pub struct MethodDef {
 /// `notifications/progress` (`_meta.progressToken`). A no-op when the client gave no token.
 #[derive(Clone, Debug, Default)]
 pub struct Progress {
-    target: Option<(Value, ProgressStyle, mpsc::UnboundedSender<String>)>,
+    target: Option<(Value, ProgressStyle, Outbox)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub enum ProgressStyle {
 }
 
 impl Progress {
-    pub fn new(token: Value, style: ProgressStyle, out: mpsc::UnboundedSender<String>) -> Self {
+    pub fn new(token: Value, style: ProgressStyle, out: Outbox) -> Self {
         Progress {
             target: Some((token, style, out)),
         }

@@ -21,10 +21,11 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 
 use super::framing::{Codec, Frame, FrameError, Framing};
+use super::outbox::{Outbox, OutboxReceiver, outbox};
 use serde_json::value::RawValue;
 
 use super::message::{
-    Id, Incoming, RpcError, classify, codes, encode, notification, reply_err, reply_ok,
+    Id, Incoming, RpcError, classify, codes, encode, notification, recover_id, reply_err, reply_ok,
     reply_ok_raw,
 };
 use super::router::{
@@ -90,11 +91,14 @@ pub struct SessionEnd {
 /// instead of buffering without bound.
 const MAX_IN_FLIGHT: usize = 4096;
 
+/// Replies queued for a client that is not reading, past which no more requests are read.
+const MAX_QUEUED_BYTES: usize = 4 * 1024 * 1024;
+
 struct Shared<H: Host> {
     host: Arc<H>,
     router: Arc<Router<H::State>>,
     /// Encoded messages for the writer.
-    out: mpsc::UnboundedSender<String>,
+    out: Outbox,
     pending: Mutex<HashMap<Id, CancellationToken>>,
     /// Count of finished writes; writes are numbered in arrival order.
     writes_done: watch::Sender<u64>,
@@ -113,6 +117,8 @@ struct Conn<H: Host> {
     shutdown: bool,
     writes_issued: u64,
     tasks: JoinSet<()>,
+    /// Forwards domain notifications to this client.
+    forwarder: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Serves one connection until EOF or LSP `exit`.
@@ -151,7 +157,7 @@ where
     };
     tracing::debug!(?framing, "framing chosen");
 
-    let (out_tx, out_rx) = mpsc::unbounded_channel::<String>();
+    let (out_tx, out_rx) = outbox();
     let writer = tokio::spawn(write_loop(output, framing, out_rx));
 
     // The sniffed bytes go back in front of the stream.
@@ -180,9 +186,15 @@ where
         shutdown: false,
         writes_issued: 0,
         tasks: JoinSet::new(),
+        forwarder: None,
     };
     let mut exit_requested = false;
-    while let Some(frame) = reader.next().await {
+    loop {
+        // Backpressure: while the client leaves replies unread, stop reading its requests.
+        conn.shared.out.wait_below(MAX_QUEUED_BYTES).await;
+        let Some(frame) = reader.next().await else {
+            break;
+        };
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
@@ -235,9 +247,14 @@ where
         } else {
             0
         };
-    conn.shared.closing.cancel();
+    // Wind down first (a worker's last output and final status are journalled), then stop
+    // forwarding: the forwarder passes on what is queued before it lets go.
     if let Some(state) = conn.state.take() {
         conn.shared.host.detach(state).await;
+    }
+    conn.shared.closing.cancel();
+    if let Some(forwarder) = conn.forwarder.take() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), forwarder).await;
     }
     drop(conn);
     match writer.await {
@@ -250,16 +267,19 @@ where
 async fn write_loop<W: AsyncWrite + Unpin>(
     output: W,
     framing: Framing,
-    mut rx: mpsc::UnboundedReceiver<String>,
+    mut rx: OutboxReceiver,
 ) -> std::io::Result<()> {
     let mut sink = FramedWrite::new(output, Codec::new(framing));
     while let Some(msg) = rx.recv().await {
+        let mut bytes = msg.len();
         sink.feed(Bytes::from(msg)).await?;
         // Batch whatever else is already queued into the same flush.
-        while let Ok(more) = rx.try_recv() {
+        while let Some(more) = rx.try_recv() {
+            bytes += more.len();
             sink.feed(Bytes::from(more)).await?;
         }
         sink.flush().await?;
+        rx.written(bytes);
     }
     sink.flush().await
 }
@@ -283,8 +303,10 @@ impl<H: Host> Conn<H> {
         let value: Value = match serde_json::from_slice(&body) {
             Ok(v) => v,
             Err(e) => {
+                // An over-deep or otherwise unreadable request still names its caller when its
+                // top-level `id` can be found, so the caller is not left waiting.
                 self.send(reply_err(
-                    None,
+                    recover_id(&body).as_ref(),
                     &RpcError::parse_error(format!("invalid JSON: {e}")),
                 ));
                 return false;
@@ -342,24 +364,25 @@ impl<H: Host> Conn<H> {
         }
     }
 
-    fn decide_profile(&mut self, method: &str, params: &Value) -> Profile {
+    /// The profile is fixed by the flag, the framing, or the first message that only one
+    /// profile sends (an MCP handshake, `_meta` with a protocol version, an MCP-only method).
+    /// Messages both profiles send (`ping`, notifications) are answered without fixing it.
+    fn decide_profile(&mut self, method: &str, params: &Value, notification: bool) -> Profile {
         if let Some(p) = self.profile {
             return p;
         }
         let p = if self.framing == Framing::ContentLength || self.choice == ProfileChoice::Lsp {
             Profile::Lsp
         } else if (method == "initialize" && params.get("protocolVersion").is_some())
-            || matches!(
-                method,
-                "server/discover" | "tools/list" | "tools/call" | "ping"
-            )
-            || method.starts_with("notifications/")
+            || matches!(method, "server/discover" | "tools/list" | "tools/call")
             || params
                 .get("_meta")
                 .and_then(|m| m.get(META_VERSION))
                 .is_some()
         {
             Profile::Mcp
+        } else if notification || method == "ping" {
+            return Profile::Raw;
         } else {
             Profile::Raw
         };
@@ -379,11 +402,11 @@ impl<H: Host> Conn<H> {
                 false
             }
             Incoming::Notification { method, params } => {
-                self.decide_profile(&method, &params);
+                self.decide_profile(&method, &params, true);
                 self.on_notification(&method, params)
             }
             Incoming::Request { id, method, params } => {
-                let profile = self.decide_profile(&method, &params);
+                let profile = self.decide_profile(&method, &params, false);
                 if let Err(e) = self.on_request(profile, id.clone(), &method, params, &batch) {
                     self.reply(&batch, reply_err(Some(&id), &e));
                 }
@@ -424,12 +447,22 @@ impl<H: Host> Conn<H> {
         };
         if let Some(token) = token {
             token.cancel();
-            self.send(reply_err(Some(id), &RpcError::cancelled()));
+            // LSP answers a cancelled request with -32800; MCP says the receiver stays silent.
+            if self.profile != Some(Profile::Mcp) {
+                self.send(reply_err(Some(id), &RpcError::cancelled()));
+            }
         }
     }
 
-    fn server_capabilities(&self) -> Value {
-        let methods: Vec<&str> = self.shared.router.methods().map(|m| m.def.name).collect();
+    fn server_capabilities(&self, role: Role) -> Value {
+        // Advertise only what this connection may call.
+        let methods: Vec<&str> = self
+            .shared
+            .router
+            .methods()
+            .filter(|m| m.def.audience == Audience::Anyone || role == Role::Operator)
+            .map(|m| m.def.name)
+            .collect();
         let notes: Vec<&str> = self.shared.router.notifications().map(|n| n.name).collect();
         json!({ "experimental": { "gaffer": { "methods": methods, "notifications": notes } } })
     }
@@ -446,11 +479,25 @@ impl<H: Host> Conn<H> {
         let client = self.client.clone();
         let profile = self.profile;
         let closing = self.shared.closing.clone();
-        tokio::spawn(async move {
+        self.forwarder = Some(tokio::spawn(async move {
+            let mut draining = false;
             loop {
-                let next = tokio::select! {
-                    n = rx.recv() => n,
-                    _ = closing.cancelled() => break,
+                let next = if draining {
+                    match rx.try_recv() {
+                        Ok(n) => Ok(n),
+                        Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                            Err(broadcast::error::RecvError::Lagged(n))
+                        }
+                        Err(_) => break,
+                    }
+                } else {
+                    tokio::select! {
+                        n = rx.recv() => n,
+                        _ = closing.cancelled() => {
+                            draining = true;
+                            continue;
+                        }
+                    }
                 };
                 match next {
                     Ok(notice) => {
@@ -462,10 +509,7 @@ impl<H: Host> Conn<H> {
                         if push.operators_only && !operator {
                             continue;
                         }
-                        if out
-                            .send(encode(&notification(&push.method, push.params)))
-                            .is_err()
-                        {
+                        if !out.send(encode(&notification(&push.method, push.params))) {
                             break;
                         }
                     }
@@ -475,7 +519,7 @@ impl<H: Host> Conn<H> {
                     Err(broadcast::error::RecvError::Closed) => break,
                 }
             }
-        });
+        }));
         Ok(state)
     }
 
@@ -755,7 +799,7 @@ impl<H: Host> Conn<H> {
             }));
         }
         Ok(json!({
-            "capabilities": self.server_capabilities(),
+            "capabilities": self.server_capabilities(role),
             "serverInfo": {"name": server, "version": version},
             "role": role,
         }))
