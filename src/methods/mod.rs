@@ -2,6 +2,7 @@
 
 pub mod approvals;
 pub mod bundles;
+pub mod initialize;
 pub mod operations;
 pub mod patterns;
 pub mod schema;

@@ -6,6 +6,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::initialize::{InitializeOptions, LspInitializeResult, mcp_revisions};
+use crate::rpc::router::schema_of;
 use crate::rpc::{Access, Audience};
 
 /// File name for a method or notification (`patterns/select` → `patterns.select`).
@@ -58,10 +60,25 @@ pub fn generate() -> BTreeMap<String, String> {
         }));
     }
     files.insert(
+        "initialize/options.json".to_string(),
+        pretty(&schema_of::<InitializeOptions>().to_value()),
+    );
+    files.insert(
+        "initialize/result.json".to_string(),
+        pretty(&schema_of::<LspInitializeResult>().to_value()),
+    );
+    files.insert(
         "index.json".to_string(),
         pretty(&json!({
             "generated_by": "gaffer schema",
             "jsonrpc": "2.0",
+            "initialize": {
+                "doc": "LSP and raw clients: `initialize` params may carry `initializationOptions` (see `options`); the result is `result`. Raw (NDJSON) clients may skip the handshake. Params `[]` are taken as `{}` (clients that cannot tell them apart).",
+                "options": "initialize/options.json",
+                "result": "initialize/result.json",
+                "roles": ["agent", "operator"],
+            },
+            "mcp": mcp_revisions(),
             "methods": methods,
             "notifications": notifications,
         })),
@@ -72,7 +89,7 @@ pub fn generate() -> BTreeMap<String, String> {
 /// Writes the schema tree under `dir`, removing stale `.json` files.
 pub fn write(dir: &Path) -> std::io::Result<usize> {
     let files = generate();
-    for sub in ["methods", "notifications"] {
+    for sub in ["methods", "notifications", "initialize"] {
         let d = dir.join(sub);
         if d.is_dir() {
             for e in std::fs::read_dir(&d)?.flatten() {
@@ -103,7 +120,7 @@ pub fn stale(dir: &Path) -> Vec<String> {
         })
         .map(|(rel, _)| rel.clone())
         .collect();
-    for sub in ["methods", "notifications"] {
+    for sub in ["methods", "notifications", "initialize"] {
         if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
             for e in entries.flatten() {
                 let rel = format!("{sub}/{}", e.file_name().to_string_lossy());

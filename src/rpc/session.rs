@@ -105,6 +105,14 @@ struct Shared<H: Host> {
     in_flight: Arc<tokio::sync::Semaphore>,
     /// Cancelled when the session ends, so helpers holding `out` let the writer finish.
     closing: CancellationToken,
+    /// The MCP tool list, built on first use.
+    tools: std::sync::OnceLock<Tools>,
+}
+
+/// MCP tools as listed, and which ones wrap a non-object result as `{"result": …}`.
+struct Tools {
+    list: Vec<Value>,
+    wrapped: std::collections::HashSet<&'static str>,
 }
 
 struct Conn<H: Host> {
@@ -173,6 +181,7 @@ where
             writes_done,
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
             closing: CancellationToken::new(),
+            tools: std::sync::OnceLock::new(),
         }),
         choice,
         framing,
@@ -559,7 +568,11 @@ impl<H: Host> Conn<H> {
                 return Ok(());
             }
             "ping" => {
-                self.reply(batch, reply_ok(&id, json!({})));
+                let mut result = json!({});
+                if meta_version(&params).is_some() {
+                    result["resultType"] = json!("complete");
+                }
+                self.reply(batch, reply_ok(&id, result));
                 return Ok(());
             }
             "server/discover" => {
@@ -572,6 +585,8 @@ impl<H: Host> Conn<H> {
                         &id,
                         json!({
                             "resultType": "complete",
+                            "ttlMs": 0,
+                            "cacheScope": "private",
                             "supportedVersions": versions,
                             "capabilities": {"tools": {"listChanged": false}},
                             "serverInfo": {"name": name, "version": version},
@@ -633,10 +648,13 @@ impl<H: Host> Conn<H> {
         let state = self.ensure_attached(None)?;
         let (target, args, mcp) = match method {
             "tools/list" if profile == Profile::Mcp => {
-                let tools = self.tools_list();
+                let tools = &self.tools().list;
                 let mut result = json!({ "tools": tools });
                 if stateless.is_some() {
+                    // 2026-07-28: every list result says how long it may be cached, and by whom.
                     result["resultType"] = json!("complete");
+                    result["ttlMs"] = json!(0);
+                    result["cacheScope"] = json!("private");
                 }
                 self.reply(batch, reply_ok(&id, result));
                 return Ok(());
@@ -660,13 +678,14 @@ impl<H: Host> Conn<H> {
                         ));
                     }
                 };
-                (m.def.name.to_string(), args, true)
+                let wrap = self.tools().wrapped.contains(m.def.name);
+                (m.def.name.to_string(), args, Some(wrap))
             }
             _ if profile == Profile::Mcp => {
                 // The agent surface offers tools only: gaffer methods are reached via tools/call.
                 return Err(RpcError::method_not_found(method));
             }
-            other => (other.to_string(), params, false),
+            other => (other.to_string(), params, None),
         };
         let m = self
             .shared
@@ -742,8 +761,8 @@ impl<H: Host> Conn<H> {
             if !still_pending {
                 return; // cancelled: -32800 was already sent
             }
-            let reply = if mcp {
-                encode(&reply_ok(&id, tool_result(result, stateless_result)))
+            let reply = if let Some(wrap) = mcp {
+                encode(&reply_ok(&id, tool_result(result, wrap, stateless_result)))
             } else {
                 match result {
                     Ok(raw) => reply_ok_raw(&id, &raw),
@@ -805,21 +824,36 @@ impl<H: Host> Conn<H> {
         }))
     }
 
-    fn tools_list(&self) -> Vec<Value> {
-        self.shared
-            .router
-            .methods()
-            .filter(|m| m.def.audience == Audience::Anyone)
-            .filter_map(|m| {
-                let tool = m.def.mcp_tool?;
-                let mut schema = m.params_schema().to_value();
-                if let Value::Object(map) = &mut schema {
-                    map.remove("$schema");
-                    map.entry("type").or_insert(json!("object"));
-                }
-                Some(json!({ "name": tool, "title": m.def.name, "description": m.def.doc, "inputSchema": schema }))
-            })
-            .collect()
+    fn tools(&self) -> &Tools {
+        self.shared.tools.get_or_init(|| {
+            let mut wrapped = std::collections::HashSet::new();
+            let list = self
+                .shared
+                .router
+                .methods()
+                .filter(|m| m.def.audience == Audience::Anyone)
+                .filter_map(|m| {
+                    let tool = m.def.mcp_tool?;
+                    let mut input = m.params_schema().to_value();
+                    if let Value::Object(map) = &mut input {
+                        map.remove("$schema");
+                        map.entry("type").or_insert(json!("object"));
+                    }
+                    let (output, wrap) = output_schema(m.result_schema().to_value());
+                    if wrap {
+                        wrapped.insert(m.def.name);
+                    }
+                    Some(json!({
+                        "name": tool,
+                        "title": m.def.name,
+                        "description": m.def.doc,
+                        "inputSchema": input,
+                        "outputSchema": output,
+                    }))
+                })
+                .collect();
+            Tools { list, wrapped }
+        })
     }
 }
 
@@ -844,19 +878,39 @@ fn params_client_name(params: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
+/// A tool's `outputSchema` from its result schema. MCP wants an object at the root, so any other
+/// result is declared (and sent) as `{"result": …}`; true when wrapped.
+fn output_schema(mut schema: Value) -> (Value, bool) {
+    let Value::Object(map) = &mut schema else {
+        return (
+            json!({"type": "object", "properties": {"result": schema}, "required": ["result"]}),
+            true,
+        );
+    };
+    map.remove("$schema");
+    if map.get("type") == Some(&json!("object")) {
+        return (schema, false);
+    }
+    // Definitions stay at the root, where the inner `$ref`s point.
+    let defs = map.remove("$defs");
+    let mut out =
+        json!({"type": "object", "properties": {"result": schema}, "required": ["result"]});
+    if let Some(defs) = defs {
+        out["$defs"] = defs;
+    }
+    (out, true)
+}
+
 /// Wraps a method result as an MCP tool result: JSON text plus structured content; domain
 /// errors become `isError` results so the agent can read and correct them.
-fn tool_result(result: Result<Box<RawValue>, RpcError>, stateless: bool) -> Value {
+fn tool_result(result: Result<Box<RawValue>, RpcError>, wrap: bool, stateless: bool) -> Value {
     let mut out = match result.and_then(|raw| {
         serde_json::from_str::<Value>(raw.get())
             .map(|v| (raw.get().to_string(), v))
             .map_err(|_| RpcError::internal("encoding the tool result"))
     }) {
         Ok((text, v)) => {
-            let structured = match v {
-                Value::Object(_) => v,
-                other => json!({ "result": other }),
-            };
+            let structured = if wrap { json!({ "result": v }) } else { v };
             json!({ "content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": false })
         }
         Err(e) => json!({

@@ -339,6 +339,7 @@ impl WorkerRuntime {
             exit: None,
             stop_requested: false,
             stop_reason: None,
+            created_by: req.created_by.clone(),
             idempotency_key: req.idempotency_key.clone(),
             request_fingerprint: fingerprint.clone(),
             created_seq: 0,
