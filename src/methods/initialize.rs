@@ -65,6 +65,6 @@ pub fn mcp_revisions() -> Value {
             "version": MCP_STATELESS_VERSION,
             "doc": "No handshake: every request carries `_meta` with `io.modelcontextprotocol/protocolVersion`; `server/discover` lists the versions. Results carry `resultType`; `server/discover` and `tools/list` also `ttlMs` and `cacheScope`.",
         },
-        "tools": "Each tool's `outputSchema` describes its `structuredContent`; a result that is not an object is sent as `{\"result\": …}`. Domain errors are tool results with `isError: true` and `structuredContent.error`.",
+        "tools": "Each tool's `outputSchema` describes its `structuredContent`: the method's result (one that is not an object is sent as `{\"result\": …}`), or, with `isError: true`, `{\"error\": …}` for a domain error the agent can correct.",
     })
 }

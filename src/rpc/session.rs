@@ -839,7 +839,9 @@ impl<H: Host> Conn<H> {
                         map.remove("$schema");
                         map.entry("type").or_insert(json!("object"));
                     }
-                    let (output, wrap) = output_schema(m.result_schema().to_value());
+                    let (mut output, wrap) = output_schema(m.result_schema().to_value());
+                    objectify(&mut input);
+                    objectify(&mut output);
                     if wrap {
                         wrapped.insert(m.def.name);
                     }
@@ -878,27 +880,68 @@ fn params_client_name(params: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
-/// A tool's `outputSchema` from its result schema. MCP wants an object at the root, so any other
-/// result is declared (and sent) as `{"result": …}`; true when wrapped.
+/// A tool's `outputSchema` from its result schema: the result (an object at the root, as MCP
+/// wants; any other result is declared and sent as `{"result": …}`), or the error envelope
+/// `{"error": …}` of an `isError` result (some clients validate those too). True when wrapped.
 fn output_schema(mut schema: Value) -> (Value, bool) {
-    let Value::Object(map) = &mut schema else {
-        return (
-            json!({"type": "object", "properties": {"result": schema}, "required": ["result"]}),
-            true,
-        );
-    };
-    map.remove("$schema");
-    if map.get("type") == Some(&json!("object")) {
-        return (schema, false);
+    let mut defs = None;
+    if let Value::Object(map) = &mut schema {
+        map.remove("$schema");
+        // Definitions stay at the root, where the inner `$ref`s point.
+        defs = map.remove("$defs");
     }
-    // Definitions stay at the root, where the inner `$ref`s point.
-    let defs = map.remove("$defs");
-    let mut out =
-        json!({"type": "object", "properties": {"result": schema}, "required": ["result"]});
+    let wrap = schema.get("type") != Some(&json!("object"));
+    let result = if wrap {
+        json!({"type": "object", "properties": {"result": schema}, "required": ["result"]})
+    } else {
+        schema
+    };
+    let error = json!({
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "integer"},
+                "message": {"type": "string"},
+                "data": {"type": "object"}
+            }
+        }}
+    });
+    let mut out = json!({"type": "object", "anyOf": [result, error]});
     if let Some(defs) = defs {
         out["$defs"] = defs;
     }
-    (out, true)
+    (out, wrap)
+}
+
+/// Spells boolean subschemas of `properties` and `$defs` as objects (`true` is `{}`, `false` is
+/// `{"not": {}}`): MCP clients (the TypeScript SDK) require property schemas to be objects. Also
+/// drops the Rust integer widths schemars puts in `format` (`uint64`, ...), which clients' JSON
+/// Schema validators do not know (the range is in `minimum`).
+fn objectify(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            if map.get("format").and_then(Value::as_str).is_some_and(|f| {
+                f.starts_with("uint") || f.starts_with("int") || f == "double" || f == "float"
+            }) {
+                map.remove("format");
+            }
+            for (key, v) in map.iter_mut() {
+                if let ("properties" | "$defs", Value::Object(subs)) = (key.as_str(), &mut *v) {
+                    for sub in subs.values_mut() {
+                        if let Value::Bool(b) = sub {
+                            *sub = if *b { json!({}) } else { json!({"not": {}}) };
+                        }
+                    }
+                }
+                objectify(v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(objectify),
+        _ => {}
+    }
 }
 
 /// Wraps a method result as an MCP tool result: JSON text plus structured content; domain
