@@ -486,6 +486,33 @@ mod tests {
         assert_eq!(e.field(), Some("bogus"));
     }
 
+    #[test]
+    fn nested_empty_arrays_are_empty_objects() {
+        #[derive(Debug, Deserialize, PartialEq, Default)]
+        #[serde(deny_unknown_fields)]
+        struct Inner {
+            #[serde(default)]
+            n: Option<u32>,
+        }
+        #[derive(Debug, Deserialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        struct Outer {
+            inner: Inner,
+            #[serde(default)]
+            list: Vec<Inner>,
+            #[serde(default)]
+            tags: Vec<String>,
+        }
+        let p: Outer = decode_params(json!({"inner": [], "list": [[], {"n": 1}], "tags": []}))
+            .expect("[] stands for {}");
+        assert_eq!(p.inner, Inner::default());
+        assert_eq!(p.list, vec![Inner::default(), Inner { n: Some(1) }]);
+        assert!(p.tags.is_empty());
+        // Other mistakes still name their field.
+        let e = decode_params::<Outer>(json!({"inner": [], "tags": [[]]})).expect_err("bad tag");
+        assert_eq!(e.field(), Some("tags[0]"));
+    }
+
     #[tokio::test]
     async fn operator_methods_need_an_operator_and_never_mcp() {
         let r = router();

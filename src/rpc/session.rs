@@ -666,7 +666,17 @@ impl<H: Host> Conn<H> {
                     .ok_or_else(|| RpcError::invalid_params("name", "`name` must be a tool name"))?
                     .to_string();
                 let m = self.shared.router.by_tool(&name).ok_or_else(|| {
-                    RpcError::invalid_params("name", format!("unknown tool `{name}`"))
+                    let known: Vec<&str> = self
+                        .tools()
+                        .list
+                        .iter()
+                        .filter_map(|t| t["name"].as_str())
+                        .collect();
+                    RpcError::invalid_params(
+                        "name",
+                        format!("unknown tool `{name}`; tools: {}", known.join(", ")),
+                    )
+                    .with_data("known_tools", known)
                 })?;
                 let args = match params.get_mut("arguments").map(Value::take) {
                     None | Some(Value::Null) => Value::Object(Map::new()),
