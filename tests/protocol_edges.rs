@@ -56,18 +56,23 @@ fn an_over_deep_request_is_answered_with_its_id() {
     assert_eq!(s.call("gaffer/status", json!({}))["profile"], "raw");
 }
 
-/// Raw LSP session on the real binary: what comes back for `input`, read until EOF.
-fn lsp_replies(input: &[u8]) -> Vec<u8> {
-    let ws = workspace();
-    let mut child = Command::new(BIN)
+/// `gaffer serve FLAG` on `ws` with piped stdin and stdout, read and written raw.
+fn spawn_serve(ws: &std::path::Path, flag: &str) -> std::process::Child {
+    Command::new(BIN)
         .arg("--workspace")
-        .arg(ws.path())
-        .args(["serve", "--lsp"])
+        .arg(ws)
+        .args(["serve", flag])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn gaffer");
+        .expect("spawn gaffer")
+}
+
+/// Raw LSP session on the real binary: what comes back for `input`, read until EOF.
+fn lsp_replies(input: &[u8]) -> Vec<u8> {
+    let ws = workspace();
+    let mut child = spawn_serve(ws.path(), "--lsp");
     let mut stdin = child.stdin.take().expect("stdin");
     let input = input.to_vec();
     let writer = std::thread::spawn(move || {
@@ -151,15 +156,7 @@ fn rss_kib(pid: u32) -> u64 {
 #[test]
 fn a_client_that_stops_reading_stops_gaffer_reading_and_memory_stays_bounded() {
     let ws = workspace();
-    let mut child = Command::new(BIN)
-        .arg("--workspace")
-        .arg(ws.path())
-        .args(["serve", "--jsonl"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn gaffer");
+    let mut child = spawn_serve(ws.path(), "--jsonl");
     let pid = child.id();
     let mut stdin = child.stdin.take().expect("stdin");
     let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
