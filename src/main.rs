@@ -70,6 +70,7 @@ fn main() -> ExitCode {
     let code = runtime.block_on(run(cli));
     // Background readers (stdin) must not keep the process alive after the session ended.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    gaffer::peers::remove_at_exit();
     code
 }
 

@@ -89,11 +89,22 @@ fn the_quick_start_shows_the_worker_echo_and_cleans_up_presence() {
         schemas().check_message(&msg, msg.get("id").and_then(|id| sent.get(id)));
     }
     let peers = demo.join(".gaffer").join("peers");
-    let left: Vec<_> = std::fs::read_dir(&peers)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let left = |peers: &Path| -> Vec<_> {
+        std::fs::read_dir(peers)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default()
+    };
     assert!(
-        left.is_empty(),
-        "presence files left after a clean exit: {left:?}"
+        left(&peers).is_empty(),
+        "presence files left after a clean exit: {:?}",
+        left(&peers)
+    );
+    // One-shot commands on the existing store leave none either.
+    let (code, _, _) = common::run_cli(&demo, &["worker", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        left(&peers).is_empty(),
+        "a CLI command left presence: {:?}",
+        left(&peers)
     );
 }
