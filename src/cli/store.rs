@@ -34,7 +34,7 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
     match cmd {
         StoreCmd::Verify => match store::verify(&dir) {
             Ok(report) => {
-                println!(
+                crate::outln!(
                     "{}",
                     serde_json::to_string_pretty(&report).unwrap_or_default()
                 );
@@ -100,7 +100,7 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
             };
             match ws.compact().await {
                 Ok(seq) => {
-                    println!("{}", serde_json::json!({"snapshot_seq": seq}));
+                    crate::outln!("{}", serde_json::json!({"snapshot_seq": seq}));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -34,6 +34,9 @@ pub struct StatusResult {
     pub pid: u32,
     /// Other gaffer processes currently serving this workspace.
     pub peers: Vec<Peer>,
+    /// With `after_seq`: true when `timeout_ms` passed before the store got past it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timed_out: Option<bool>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -49,7 +52,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "gaffer/status",
-            doc: "Server version, workspace, store sequence number, profile and peers; optionally waits for the store to pass `after_seq`.",
+            doc: "Check the server: version, workspace, store sequence number (`store.seq`), your client name and role, and other gaffer processes on this workspace. With `after_seq` it waits (up to `timeout_ms`) until the store has passed that sequence number, e.g. for another process's write; then `timed_out` says whether it gave up first. Call it first to see that gaffer serves the workspace you expect.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("gaffer_status"),
@@ -59,6 +62,7 @@ pub fn register(r: &mut Router<App>) {
 }
 
 async fn status(app: Arc<App>, ctx: CallCtx, p: StatusParams) -> Result<StatusResult, RpcError> {
+    let mut timed_out = None;
     if let Some(after) = p.after_seq {
         let timeout = Duration::from_millis(p.timeout_ms.unwrap_or(10_000).min(30_000));
         let deadline = tokio::time::Instant::now() + timeout;
@@ -74,6 +78,7 @@ async fn status(app: Arc<App>, ctx: CallCtx, p: StatusParams) -> Result<StatusRe
             .await;
         }
         ctx.progress.end("done");
+        timed_out = Some(app.workspace.seq() <= after);
     }
     let ws = &app.workspace;
     let dir = ws.gaffer_dir();
@@ -90,5 +95,6 @@ async fn status(app: Arc<App>, ctx: CallCtx, p: StatusParams) -> Result<StatusRe
         role: ctx.client.role,
         pid: app.instance.me.pid,
         peers: app.instance.peers(),
+        timed_out,
     })
 }
