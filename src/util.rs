@@ -1,5 +1,7 @@
 //! Small helpers shared by several modules.
 
+use std::io::Read;
+
 use sha2::{Digest, Sha256};
 
 /// Lower-case hex of `bytes`.
@@ -11,6 +13,57 @@ pub fn hex(bytes: &[u8]) -> String {
         out.push(DIGITS[(b & 0x0f) as usize] as char);
     }
     out
+}
+
+/// The 32 bytes spelled by 64 lower-case hex digits; None for anything else.
+pub fn unhex32(text: &str) -> Option<[u8; 32]> {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        }
+    }
+    let bytes = text.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+/// `n` bytes from the OS random source.
+pub fn random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// Unpadded base64url (RFC 4648 §5) of `bytes`.
+pub fn base64url(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(bytes.len() * 4 / 3 + 3);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = ((b[0] as u32) << 16) | ((b[1] as u32) << 8) | b[2] as u32;
+        let k = chunk.len() + 1;
+        for i in 0..k {
+            out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// A fresh random id: `prefix` + base64url of 18 random bytes (144 bits).
+pub fn new_id(prefix: &str) -> std::io::Result<String> {
+    Ok(format!("{prefix}{}", base64url(&random_bytes(18)?)))
 }
 
 /// Hex sha256 of `bytes`.
@@ -36,5 +89,31 @@ mod tests {
             sha256_hex(b""),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
+    }
+
+    #[test]
+    fn unhex32_inverts_hex_and_refuses_anything_else() {
+        let bytes: Vec<u8> = (0..32).map(|i| i * 7).collect();
+        assert_eq!(unhex32(&hex(&bytes)).map(|b| b.to_vec()), Some(bytes));
+        assert_eq!(
+            unhex32(&"A".repeat(64)),
+            None,
+            "upper case is not canonical"
+        );
+        assert_eq!(unhex32(&"0".repeat(63)), None);
+        assert_eq!(unhex32(&"g".repeat(64)), None);
+    }
+
+    #[test]
+    fn ids_are_prefixed_base64url_of_18_bytes() {
+        let id = new_id("op_").unwrap();
+        assert_eq!(id.len(), 27);
+        assert!(
+            id[3..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
+        assert_eq!(base64url(b"\xfb\xff"), "-_8");
+        assert_ne!(new_id("op_").unwrap(), id);
     }
 }

@@ -10,9 +10,10 @@ use clap::Subcommand;
 use serde_json::{Value, json};
 
 use crate::methods::{App, AppConfig, call_local};
-use crate::operations::operator::{OperatorKey, key_path, random_bytes};
+use crate::operations::operator::{OperatorKey, key_path};
 use crate::operations::trust;
 use crate::rpc::Role;
+use crate::util::random_bytes;
 
 /// The operations commands; the root command line inlines these variants.
 #[derive(Debug, Subcommand)]

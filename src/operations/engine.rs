@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::adapter::{AdapterCtx, AdapterError, FailureKind, Outcome, Registry, Resolved};
 use super::canonical::Exact;
 use super::lifecycle::{OpState, codes};
-use super::operator::{OperatorKey, random_bytes};
+use super::operator::OperatorKey;
 use super::plan::{PLAN_SCHEMA, Plan, PlanAuthorization};
 use super::policy::{ActiveGrant, DecisionEffect, GrantMode, GrantPolicy, Policy, PolicyRequest};
 use super::state::{
@@ -126,26 +126,7 @@ fn rec(kind: &str, payload: impl serde::Serialize) -> Result<NewRecord, OpError>
 }
 
 fn new_id(prefix: &str) -> Result<String, OpError> {
-    let bytes = random_bytes(18).map_err(OpError::store)?;
-    Ok(format!("{prefix}{}", base64url(&bytes)))
-}
-
-fn base64url(bytes: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::with_capacity(bytes.len() * 4 / 3 + 3);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = ((b[0] as u32) << 16) | ((b[1] as u32) << 8) | b[2] as u32;
-        let k = chunk.len() + 1;
-        for i in 0..k {
-            out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
+    crate::util::new_id(prefix).map_err(OpError::store)
 }
 
 fn failpoint(step: &str) {
@@ -1987,18 +1968,5 @@ mod tests {
             ..two
         };
         assert_eq!(approval_intent(&window, 600, 600), Ok((600, 2, 600)));
-    }
-
-    #[test]
-    fn ids_are_prefixed_base64url_of_18_bytes() {
-        let id = new_id("op_").unwrap();
-        assert_eq!(id.len(), 27);
-        assert!(
-            id[3..]
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        );
-        assert_eq!(base64url(b"\xfb\xff"), "-_8");
-        assert_ne!(new_id("op_").unwrap(), id);
     }
 }

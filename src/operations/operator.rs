@@ -2,7 +2,7 @@
 //! workspace). It authenticates operator connections and signs approval decisions, so an
 //! approval forged into the journal without the key is refused at execution.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use hmac::{Hmac, Mac};
@@ -65,13 +65,6 @@ impl std::fmt::Debug for OperatorKey {
     }
 }
 
-/// Reads `n` bytes from the kernel's random source.
-pub fn random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf)
-}
-
 impl OperatorKey {
     /// Creates a new key file (mode 0600, parent 0700). Refuses to overwrite an existing one
     /// and refuses a location inside `workspace` (when given).
@@ -101,7 +94,7 @@ impl OperatorKey {
             std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
             b.create(parent).map_err(io)?;
         }
-        let key = random_bytes(32).map_err(io)?;
+        let key = crate::util::random_bytes(32).map_err(io)?;
         let mut opts = std::fs::OpenOptions::new();
         opts.write(true).create_new(true);
         #[cfg(unix)]

@@ -285,7 +285,7 @@ fn write_atomic(path: &Path, value: &TrustFile) -> Result<(), TrustError> {
     let mut text = serde_json::to_vec_pretty(value)
         .map_err(|e| TrustError::Invalid(format!("cannot encode trust.json: {e}")))?;
     text.push(b'\n');
-    let suffix = super::operator::random_bytes(6)
+    let suffix = crate::util::random_bytes(6)
         .map(|b| crate::util::hex(&b))
         .map_err(io(path))?;
     let tmp = dir.join(format!(".{TRUST_FILE}.{suffix}.tmp"));
