@@ -680,7 +680,11 @@ mod tests {
         drop(ws);
         let again = Workspace::open(dir.path()).expect("reopen");
         assert_eq!(again.seq(), 52);
-        assert_eq!(again.journal_head(), head, "the reopened chain ends where it was left");
+        assert_eq!(
+            again.journal_head(),
+            head,
+            "the reopened chain ends where it was left"
+        );
         assert_eq!(again.chain_status().broken_at, None);
         let mut seen = Vec::new();
         Store::open(dir.path().join(".gaffer"))
@@ -727,7 +731,11 @@ mod tests {
         assert_eq!(c.seq(), 5);
         // The snapshot carries the id and the head: the chain continues across it.
         assert_eq!(c.workspace_id(), id);
-        assert_eq!(c.hash_at(4), Some(signed.hash), "the snapshot head is known");
+        assert_eq!(
+            c.hash_at(4),
+            Some(signed.hash),
+            "the snapshot head is known"
+        );
         assert!(c.hash_at(5).is_some());
         assert_eq!(c.journal_head().seq, 5);
         assert_eq!(c.chain_status().broken_at, None);
@@ -739,7 +747,11 @@ mod tests {
         let a = Workspace::open(dir.path()).expect("open a");
         let b = Workspace::open(dir.path()).expect("open b");
         assert_eq!(a.workspace_id(), None, "no store, no id");
-        assert_eq!(a.journal_head().hash, "0".repeat(64), "an empty store is at genesis");
+        assert_eq!(
+            a.journal_head().hash,
+            "0".repeat(64),
+            "an empty store is at genesis"
+        );
         a.commit(|_s: &State| Ok::<_, ()>((Vec::new(), ())))
             .await
             .expect("empty commit");

@@ -110,6 +110,9 @@ fn every_truncation_offset_opens_to_the_committed_prefix() {
             report.segments.iter().all(|s| s.torn_tail_at.is_none()),
             "cut {cut}: tail still torn"
         );
+        // The cut prefix chains, and the repairing append chained onto it.
+        assert_eq!(report.chain.broken_at, None, "cut {cut}");
+        assert_eq!(report.chain.verified_to, Some(whole + 1), "cut {cut}");
     }
 }
 

@@ -39,6 +39,15 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
                     "{}",
                     serde_json::to_string_pretty(&report).unwrap_or_default()
                 );
+                if let Some(b) = &report.chain.broken_at {
+                    eprintln!(
+                        "gaffer: store verify: hash chain broken at seq {} ({}, offset {}): {}",
+                        b.seq,
+                        b.segment.display(),
+                        b.offset,
+                        b.reason
+                    );
+                }
                 if report.ok {
                     ExitCode::SUCCESS
                 } else {

@@ -64,7 +64,8 @@ pub fn record_hash(body: &[u8]) -> Digest32 {
     Digest32(Sha256::digest(body).into())
 }
 
-/// The last record of a chain: its seq and hash (seq 0 and [`GENESIS`] for an empty store).
+/// The last record of a chain: its seq and hash (seq 0 and 64 zeros, the genesis value, for
+/// an empty store).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct Head {
     pub seq: u64,
@@ -72,7 +73,8 @@ pub struct Head {
     pub hash: String,
 }
 
-/// The first record whose `prev` is not the hash of the record before it.
+/// The first record whose `prev` is not the hash of the record before it (tampering with
+/// record k shows here as seq k + 1).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct ChainBreak {
     pub seq: u64,
@@ -83,7 +85,7 @@ pub struct ChainBreak {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct ChainStatus {
     pub head: Head,
-    /// None while every link read so far holds.
+    /// Null while every link read so far holds.
     pub broken_at: Option<ChainBreak>,
 }
 
