@@ -15,24 +15,35 @@ pub fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// The 32 bytes spelled by 64 lower-case hex digits; None for anything else.
+/// Value of each lower-case hex digit; 0xff for every other byte.
+const UNHEX: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The 32 bytes spelled by 64 lower-case hex digits; None for anything else. Table-driven
+/// and branch-free per digit: every journal record's `prev` goes through here on replay.
 pub fn unhex32(text: &str) -> Option<[u8; 32]> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        }
-    }
-    let bytes = text.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
+    let bytes: &[u8; 64] = text.as_bytes().try_into().ok()?;
     let mut out = [0u8; 32];
-    for (i, pair) in bytes.chunks_exact(2).enumerate() {
-        out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    let mut bad = 0u8;
+    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let (hi, lo) = (UNHEX[pair[0] as usize], UNHEX[pair[1] as usize]);
+        bad |= hi | lo;
+        *o = (hi << 4) | (lo & 0x0f);
     }
-    Some(out)
+    // Valid digits are below 16; 0xff from any invalid byte sets the high bits.
+    (bad < 16).then_some(out)
 }
 
 /// `n` bytes from the OS random source.

@@ -289,9 +289,10 @@ impl Workspace {
         self.read(|s| s.last_seq)
     }
 
-    /// Seq and hash of the last record read or written (seq 0 and the genesis hash for an
-    /// empty store). Records are folded under the same lock hold that reads them, so this is
-    /// the last record folded. Never waits for disk I/O.
+    /// Seq and hash of the last record folded (seq 0 and the genesis hash for an empty store).
+    /// The store publishes a head when it reads or writes records, and they are folded under
+    /// the same hold of the state lock. Takes only the chain view's lock: never waits for a
+    /// commit's fdatasync or a journal read.
     pub fn journal_head(&self) -> Head {
         self.chain.head()
     }

@@ -157,15 +157,21 @@ fn a_transaction_that_appends_nothing_creates_no_journal() {
     );
 }
 
-#[test]
-fn unchained_format_1_segment_is_refused_as_outdated() {
+/// A store of one record whose segment header claims format `version`.
+fn store_with_segment_version(version: u32) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
     let mut store = Store::open(tmp.path()).unwrap();
     append_n(&mut store, 1);
     let seg = tmp.path().join("journal/000001.log");
     let mut bytes = fs::read(&seg).unwrap();
-    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&version.to_le_bytes());
     fs::write(&seg, &bytes).unwrap();
+    tmp
+}
+
+#[test]
+fn unchained_format_1_segment_is_refused_as_outdated() {
+    let tmp = store_with_segment_version(1);
     match Store::open(tmp.path()) {
         Err(e @ StoreError::OutdatedVersion { found: 1, .. }) => {
             let msg = e.to_string();
@@ -180,13 +186,7 @@ fn unchained_format_1_segment_is_refused_as_outdated() {
 
 #[test]
 fn newer_segment_version_is_refused_on_open() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut store = Store::open(tmp.path()).unwrap();
-    append_n(&mut store, 1);
-    let seg = tmp.path().join("journal/000001.log");
-    let mut bytes = fs::read(&seg).unwrap();
-    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
-    fs::write(&seg, &bytes).unwrap();
+    let tmp = store_with_segment_version(7);
     match Store::open(tmp.path()) {
         Err(
             e @ StoreError::UnsupportedVersion {
