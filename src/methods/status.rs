@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::App;
 use crate::peers::Peer;
 use crate::rpc::{Access, Audience, CallCtx, MethodDef, Profile, Role, Router, RpcError};
+use crate::store::ChainStatus;
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +28,9 @@ pub struct StatusParams {
 pub struct StatusResult {
     pub version: String,
     pub workspace: String,
+    /// The store's random id, declared by its first journal record; null until the first
+    /// write creates the store. Operator signatures bind to it.
+    pub workspace_id: Option<String>,
     pub store: StoreStatus,
     pub profile: Profile,
     pub client: String,
@@ -34,6 +38,8 @@ pub struct StatusResult {
     pub pid: u32,
     /// Other gaffer processes currently serving this workspace.
     pub peers: Vec<Peer>,
+    /// `policy.yaml` and `providers.yaml`: trusted, drifted (the trusted content holds), or not.
+    pub trust: Vec<crate::operations::trust::FileTrust>,
     /// With `after_seq`: true when `timeout_ms` passed before the store got past it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timed_out: Option<bool>,
@@ -46,6 +52,9 @@ pub struct StoreStatus {
     pub exists: bool,
     /// The last record folded into this process's state.
     pub seq: u64,
+    /// The journal's hash chain as this process has read it: its head (what an operator
+    /// signature covers) and the first broken link, if any.
+    pub chain: ChainStatus,
 }
 
 pub fn register(r: &mut Router<App>) {
@@ -85,16 +94,19 @@ async fn status(app: Arc<App>, ctx: CallCtx, p: StatusParams) -> Result<StatusRe
     Ok(StatusResult {
         version: env!("CARGO_PKG_VERSION").to_string(),
         workspace: ws.root().display().to_string(),
+        workspace_id: ws.workspace_id(),
         store: StoreStatus {
             exists: dir.is_dir(),
             dir: dir.display().to_string(),
             seq: ws.seq(),
+            chain: ws.chain_status(),
         },
         profile: ctx.client.profile,
         client: ctx.client.id.clone(),
         role: ctx.client.role,
         pid: app.instance.me.pid,
         peers: app.instance.peers(),
+        trust: crate::operations::trust::report(ws, crate::operator::current_public().as_ref()),
         timed_out,
     })
 }
