@@ -427,3 +427,52 @@ fn finding_7_a_serving_process_with_only_the_public_key_verifies_approvals() {
     assert!(!std::path::Path::new(&missing).exists());
     let _ = BIN;
 }
+
+#[test]
+fn a_broken_hash_chain_accepts_no_signed_approval() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let p = {
+        let mut a = env.agent("agent-1");
+        ok(&submit(
+            &mut a,
+            "kv.set",
+            json!({"key": "c"}),
+            json!({"value": 1}),
+            "chain",
+        ))
+        .clone()
+    };
+    assert_eq!(p["state"], "pending");
+    // The agent edits an earlier record (the credential issued to it), re-framed with a valid
+    // checksum: the record after it no longer chains.
+    let seg = env.root().join(".gaffer/journal/000001.log");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let (at, len) = common::frames(&bytes)
+        .into_iter()
+        .find(|(at, len)| {
+            String::from_utf8_lossy(&bytes[at + 8..at + len]).contains("\"client.issued\"")
+        })
+        .expect("the client.issued record");
+    let mut body = bytes[at + 8..at + len].to_vec();
+    let pos = body.windows(3).position(|w| w == b"cl_").unwrap() + 3;
+    body[pos] = if body[pos] == b'A' { b'B' } else { b'A' };
+    bytes.splice(at..at + len, common::forge_frame(&body));
+    std::fs::write(&seg, bytes).unwrap();
+    // A fresh serving process reads the whole journal and sees the break.
+    let mut a = env.agent("agent-1");
+    let st = a.call("gaffer/status", json!({}));
+    assert!(!st["store"]["chain"]["broken_at"].is_null(), "{st}");
+    let (code, out, err) = env.cli(&["approve", p["id"].as_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["succeeded", "failed"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "approval_invalid", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("hash chain"),
+        "{v}"
+    );
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 0);
+}

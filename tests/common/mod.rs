@@ -345,4 +345,31 @@ pub fn journal_bytes(ws: &Path) -> Vec<u8> {
     }
     out
 }
+
+/// (offset, frame length) of every record in a segment.
+pub fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut at = 16;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let word = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = 8 + (word & ((1 << 30) - 1)) as usize;
+        out.push((at, len));
+        at += len;
+    }
+    out
+}
+
+/// A whole frame, a batch of one, with the crc32 the store checks: what an attacker who
+/// knows the format writes.
+pub fn forge_frame(body: &[u8]) -> Vec<u8> {
+    let word = body.len() as u32 | (1 << 31) | (1 << 30);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&word.to_le_bytes());
+    crc.update(body);
+    let mut out = word.to_le_bytes().to_vec();
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
 pub mod gate;
