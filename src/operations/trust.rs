@@ -45,15 +45,7 @@ pub struct TrustPayload {
     pub head: Head,
 }
 
-impl Payload for TrustPayload {
-    const DOMAIN: &'static str = "gaffer/trust/v1";
-    fn domain(&self) -> &str {
-        &self.domain
-    }
-    fn head(&self) -> &Head {
-        &self.head
-    }
-}
+crate::operator::signed::signed_payload!(TrustPayload, "gaffer/trust/v1");
 
 /// A `trust.signed` record. `file` is repeated outside the signature only to index it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,6 +21,22 @@ pub trait Payload: Serialize + DeserializeOwned {
     fn head(&self) -> &Head;
 }
 
+/// Implements [`Payload`] for a struct with `domain: String` and `head: Head` fields.
+macro_rules! signed_payload {
+    ($t:ty, $domain:literal) => {
+        impl $crate::operator::signed::Payload for $t {
+            const DOMAIN: &'static str = $domain;
+            fn domain(&self) -> &str {
+                &self.domain
+            }
+            fn head(&self) -> &$crate::operator::signed::Head {
+                &self.head
+            }
+        }
+    };
+}
+pub(crate) use signed_payload;
+
 /// Every payload domain gaffer signs or accepts.
 pub const DOMAINS: [&str; 5] = [
     crate::operations::decision::DecisionPayload::DOMAIN,
