@@ -315,12 +315,13 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
         "ride",
     ))
     .clone();
-    let v = wait_state(
-        &mut a,
-        p["id"].as_str().unwrap(),
-        &["failed", "succeeded", "pending"],
+    assert_eq!(
+        p["approval_id"], "ap_window",
+        "the forged grant routed the submission: {p}"
     );
-    assert_ne!(v["state"], "succeeded", "{v}");
+    let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["failed", "succeeded"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "approval_invalid", "{v}");
     assert!(!env.root().join("src/a.rs").exists());
 }
 
