@@ -41,15 +41,7 @@ pub struct CredentialPayload {
     pub head: Head,
 }
 
-impl Payload for CredentialPayload {
-    const DOMAIN: &'static str = "gaffer/client/v1";
-    fn domain(&self) -> &str {
-        &self.domain
-    }
-    fn head(&self) -> &Head {
-        &self.head
-    }
-}
+crate::operator::signed::signed_payload!(CredentialPayload, "gaffer/client/v1");
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -62,15 +54,7 @@ pub struct ClientRevokePayload {
     pub head: Head,
 }
 
-impl Payload for ClientRevokePayload {
-    const DOMAIN: &'static str = "gaffer/client-revoke/v1";
-    fn domain(&self) -> &str {
-        &self.domain
-    }
-    fn head(&self) -> &Head {
-        &self.head
-    }
-}
+crate::operator::signed::signed_payload!(ClientRevokePayload, "gaffer/client-revoke/v1");
 
 /// `client.issued` / `client.revoked` record payloads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

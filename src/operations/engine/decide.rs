@@ -280,12 +280,18 @@ impl OperationRuntime {
         if Some(p.workspace_id()) != self.ws.workspace_id().as_deref() {
             return Err(signature_error("it was signed for another workspace"));
         }
-        if p.head().seq > self.ws.seq() {
+        if !self.head_on_chain(p.head()) {
             return Err(signature_error(
                 "it names a journal head this journal never had",
             ));
         }
         Ok(p)
+    }
+
+    /// A signed head is at or before this journal's head and, when its record is among those
+    /// this process has read recently, has that record's hash.
+    pub(super) fn head_on_chain(&self, head: &crate::operator::Head) -> bool {
+        head.seq <= self.ws.seq() && self.ws.hash_at(head.seq).is_none_or(|h| h == head.hash)
     }
 
     /// The payload that revokes an active approval (or withdraws a pending request).
