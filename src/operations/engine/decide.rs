@@ -192,12 +192,10 @@ impl OperationRuntime {
             (Err(_), DecisionKind::Deny) => classification_digest(&a.classification),
         };
         let (duration, max_uses) = narrowed(&a, &req.narrowing)?;
-        // An editor may be the first to decide in a workspace nobody has trusted yet.
         let workspace_id = self
             .ws
-            .ensure_workspace_id()
-            .await
-            .map_err(OpError::store)?;
+            .workspace_id()
+            .ok_or_else(|| OpError::store("no workspace id"))?;
         let approve = req.decision == DecisionKind::Approve;
         let payload = DecisionPayload {
             domain: DecisionPayload::DOMAIN.into(),
