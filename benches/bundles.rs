@@ -316,6 +316,8 @@ fn worker(id: &str) -> Worker {
         diagnostic: None,
         exit: None,
         stop_requested: false,
+        stop_reason: None,
+        created_by: None,
         idempotency_key: None,
         request_fingerprint: format!("sha256:{}", "1".repeat(64)),
         created_seq: 0,

@@ -33,14 +33,18 @@ fn payload(i: u64) -> serde_json::Value {
     })
 }
 
+/// `"prev":"<64 hex>",`: what every body carries besides the record's own fields.
+const PREV_FIELD: usize = r#""prev":"","#.len() + 64;
+
 fn record_body_len() -> usize {
-    serde_json::to_vec(&Record {
-        seq: 123_456,
-        time_ms: 1_700_000_000_000,
-        kind: "operation.changed".into(),
-        payload: payload(1),
-    })
-    .map_or(0, |v| v.len())
+    PREV_FIELD
+        + serde_json::to_vec(&Record {
+            seq: 123_456,
+            time_ms: 1_700_000_000_000,
+            kind: "operation.changed".into(),
+            payload: payload(1),
+        })
+        .map_or(0, |v| v.len())
 }
 
 struct Row {

@@ -71,6 +71,7 @@ fn main() -> ExitCode {
     let code = runtime.block_on(run(cli));
     // Background readers (stdin) must not keep the process alive after the session ended.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    gaffer::peers::remove_at_exit();
     code
 }
 
@@ -101,6 +102,17 @@ async fn serve(g: &Global, args: ServeArgs) -> ExitCode {
     } else {
         ProfileChoice::Auto
     };
+    // A workspace named on the command line must exist: a server that cannot open it would
+    // only fail every request.
+    if let Some(ws) = &g.workspace
+        && !ws.is_dir()
+    {
+        eprintln!(
+            "gaffer: --workspace {} is not a directory; create it or name another",
+            ws.display()
+        );
+        return ExitCode::from(2);
+    }
     let host = Arc::new(Server { config: config(g) });
     let router = Arc::new(methods::router());
     let (input, output) = stdio();
@@ -184,11 +196,11 @@ async fn call(g: &Global, method: &str, params: &str) -> ExitCode {
     };
     match methods::call_local(app, Role::Agent, method, params).await {
         Ok(v) => {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            gaffer::outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             ExitCode::SUCCESS
         }
         Err(e) => {
-            println!("{}", serde_json::json!({ "error": e }));
+            gaffer::outln!("{}", serde_json::json!({ "error": e }));
             ExitCode::FAILURE
         }
     }
@@ -196,7 +208,7 @@ async fn call(g: &Global, method: &str, params: &str) -> ExitCode {
 
 fn doctor(root: &Path) -> ExitCode {
     let report = gaffer::cli::doctor::run(root);
-    println!(
+    gaffer::outln!(
         "{}",
         serde_json::to_string_pretty(&report).unwrap_or_default()
     );

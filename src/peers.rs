@@ -13,6 +13,21 @@ pub struct Peer {
     pub started_ms: u64,
 }
 
+/// Every presence file this process wrote, so an exit removes them even where destructors of
+/// long-lived state never run.
+fn written_files() -> &'static std::sync::Mutex<Vec<PathBuf>> {
+    static FILES: std::sync::OnceLock<std::sync::Mutex<Vec<PathBuf>>> = std::sync::OnceLock::new();
+    FILES.get_or_init(Default::default)
+}
+
+/// Removes this process's presence files; call on the way out of `main`.
+pub fn remove_at_exit() {
+    let files = std::mem::take(&mut *written_files().lock().unwrap_or_else(|p| p.into_inner()));
+    for f in files {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
 /// This process's identity on the workspace.
 #[derive(Debug)]
 pub struct Instance {
@@ -51,7 +66,13 @@ impl Instance {
         let written = std::fs::create_dir_all(&self.dir)
             .and_then(|()| std::fs::write(&path, serde_json::to_vec(&self.me).unwrap_or_default()));
         match written {
-            Ok(()) => *file = Some(path),
+            Ok(()) => {
+                written_files()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(path.clone());
+                *file = Some(path);
+            }
             Err(e) => tracing::warn!(error = %e, "presence file not written"),
         }
     }
@@ -69,6 +90,17 @@ impl Instance {
             .collect();
         out.sort_by_key(|p| p.pid);
         out
+    }
+}
+
+impl Instance {
+    /// Removes the presence file: this process is about to exit (the process may end without
+    /// running destructors, so exit paths call this rather than rely on `Drop`).
+    pub fn deregister(&self) {
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = file.take() {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }
 

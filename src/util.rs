@@ -1,5 +1,7 @@
 //! Small helpers shared by several modules.
 
+use std::io::Read;
+
 use sha2::{Digest, Sha256};
 
 /// Lower-case hex of `bytes`.
@@ -11,6 +13,37 @@ pub fn hex(bytes: &[u8]) -> String {
         out.push(DIGITS[(b & 0x0f) as usize] as char);
     }
     out
+}
+
+/// Value of each lower-case hex digit; 0xff for every other byte.
+const UNHEX: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The 32 bytes spelled by 64 lower-case hex digits; None for anything else. Table-driven
+/// and branch-free per digit: every journal record's `prev` goes through here on replay.
+pub fn unhex32(text: &str) -> Option<[u8; 32]> {
+    let bytes: &[u8; 64] = text.as_bytes().try_into().ok()?;
+    let mut out = [0u8; 32];
+    let mut bad = 0u8;
+    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let (hi, lo) = (UNHEX[pair[0] as usize], UNHEX[pair[1] as usize]);
+        bad |= hi | lo;
+        *o = (hi << 4) | (lo & 0x0f);
+    }
+    // Valid digits are below 16; 0xff from any invalid byte sets the high bits.
+    (bad < 16).then_some(out)
 }
 
 /// Hex sha256 of `bytes`.
@@ -26,15 +59,14 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Reads `n` bytes from the kernel's random source.
+/// `n` bytes from the OS random source.
 pub fn random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
     let mut buf = vec![0u8; n];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
     Ok(buf)
 }
 
-/// A fresh random id: `prefix` + base64url of 18 random bytes.
+/// A fresh random id: `prefix` + base64url of 18 random bytes (144 bits).
 pub fn new_id(prefix: &str) -> std::io::Result<String> {
     Ok(format!("{prefix}{}", base64url(&random_bytes(18)?)))
 }
@@ -103,5 +135,31 @@ mod tests {
         assert_eq!(base64url_decode("a"), None);
         assert_eq!(base64url_decode("ab=="), None);
         assert_eq!(base64url_decode("a+b/"), None);
+    }
+
+    #[test]
+    fn unhex32_inverts_hex_and_refuses_anything_else() {
+        let bytes: Vec<u8> = (0..32).map(|i| i * 7).collect();
+        assert_eq!(unhex32(&hex(&bytes)).map(|b| b.to_vec()), Some(bytes));
+        assert_eq!(
+            unhex32(&"A".repeat(64)),
+            None,
+            "upper case is not canonical"
+        );
+        assert_eq!(unhex32(&"0".repeat(63)), None);
+        assert_eq!(unhex32(&"g".repeat(64)), None);
+    }
+
+    #[test]
+    fn ids_are_prefixed_base64url_of_18_bytes() {
+        let id = new_id("op_").unwrap();
+        assert_eq!(id.len(), 27);
+        assert!(
+            id[3..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
+        assert_eq!(base64url(b"\xfb\xff"), "-_8");
+        assert_ne!(new_id("op_").unwrap(), id);
     }
 }

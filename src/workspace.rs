@@ -7,6 +7,11 @@
 //! fdatasync (group commit), and only then answers the callers and pushes notifications.
 //! A tailer thread folds in other processes' appends between writes, so their changes reach
 //! this process's clients as notifications.
+//!
+//! The journal is hash-chained (see [`crate::store::chain`]); the chain as this process has
+//! read it is readable without the state lock ([`Workspace::chain_status`]), and the store's
+//! first record declares a random workspace id ([`Workspace::workspace_id`]) that operator
+//! signatures bind to.
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -18,7 +23,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
 
 pub use crate::store::Record;
-use crate::store::{RawSnapshot, Store, StoreError};
+use crate::store::{ChainStatus, ChainView, Head, RawSnapshot, Store, StoreError};
 
 /// Write a snapshot after this many records since the last one, so opening stays fast.
 const SNAPSHOT_EVERY: u64 = 50_000;
@@ -92,9 +97,6 @@ pub struct State {
     pub trust: crate::operations::trust::TrustState,
     #[serde(default)]
     pub clients: crate::clients::ClientState,
-    // MERGE-SHIM: replaced by the chain branch's workspace id.
-    #[serde(default)]
-    pub shim_workspace_id: Option<String>,
 }
 
 impl State {
@@ -108,16 +110,8 @@ impl State {
             "operation" | "approval" => self.operations.apply(rec, out),
             "trust" => self.trust.apply(rec, out),
             "client" => self.clients.apply(rec, out),
-            "store" => {
-                if self.shim_workspace_id.is_none() {
-                    self.shim_workspace_id = rec
-                        .payload
-                        .get("workspace_id")
-                        .and_then(|v| v.as_str())
-                        .map(str::to_string);
-                }
-            }
-            "gaffer" => {}
+            // `store.created`: the id lives in the store's chain view, not in the state.
+            "gaffer" | "store" => {}
             _ => tracing::warn!(kind = %rec.kind, seq = rec.seq, "unknown record kind skipped"),
         }
     }
@@ -181,6 +175,8 @@ pub struct Workspace {
     events: broadcast::Sender<Notice>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     stop_tailer: Arc<std::sync::atomic::AtomicBool>,
+    /// Shared with the store (kept across a reload), so chain queries never wait for a commit.
+    chain: ChainView,
 }
 
 fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -188,9 +184,10 @@ fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
     inner.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Opens the store and folds snapshot + later records into a fresh state.
-fn load(dir: &Path) -> Result<(Store, State, u64), WorkspaceError> {
-    let mut store = Store::open(dir)?;
+/// Opens the store (publishing its chain into `view`) and folds snapshot + later records into
+/// a fresh state.
+fn load(dir: &Path, view: &ChainView) -> Result<(Store, State, u64), WorkspaceError> {
+    let mut store = Store::open_with_view(dir, view.clone())?;
     let (mut state, after) = match store.snapshot()? {
         Some(snap) => {
             let state: State =
@@ -221,7 +218,8 @@ impl Workspace {
         }
         let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
         let gaffer_dir = root.join(".gaffer");
-        let (store, state, replayed) = load(&gaffer_dir)?;
+        let chain = ChainView::default();
+        let (store, state, replayed) = load(&gaffer_dir, &chain)?;
         tracing::info!(workspace = %root.display(), seq = state.last_seq, replayed, "workspace opened");
         let inner = Arc::new(Mutex::new(Inner {
             store,
@@ -236,9 +234,10 @@ impl Workspace {
             let inner = Arc::clone(&inner);
             let events = events.clone();
             let dir = gaffer_dir.clone();
+            let view = chain.clone();
             std::thread::Builder::new()
                 .name("gaffer-writer".into())
-                .spawn(move || writer_loop(&inner, &events, &dir, rx))
+                .spawn(move || writer_loop(&inner, &events, (&dir, &view), rx))
                 .map_err(|e| StoreError::Io {
                     path: gaffer_dir.clone(),
                     source: e,
@@ -270,6 +269,7 @@ impl Workspace {
             events,
             jobs: Mutex::new(Some(tx)),
             stop_tailer,
+            chain,
         }))
     }
 
@@ -293,6 +293,30 @@ impl Workspace {
     /// The last sequence number folded.
     pub fn seq(&self) -> u64 {
         self.read(|s| s.last_seq)
+    }
+
+    /// Seq and hash of the last record folded (seq 0 and the genesis hash for an empty store).
+    /// The store publishes a head when it reads or writes records, and they are folded under
+    /// the same hold of the state lock. Takes only the chain view's lock: never waits for a
+    /// commit's fdatasync or a journal read.
+    pub fn journal_head(&self) -> Head {
+        self.chain.head()
+    }
+
+    /// The head and the first broken link read since the store was opened.
+    pub fn chain_status(&self) -> ChainStatus {
+        self.chain.status()
+    }
+
+    /// The store's random id (from its `store.created` record); None while no store exists.
+    pub fn workspace_id(&self) -> Option<String> {
+        self.chain.workspace_id()
+    }
+
+    /// The hash of record `seq` if it is among the last 65,536 read (to confirm that a signed
+    /// head lies on this chain).
+    pub fn hash_at(&self, seq: u64) -> Option<String> {
+        self.chain.hash_at(seq)
     }
 
     /// Validates and durably applies a change; see the module docs.
@@ -344,40 +368,32 @@ impl Workspace {
     }
 
     /// Notifications from every record folded from now on (this process's and others').
-    // MERGE-SHIM: the chain branch provides these.
-    pub fn workspace_id(&self) -> Option<String> {
-        self.read(|s| s.shim_workspace_id.clone())
-    }
-    pub fn journal_head(&self) -> crate::operator::Head {
-        crate::operator::Head {
-            seq: self.seq(),
-            hash: String::new(),
-        }
-    }
+    /// Whether the hash chain verifies over everything this process has read. While it does
+    /// not, no operator signature is taken as authority.
     pub fn chain_ok(&self) -> bool {
-        true
+        self.chain_status().broken_at.is_none()
     }
+
+    /// The workspace id, creating the store (whose first record carries it) if there is none
+    /// yet: an operator signature must name the workspace it is for.
     pub async fn ensure_workspace_id(&self) -> Result<String, WorkspaceError> {
         if let Some(id) = self.workspace_id() {
             return Ok(id);
         }
-        let id =
-            crate::util::new_id("ws_").map_err(|e| WorkspaceError::Unavailable(e.to_string()))?;
-        let rec = NewRecord::new("store.created", serde_json::json!({"workspace_id": id}))?;
-        self.commit(move |s: &State| {
-            if s.shim_workspace_id.is_some() {
-                return Ok::<_, WorkspaceError>((vec![], ()));
-            }
-            Ok((vec![rec], ()))
-        })
-        .await
-        .map_err(|e| match e {
-            CommitError::Rejected(e) | CommitError::Store(e) => e,
-        })?;
+        let rec = NewRecord::new(
+            "gaffer.opened",
+            serde_json::json!({"for": "operator signature"}),
+        )?;
+        self.commit(move |_: &State| Ok::<_, WorkspaceError>((vec![rec], ())))
+            .await
+            .map_err(|e| match e {
+                CommitError::Rejected(e) | CommitError::Store(e) => e,
+            })?;
         self.workspace_id()
-            .ok_or_else(|| WorkspaceError::Unavailable("no workspace id".into()))
+            .ok_or_else(|| WorkspaceError::Unavailable("the store has no workspace id".into()))
     }
 
+    /// Notifications from every record folded from now on (this process's and others').
     pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
         self.events.subscribe()
     }
@@ -466,7 +482,7 @@ fn snapshot(inner: &mut Inner) -> Result<u64, WorkspaceError> {
 fn writer_loop(
     inner: &Mutex<Inner>,
     events: &broadcast::Sender<Notice>,
-    dir: &Path,
+    (dir, view): (&Path, &ChainView),
     rx: mpsc::Receiver<Job>,
 ) {
     while let Ok(first) = rx.recv() {
@@ -481,7 +497,7 @@ fn writer_loop(
         let guard = &mut *guard;
         if let Err(e) = run_batch(guard, events, jobs) {
             tracing::error!(error = %e, "commit batch failed; reloading state from disk");
-            match load(dir) {
+            match load(dir, view) {
                 Ok((store, state, _)) => {
                     guard.store = store;
                     guard.state = state;
@@ -524,6 +540,25 @@ fn stage_jobs(state: &mut State, next_seq: u64, jobs: Vec<Job>) -> Result<Staged
     Ok((stage.staged, stage.notices, completions))
 }
 
+/// [`stage_jobs`], plus the `store.created` record (seq 1, a fresh workspace id) in front when
+/// this batch creates the journal: decided under the store lock, so racing first writers
+/// agree on one id. The commits then start at seq 2; a batch staging nothing writes nothing.
+fn stage_batch(state: &mut State, next_seq: u64, jobs: Vec<Job>) -> Result<Staged, WorkspaceError> {
+    let fresh = next_seq == 1;
+    let (mut staged, notices, completions) = stage_jobs(state, next_seq + u64::from(fresh), jobs)?;
+    if fresh && !staged.is_empty() {
+        match crate::store::store_created_record() {
+            Ok(created) => staged.insert(0, created),
+            Err(e) => {
+                let e = WorkspaceError::from(e);
+                fail(completions, &e);
+                return Err(e);
+            }
+        }
+    }
+    Ok((staged, notices, completions))
+}
+
 fn fail(completions: Vec<Completion>, e: &WorkspaceError) {
     let msg = e.to_string();
     for c in completions {
@@ -553,7 +588,7 @@ fn run_batch(
     };
     if root_lock.is_some() && !journal.exists() {
         let next_seq = inner.state.last_seq + 1;
-        let (staged, notices, completions) = stage_jobs(&mut inner.state, next_seq, jobs)?;
+        let (staged, notices, completions) = stage_batch(&mut inner.state, next_seq, jobs)?;
         if !staged.is_empty() {
             let hook = inner.before_write.clone();
             let mut txn = match inner.store.begin() {
@@ -610,7 +645,8 @@ fn run_batch(
     for rec in &others {
         inner.state.apply(rec, &mut notices);
     }
-    let (staged, staged_notices, completions) = stage_jobs(&mut inner.state, txn.next_seq(), jobs)?;
+    let (staged, staged_notices, completions) =
+        stage_batch(&mut inner.state, txn.next_seq(), jobs)?;
     if !staged.is_empty()
         && let Err(e) = txn.append(&staged)
     {
@@ -653,12 +689,13 @@ mod tests {
             .await
             .expect("commit");
         assert_eq!(seq, 0, "the closure saw the state before its own records");
-        assert_eq!(ws.seq(), 1);
+        // Seq 1 is the store's `store.created` record.
+        assert_eq!(ws.seq(), 2);
         let rejected = ws
             .commit(|_s: &State| Err::<(Vec<NewRecord>, ()), _>("no"))
             .await;
         assert!(matches!(rejected, Err(CommitError::Rejected("no"))));
-        assert_eq!(ws.seq(), 1);
+        assert_eq!(ws.seq(), 2);
         // Many concurrent commits: every one lands exactly once, in a contiguous sequence.
         let mut handles = Vec::new();
         for i in 0..50u64 {
@@ -671,10 +708,17 @@ mod tests {
         for h in handles {
             assert!(h.await.expect("join").is_ok());
         }
-        assert_eq!(ws.seq(), 51);
+        assert_eq!(ws.seq(), 52);
+        let head = ws.journal_head();
         drop(ws);
         let again = Workspace::open(dir.path()).expect("reopen");
-        assert_eq!(again.seq(), 51);
+        assert_eq!(again.seq(), 52);
+        assert_eq!(
+            again.journal_head(),
+            head,
+            "the reopened chain ends where it was left"
+        );
+        assert_eq!(again.chain_status().broken_at, None);
         let mut seen = Vec::new();
         Store::open(dir.path().join(".gaffer"))
             .expect("store")
@@ -683,7 +727,7 @@ mod tests {
                 Ok(())
             })
             .expect("read");
-        assert_eq!(seen, (1..=51).collect::<Vec<_>>());
+        assert_eq!(seen, (1..=52).collect::<Vec<_>>());
     }
 
     #[tokio::test]
@@ -699,22 +743,35 @@ mod tests {
         // b folds a's records on read (reads re-check the journal after READ_FRESHNESS), and
         // its own commit continues the sequence.
         std::thread::sleep(READ_FRESHNESS * 2);
-        assert_eq!(b.seq(), 2);
+        assert_eq!(b.seq(), 3);
         b.commit(|s: &State| {
-            assert_eq!(s.last_seq, 2);
+            assert_eq!(s.last_seq, 3);
             Ok::<_, ()>((vec![rec("gaffer.test", 3)], ()))
         })
         .await
         .expect("commit b");
         std::thread::sleep(READ_FRESHNESS * 2);
-        assert_eq!(a.seq(), 3);
-        assert_eq!(a.compact().await.expect("compact"), 3);
+        assert_eq!(a.seq(), 4);
+        assert_eq!(a.journal_head(), b.journal_head(), "both follow one chain");
+        let signed = a.journal_head();
+        assert_eq!(a.compact().await.expect("compact"), 4);
         a.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 4)], ())))
             .await
             .expect("commit after snapshot");
+        let id = a.workspace_id();
         drop((a, b));
         let c = Workspace::open(dir.path()).expect("reopen");
-        assert_eq!(c.seq(), 4);
+        assert_eq!(c.seq(), 5);
+        // The snapshot carries the id and the head: the chain continues across it.
+        assert_eq!(c.workspace_id(), id);
+        assert_eq!(
+            c.hash_at(4),
+            Some(signed.hash),
+            "the snapshot head is known"
+        );
+        assert!(c.hash_at(5).is_some());
+        assert_eq!(c.journal_head().seq, 5);
+        assert_eq!(c.chain_status().broken_at, None);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -722,6 +779,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let a = Workspace::open(dir.path()).expect("open a");
         let b = Workspace::open(dir.path()).expect("open b");
+        assert_eq!(a.workspace_id(), None, "no store, no id");
+        assert_eq!(
+            a.journal_head().hash,
+            "0".repeat(64),
+            "an empty store is at genesis"
+        );
         a.commit(|_s: &State| Ok::<_, ()>((Vec::new(), ())))
             .await
             .expect("empty commit");
@@ -741,7 +804,23 @@ mod tests {
             assert!(h.await.expect("join").is_ok(), "every racing commit lands");
         }
         std::thread::sleep(READ_FRESHNESS * 2);
-        assert_eq!(a.seq(), 40);
-        assert_eq!(b.seq(), 40);
+        assert_eq!(a.seq(), 41);
+        assert_eq!(b.seq(), 41);
+        // One store.created record at seq 1, and both instances read the same id from it.
+        let mut created = Vec::new();
+        Store::open(dir.path().join(".gaffer"))
+            .expect("store")
+            .read_all(0, |r: Record| -> Result<(), StoreError> {
+                if r.kind == crate::store::STORE_CREATED {
+                    created.push((r.seq, r.payload["workspace_id"].clone()));
+                }
+                Ok(())
+            })
+            .expect("read");
+        let id = a.workspace_id().expect("a knows the id");
+        assert!(id.starts_with("ws_") && id.len() == 27, "{id}");
+        assert_eq!(created, vec![(1, json!(id))]);
+        assert_eq!(b.workspace_id(), Some(id));
+        assert_eq!(a.journal_head(), b.journal_head());
     }
 }

@@ -198,6 +198,11 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
         "uses": {}, "decision_keys": {}
     });
     append_as_agent(env.root(), vec![("operation.created", created)]);
+    // The operator's process learns of it by tailing the journal.
+    op.wait_for(Duration::from_secs(10), |v| {
+        v["method"] == "approvals/requested" && v["params"]["approval_id"] == "ap_swap"
+    })
+    .expect("approvals/requested for the forged request");
     let view = op.call("approvals/get", json!({"id": "ap_swap"}));
     assert_eq!(
         view["target"]["path"], "src/evil.rs",
@@ -290,9 +295,18 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
         "operator_signature": gaffer::operator::OperatorSignature::sign(&forger, &payload),
         "idempotency_key": "forged", "command_digest": "x"
     });
+    let before = a.call("gaffer/status", json!({}))["store"]["seq"].clone();
     append_as_agent(
         env.root(),
         vec![("operation.created", seed), ("approval.decided", decided)],
+    );
+    let seen = a.call(
+        "gaffer/status",
+        json!({"after_seq": before, "timeout_ms": 10000}),
+    );
+    assert_eq!(
+        seen["timed_out"], false,
+        "the serving process folded the forgery: {seen}"
     );
     // A real submission for src/a.rs now rides the "grant" at submit; the claim checks the
     // signature and refuses it.
@@ -304,12 +318,13 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
         "ride",
     ))
     .clone();
-    let v = wait_state(
-        &mut a,
-        p["id"].as_str().unwrap(),
-        &["failed", "succeeded", "pending"],
+    assert_eq!(
+        p["approval_id"], "ap_window",
+        "the forged grant routed the submission: {p}"
     );
-    assert_ne!(v["state"], "succeeded", "{v}");
+    let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["failed", "succeeded"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "approval_invalid", "{v}");
     assert!(!env.root().join("src/a.rs").exists());
 }
 
@@ -429,4 +444,53 @@ fn finding_7_a_serving_process_with_only_the_public_key_verifies_approvals() {
     // Nothing the serving process could read signs: it never needed the private key.
     assert!(!std::path::Path::new(&missing).exists());
     let _ = BIN;
+}
+
+#[test]
+fn a_broken_hash_chain_accepts_no_signed_approval() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let p = {
+        let mut a = env.agent("agent-1");
+        ok(&submit(
+            &mut a,
+            "kv.set",
+            json!({"key": "c"}),
+            json!({"value": 1}),
+            "chain",
+        ))
+        .clone()
+    };
+    assert_eq!(p["state"], "pending");
+    // The agent edits an earlier record (the credential issued to it), re-framed with a valid
+    // checksum: the record after it no longer chains.
+    let seg = env.root().join(".gaffer/journal/000001.log");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let (at, len) = common::frames(&bytes)
+        .into_iter()
+        .find(|(at, len)| {
+            String::from_utf8_lossy(&bytes[at + 8..at + len]).contains("\"client.issued\"")
+        })
+        .expect("the client.issued record");
+    let mut body = bytes[at + 8..at + len].to_vec();
+    let pos = body.windows(3).position(|w| w == b"cl_").unwrap() + 3;
+    body[pos] = if body[pos] == b'A' { b'B' } else { b'A' };
+    bytes.splice(at..at + len, common::forge_frame(&body));
+    std::fs::write(&seg, bytes).unwrap();
+    // A fresh serving process reads the whole journal and sees the break.
+    let mut a = env.agent("agent-1");
+    let st = a.call("gaffer/status", json!({}));
+    assert!(!st["store"]["chain"]["broken_at"].is_null(), "{st}");
+    let (code, out, err) = env.cli(&["approve", p["id"].as_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["succeeded", "failed"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "approval_invalid", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("hash chain"),
+        "{v}"
+    );
+    assert_eq!(lines(&env.root().join("kv-exec.log")), 0);
 }

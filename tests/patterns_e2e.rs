@@ -179,12 +179,20 @@ fn mcp_tools_rpc_and_cli_give_the_same_plan() {
     }
     let mut rpc = Server::start(ws.path(), Wire::Ndjson, &[]);
     for req in &requests {
-        // MCP: the selection tool always answers with the selection form, whatever `output` says.
+        // MCP: `output` is honoured; without it the selection tool answers the selection form.
         let mut args = req.clone();
         args["output"] = json!("task_graph");
-        let via_mcp = mcp.call(
+        let graph = mcp.call(
             "tools/call",
             json!({"name": "select_worker_pattern", "arguments": args}),
+        );
+        assert_eq!(
+            graph["structuredContent"]["kind"], "worker_pattern_task_graph_spec",
+            "{graph}"
+        );
+        let via_mcp = mcp.call(
+            "tools/call",
+            json!({"name": "select_worker_pattern", "arguments": req}),
         );
         assert_eq!(via_mcp["isError"], false, "{via_mcp}");
         let mcp_result = &via_mcp["structuredContent"];

@@ -52,11 +52,7 @@ fn broken_roster_without_persistent_workers_still_selects_with_a_diagnostic() {
 
 #[test]
 fn broken_roster_with_persistent_workers_is_an_error_naming_roster() {
-    for broken in [
-        "fixtures/roster-bad-yaml.yaml",
-        "fixtures",
-        "fixtures/no-such-roster.yaml",
-    ] {
+    for broken in ["fixtures/roster-bad-yaml.yaml", "fixtures"] {
         let ctx = ctx_with(&[(ENV_ROSTER_PATH, broken)]);
         let err = select(
             &json!({"objective": "Fix it", "persistent_workers": true}),
@@ -66,6 +62,22 @@ fn broken_roster_with_persistent_workers_is_an_error_naming_roster() {
         assert_eq!(err.field, "roster", "{broken}");
         assert!(err.message.contains(broken), "{}", err.message);
     }
+}
+
+/// Spec §7.1: a roster path that does not exist means no roster, also with persistent workers:
+/// no mapping and no roster notes (the plan equals the one made without any roster).
+#[test]
+fn missing_roster_with_persistent_workers_is_no_roster() {
+    let req = json!({"objective": "Implement persistent profile lanes", "persistent_workers": true, "scopes": ["router"]});
+    let out = select(
+        &req,
+        &ctx_with(&[(ENV_ROSTER_PATH, "fixtures/no-such-roster.yaml")]),
+    )
+    .expect("a missing roster is no roster");
+    let clean = select(&req, &ctx_with(&[])).expect("no roster configured");
+    assert_eq!(out["plan"], clean["plan"]);
+    let notes = out["plan"]["safety_notes"].to_string();
+    assert!(!notes.contains("roster"), "{notes}");
 }
 
 #[test]

@@ -158,6 +158,14 @@ fn kill_nine_never_loses_an_acknowledged_append() {
         );
 
         let records = replay_all(&dir);
+        // What survives a kill -9 is a committed prefix, and it chains.
+        let chain = gaffer::store::verify(&dir).unwrap().chain;
+        assert_eq!(chain.broken_at, None, "round {round}");
+        assert_eq!(
+            chain.verified_to,
+            Some(records.len() as u64),
+            "round {round}"
+        );
         let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
         let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
         assert_eq!(seqs, expected, "round {round}: seqs not contiguous from 1");

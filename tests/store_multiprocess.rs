@@ -138,5 +138,11 @@ fn two_processes_append_concurrently() {
             .collect();
         assert_eq!(mine, (0..PER_WRITER).collect::<Vec<_>>(), "writer {id}");
     }
-    assert!(gaffer::store::verify(&dir).unwrap().ok);
+    let report = gaffer::store::verify(&dir).unwrap();
+    assert!(report.ok, "{:?}", report.problems);
+    // Every writer chained onto what the others had appended.
+    assert_eq!(report.chain.broken_at, None);
+    assert_eq!(report.chain.verified_to, Some(PER_WRITER * WRITERS));
+    assert_eq!(store.chain_status().broken_at, None);
+    assert_eq!(store.chain_status().head, store.head());
 }

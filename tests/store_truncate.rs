@@ -110,6 +110,9 @@ fn every_truncation_offset_opens_to_the_committed_prefix() {
             report.segments.iter().all(|s| s.torn_tail_at.is_none()),
             "cut {cut}: tail still torn"
         );
+        // The cut prefix chains, and the repairing append chained onto it.
+        assert_eq!(report.chain.broken_at, None, "cut {cut}");
+        assert_eq!(report.chain.verified_to, Some(whole + 1), "cut {cut}");
     }
 }
 
@@ -363,8 +366,10 @@ fn damage_inside_the_last_batch_is_torn_but_before_a_later_batch_is_corrupt() {
     let dst = tmp.path().join("d");
 
     // Record 4 (middle of batch [3,4,5]) damaged, batch [6] after it: corruption.
-    let frame_len = |seq: u64| 8 + serde_json::to_vec(&rec(seq)).unwrap().len() as u64;
-    let rec4_at = ends[1] + frame_len(3);
+    // Frame length of record 3 from its length word (low 30 bits) + the 8-byte prefix.
+    let at3 = ends[1] as usize;
+    let word = u32::from_le_bytes(full[at3..at3 + 4].try_into().unwrap());
+    let rec4_at = ends[1] + 8 + u64::from(word & ((1 << 30) - 1));
     let mut bytes = full.clone();
     bytes[rec4_at as usize + 12] ^= 0x10;
     store_with_segment(&dst, &bytes);

@@ -477,8 +477,8 @@ fn output_reaches_the_transcript_and_a_second_process_and_input_crosses_processe
         stopped["reason"]
             .as_str()
             .unwrap()
-            .contains("stopped on request"),
-        "{stopped}"
+            .contains("stopped on request: done here"),
+        "the reason given through B is kept: {stopped}"
     );
     let changed = a.notification("workers/changed", Duration::from_secs(5));
     assert!(changed.is_some());

@@ -4,6 +4,7 @@ pub mod bundles;
 pub mod doctor;
 pub mod operations;
 pub mod operator;
+pub mod output;
 pub mod patterns;
 pub mod store;
 pub mod workers;

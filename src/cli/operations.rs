@@ -70,7 +70,7 @@ pub enum OpCmd {
 }
 
 pub(super) fn print(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    crate::outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 pub(super) fn open(root: &Path) -> Result<Arc<App>, ExitCode> {
@@ -93,7 +93,7 @@ pub(super) async fn call(
     call_local(Arc::clone(app), role, method, params)
         .await
         .map_err(|e| {
-            println!("{}", json!({ "error": e }));
+            crate::outln!("{}", json!({ "error": e }));
             ExitCode::FAILURE
         })
 }

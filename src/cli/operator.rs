@@ -269,30 +269,9 @@ async fn trust_sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode
 /// `gaffer trust --show`: read-only; needs only the public key.
 fn trust_show(root: &Path) -> Result<ExitCode, ExitCode> {
     let app = open(root)?;
-    print(&json!({ "files": trust_report(&app) }));
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Each trust-gated file's status, digests and drift (also used by doctor and status).
-pub fn trust_report(app: &App) -> Vec<Value> {
     let key = crate::operator::current_public();
-    trust::TRUSTED_FILES
-        .iter()
-        .map(|file| match trust::check(&app.workspace, file, key.as_ref()) {
-            Ok(c) => json!({
-                "file": file,
-                "status": c.status,
-                "detail": c.status.describe(),
-                "drift": c.status.is_drift(),
-                "sha256": c.disk.as_deref().map(crate::util::sha256_hex),
-                "trusted_sha256": c.trust.as_ref().and_then(|t| t.sha256.clone()),
-                "trusted_version": c.trust.as_ref().map(|t| t.version),
-                "signed_at": c.trust.as_ref().map(|t| crate::operations::views::rfc3339(t.signed_at_ms)),
-                "invalid_records": c.invalid_records,
-            }),
-            Err(e) => json!({"file": file, "status": "unreadable", "detail": e.to_string()}),
-        })
-        .collect()
+    print(&json!({ "files": trust::report(&app.workspace, key.as_ref()) }));
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn client(c: ClientCmd, root: &Path) -> Result<ExitCode, ExitCode> {
@@ -339,19 +318,13 @@ async fn client(c: ClientCmd, root: &Path) -> Result<ExitCode, ExitCode> {
                 ));
             }
             let head = ws.journal_head();
-            let recs = matching.iter().map(|cid| {
-                let p = crate::clients::ClientRevokePayload {
-                    domain: <crate::clients::ClientRevokePayload as crate::operator::signed::Payload>::DOMAIN.into(),
-                    workspace_id: id.clone(),
-                    credential_id: cid.clone(),
-                    revoked_at_ms: crate::util::now_ms(),
-                    head: head.clone(),
-                };
-                (crate::clients::KIND_REVOKED, crate::clients::SignedRecord {
-                    credential_id: cid.clone(),
-                    operator_signature: OperatorSignature::sign(&signer, &p),
+            let recs = matching
+                .iter()
+                .map(|cid| {
+                    let r = crate::clients::revoke(&signer, &id, cid, head.clone());
+                    (crate::clients::KIND_REVOKED, r)
                 })
-            }).collect();
+                .collect();
             commit(&app, recs).await?;
             print(&json!({"revoked": matching}));
         }

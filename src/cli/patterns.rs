@@ -417,7 +417,7 @@ fn init_config(workspace: &Path, target: Option<PathBuf>, write: bool, force: bo
     });
     match result {
         Ok(()) => {
-            println!("wrote a roster template to {}", target.display());
+            crate::outln!("wrote a roster template to {}", target.display());
             ExitCode::SUCCESS
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {

@@ -6,14 +6,15 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::store::{self, Record, Store, StoreError};
+use crate::store::{self, Entry, Store, StoreError};
 use crate::workspace::Workspace;
 
 #[derive(Debug, Subcommand)]
 pub enum StoreCmd {
-    /// Check every segment, record checksum, sequence, snapshot and blob (read-only).
+    /// Check every segment, record checksum, sequence, hash-chain link, snapshot and blob
+    /// (read-only); report how far the chain verifies and what operator signatures vouch for.
     Verify,
-    /// Print the audit journal as JSON lines.
+    /// Print the audit journal as JSON lines: each record with its `prev` and `hash`.
     Log {
         /// Only records whose kind equals this or starts with `KIND.`.
         #[arg(long)]
@@ -34,10 +35,19 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
     match cmd {
         StoreCmd::Verify => match store::verify(&dir) {
             Ok(report) => {
-                println!(
+                crate::outln!(
                     "{}",
                     serde_json::to_string_pretty(&report).unwrap_or_default()
                 );
+                if let Some(b) = &report.chain.broken_at {
+                    eprintln!(
+                        "gaffer: store verify: hash chain broken at seq {} ({}, offset {}): {}",
+                        b.seq,
+                        b.segment.display(),
+                        b.offset,
+                        b.reason
+                    );
+                }
                 if report.ok {
                     ExitCode::SUCCESS
                 } else {
@@ -65,22 +75,31 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
             let mut out = std::io::BufWriter::new(stdout.lock());
             let mut printed = 0usize;
             let limit = limit.unwrap_or(usize::MAX);
-            let result = store.read_all(after_seq, |rec: Record| -> Result<(), StoreError> {
-                if printed >= limit {
-                    return Ok(());
-                }
-                if let Some(k) = &kind
-                    && !(rec.kind == *k || rec.kind.starts_with(&format!("{k}.")))
-                {
-                    return Ok(());
-                }
-                printed += 1;
-                let line = serde_json::to_string(&rec).unwrap_or_default();
-                writeln!(out, "{line}").map_err(|e| StoreError::Io {
-                    path: "stdout".into(),
-                    source: e,
-                })
-            });
+            let result =
+                store.read_all_entries(after_seq, |entry: Entry| -> Result<(), StoreError> {
+                    let rec = &entry.record;
+                    if printed >= limit {
+                        return Ok(());
+                    }
+                    if let Some(k) = &kind
+                        && !(rec.kind == *k || rec.kind.starts_with(&format!("{k}.")))
+                    {
+                        return Ok(());
+                    }
+                    printed += 1;
+                    let line = serde_json::json!({
+                        "seq": rec.seq,
+                        "prev": entry.prev.to_hex(),
+                        "hash": entry.hash.to_hex(),
+                        "time_ms": rec.time_ms,
+                        "kind": rec.kind,
+                        "payload": rec.payload,
+                    });
+                    writeln!(out, "{line}").map_err(|e| StoreError::Io {
+                        path: "stdout".into(),
+                        source: e,
+                    })
+                });
             let _ = out.flush();
             match result {
                 Ok(()) => ExitCode::SUCCESS,
@@ -100,7 +119,7 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
             };
             match ws.compact().await {
                 Ok(seq) => {
-                    println!("{}", serde_json::json!({"snapshot_seq": seq}));
+                    crate::outln!("{}", serde_json::json!({"snapshot_seq": seq}));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -115,7 +115,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "bundles/sync",
-            doc: "Validate a config bundle, compute its sha256 digest over RFC 8785 canonical JSON, and store it. Same id and digest: idempotent; same id, other digest: bundle_digest_mismatch.",
+            doc: "Pin a config bundle (metadata plus worker profiles: command, input mode, declarations) so workers can be started from it. gaffer validates it, computes its sha256 digest over RFC 8785 canonical JSON and stores it. Returns `reference` = `{id, digest}`: pass it as `config_bundle` to `create_worker`. Syncing the same bundle again is a no-op; the same id with other content is refused (bundle_digest_mismatch): use a new id or revision.",
             access: Access::Write,
             audience: Audience::Anyone,
             mcp_tool: Some("sync_bundle"),

@@ -3,6 +3,7 @@
 pub mod approvals;
 pub mod bundles;
 pub mod identity;
+pub mod initialize;
 pub mod operations;
 pub mod patterns;
 pub mod schema;
@@ -235,12 +236,17 @@ impl Host for Server {
         app.workers
             .shutdown(std::time::Duration::from_secs(3))
             .await;
+        app.instance.deregister();
     }
 
     fn instructions(&self) -> &'static str {
         "gaffer plans worker lanes for a task, pins config bundles, runs workers, and gates \
-         side-effecting operations behind policy and human approval. Operations you submit may \
-         wait for an operator; poll or wait on them rather than resubmitting."
+         side-effecting operations behind policy and human approval. To plan: \
+         select_worker_pattern. To run a worker: sync_bundle, then create_worker with the \
+         returned reference, read_worker_transcript for its output, stop_worker when done. To \
+         cause a side effect: operation_catalog, then submit_operation; it may wait for a human \
+         operator, so call wait_operation (it waits for the next change) until the state is \
+         terminal rather than resubmitting."
     }
 }
 

@@ -31,6 +31,18 @@ pub fn rpc_error(e: OpError) -> RpcError {
     r
 }
 
+/// An unknown operation's error names the operations that exist.
+fn with_known_operations(app: &App, e: OpError) -> RpcError {
+    if e.code != crate::operations::lifecycle::codes::NOT_REGISTERED {
+        return rpc_error(e);
+    }
+    let registry = app.operations.registry();
+    let known: Vec<&str> = registry.names();
+    let mut r = rpc_error(e);
+    r.message = format!("{}; known operations: {}", r.message, known.join(", "));
+    r.with_data("known_operations", known)
+}
+
 /// Agents see their own operations; operators see everyone's.
 fn scope(ctx: &CallCtx) -> Option<&str> {
     match ctx.client.role {
@@ -96,12 +108,23 @@ pub struct ListResult {
 #[serde(deny_unknown_fields)]
 pub struct WaitParams {
     pub id: String,
-    /// Return as soon as the revision is greater than this (default 0).
+    /// Return as soon as the revision is greater than this. Default: the operation's current
+    /// revision, so the call waits for the next change (or returns at once when terminal).
     #[serde(default)]
-    pub after_revision: u64,
+    pub after_revision: Option<u64>,
     /// Longest wait in seconds, 0..=30 (default 30).
     #[serde(default)]
     pub wait_seconds: Option<u64>,
+}
+
+/// `operations/wait` result: the operation, and whether the wait ran out.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WaitResult {
+    #[serde(flatten)]
+    pub operation: OperationView,
+    /// True when `wait_seconds` passed with no change past `after_revision` and the operation
+    /// is not terminal: call again to keep waiting.
+    pub timed_out: bool,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -144,7 +167,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "operations/submit",
-            doc: "Submit a side-effecting operation. Policy decides: run now, wait for an operator, or deny. Idempotent per (client, idempotency_key).",
+            doc: "Ask gaffer to perform a side effect (write a file, run a command, ...). Call `operation_catalog` first to learn the operation names and the JSON Schemas of their `target` and `arguments`. Policy decides: the operation runs now, waits for a human operator's approval, or is denied. Returns the operation (`id`, `state`, `revision`); `created` is false when the same `idempotency_key` was replayed. Next: call `wait_operation` with the `id` until `state` is terminal (succeeded, failed, denied, canceled, expired); do not resubmit while it waits.",
             access: Access::Write,
             audience: Audience::Anyone,
             mcp_tool: Some("submit_operation"),
@@ -163,7 +186,7 @@ pub fn register(r: &mut Router<App>) {
                     },
                 )
                 .await
-                .map_err(rpc_error)?;
+                .map_err(|e| with_known_operations(&app, e))?;
             let retry = (!op.state.is_terminal()).then_some(2);
             Ok(SubmitResult {
                 operation: op,
@@ -175,7 +198,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "operations/get",
-            doc: "One operation by id (agents see only their own).",
+            doc: "Read one of your operations by `id` now, without waiting: its `state`, `revision`, the plan, the approval (if any) and the result or error once finished. Use `wait_operation` instead to wait for a change.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("get_operation"),
@@ -187,7 +210,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "operations/list",
-            doc: "Operations, newest first, filtered by state and operation name.",
+            doc: "List your operations, newest first, optionally only some `states` or one `operation` name. Use it to find an operation id you lost; then `get_operation` or `wait_operation`.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("list_operations"),
@@ -208,7 +231,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "operations/wait",
-            doc: "Long-poll: returns when the operation's revision passes after_revision or it is terminal, else after wait_seconds (<= 30).",
+            doc: "Wait for an operation to change: returns as soon as its `revision` passes `after_revision` (default: the current revision, so the next change) or it is terminal, else after `wait_seconds` (default and maximum 30). The result is the operation plus `timed_out` (true when nothing changed in time). Call it again with the returned `revision` as `after_revision` until `state` is terminal; an operation waiting for a human may take minutes.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("wait_operation"),
@@ -216,23 +239,30 @@ pub fn register(r: &mut Router<App>) {
         |app: Arc<App>, ctx: CallCtx, p: WaitParams| async move {
             let wait = p.wait_seconds.unwrap_or(30);
             let ops = Arc::clone(&app.operations);
+            let after = match p.after_revision {
+                Some(r) => r,
+                None => ops.get(scope(&ctx), &p.id).map_err(rpc_error)?.revision,
+            };
             // Clients that passed a progress token see the wait as a long-running task.
             ctx.progress.begin(&format!("Waiting for operation {}", p.id));
             let r = tokio::select! {
-                r = ops.wait(scope(&ctx), &p.id, p.after_revision, wait) => r.map_err(rpc_error),
+                r = ops.wait(scope(&ctx), &p.id, after, wait) => r.map_err(rpc_error),
                 _ = ctx.cancel.cancelled() => Err(RpcError::cancelled()),
             };
             match &r {
                 Ok(v) => ctx.progress.end(&format!("{} at revision {}", v.state, v.revision)),
                 Err(e) => ctx.progress.end(&e.message),
             }
-            r
+            r.map(|operation| WaitResult {
+                timed_out: operation.revision <= after && !operation.state.is_terminal(),
+                operation,
+            })
         },
     );
     r.add(
         MethodDef {
             name: "operations/cancel",
-            doc: "Cancel a pending or approved operation (its approval is canceled or revoked). Executing operations cannot be canceled.",
+            doc: "Cancel one of your operations that has not started executing (pending or approved; its approval is canceled or revoked). Returns the operation in state `canceled`; an executing or finished operation gives an error saying so.",
             access: Access::Write,
             audience: Audience::Anyone,
             mcp_tool: Some("cancel_operation"),
@@ -244,10 +274,10 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "operations/catalog",
-            doc: "Every operation the providers offer, with JSON Schemas of target and arguments, and whether the operator trusts policy.yaml and providers.yaml.",
+            doc: "List every operation you can submit: its name, what it does, and JSON Schemas of its `target` and `arguments`, plus whether the operator trusts the workspace policy (an untrusted policy means most operations wait for a human). Call this before `submit_operation`, and again when a submit says an operation is unknown.",
             access: Access::Read,
             audience: Audience::Anyone,
-            mcp_tool: None,
+            mcp_tool: Some("operation_catalog"),
         },
         |app: Arc<App>, _ctx: CallCtx, _p: CatalogParams| async move {
             let ops = &app.operations;

@@ -31,7 +31,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "patterns/select",
-            doc: "Choose a worker pattern for a task and return the dry-run plan in the requested `output` form (default `execution_plan`). Over MCP the tool always returns the `select` form. Plans only: nothing is executed.",
+            doc: "Plan how to split a task into worker lanes: give the `objective` (and optionally `scopes`, `tests_required`, `persistent_workers`, ...). Returns a dry-run wrapper whose `kind` says which payload it holds, chosen by `output` (default `execution_plan`; over MCP the default is `select`, the selection with its lanes, proof expectations and safety notes; other forms render task specs for one mechanism). Nothing is executed: to act on the plan, sync a bundle and create workers.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("select_worker_pattern"),
@@ -41,7 +41,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "patterns/execution_plan",
-            doc: "Choose a worker pattern and render its dry-run execution plan (lanes, task specs for the chosen mechanism, safety notes). Nothing is executed.",
+            doc: "Plan a task like `select_worker_pattern` and return the dry-run execution plan: lanes, task specs for the chosen mechanism and safety notes, ready to hand to workers. Nothing is executed.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("render_execution_plan"),
@@ -170,8 +170,8 @@ pub struct RenderResult {
     /// `worker_pattern_prompt_contract` or `worker_pattern_summary`.
     pub kind: String,
     pub text: String,
-    /// Problems with optional inputs (e.g. an unreadable roster) that did not change the plan.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// Problems with optional inputs (e.g. an unreadable roster) that did not change the plan
+    /// (empty when there were none).
     pub diagnostics: Vec<String>,
 }
 
@@ -230,9 +230,16 @@ pub struct ValidateParams {
 // ----- handlers ------------------------------------------------------------------------------
 
 async fn select(app: Arc<App>, ctx: CallCtx, p: SelectInput) -> Result<PatternsResult, RpcError> {
-    // The reference's MCP bridge always answers `select_worker_pattern` with the selection form.
-    let forced = (ctx.client.profile == Profile::Mcp).then_some(OutputKind::Select);
-    run_select(&app, &p.0, forced).map(PatternsResult)
+    // Over MCP the default form is the selection (as the reference's MCP bridge answers);
+    // an explicit `output` is honoured.
+    let mut params = p.0;
+    if ctx.client.profile == Profile::Mcp
+        && let Value::Object(map) = &mut params
+        && !map.contains_key("output")
+    {
+        map.insert("output".into(), Value::String("select".into()));
+    }
+    run_select(&app, &params, None).map(PatternsResult)
 }
 
 async fn execution_plan(

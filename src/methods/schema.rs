@@ -6,6 +6,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::initialize::{InitializeOptions, LspInitializeResult, mcp_revisions};
+use crate::rpc::router::schema_of;
 use crate::rpc::{Access, Audience};
 
 /// File name for a method or notification (`patterns/select` → `patterns.select`).
@@ -60,19 +62,30 @@ pub fn generate() -> BTreeMap<String, String> {
         }));
     }
     files.insert(
+        "initialize/options.json".to_string(),
+        pretty(&schema_of::<InitializeOptions>().to_value()),
+    );
+    files.insert(
+        "initialize/result.json".to_string(),
+        pretty(&schema_of::<LspInitializeResult>().to_value()),
+    );
+    files.insert(
         "index.json".to_string(),
         pretty(&json!({
             "generated_by": "gaffer schema",
             "jsonrpc": "2.0",
+            "initialize": {
+                "doc": "LSP and raw clients: `initialize` params may carry `initializationOptions` (see `options`); the result is `result`. Raw (NDJSON) clients may skip the handshake. Params `[]` are taken as `{}` (clients that cannot tell them apart).",
+                "options": "initialize/options.json",
+                "result": "initialize/result.json",
+                "roles": ["agent", "operator"],
+            },
+            "mcp": mcp_revisions(),
             "methods": methods,
             "notifications": notifications,
         })),
     );
     files
-}
-
-fn schema_of<T: schemars::JsonSchema>() -> Value {
-    serde_json::to_value(schemars::schema_for!(T)).unwrap_or(Value::Null)
 }
 
 /// Methods the session answers itself (not in the router): operator login.
@@ -84,13 +97,13 @@ fn session_methods(files: &mut BTreeMap<String, String>, methods: &mut Vec<Value
             "operator/challenge",
             "A fresh operator-login challenge for this connection (LSP and raw profiles; never MCP).",
             empty,
-            schema_of::<ChallengeResult>(),
+            schema_of::<ChallengeResult>().to_value(),
         ),
         (
             "operator/login",
             "Prove the operator key: the signature of this connection's last challenge. The private key never crosses the wire.",
-            schema_of::<LoginParams>(),
-            schema_of::<LoginResult>(),
+            schema_of::<LoginParams>().to_value(),
+            schema_of::<LoginResult>().to_value(),
         ),
     ];
     for (name, doc, params, result) in entries {
@@ -109,16 +122,19 @@ fn session_methods(files: &mut BTreeMap<String, String>, methods: &mut Vec<Value
 fn signed_payloads(files: &mut BTreeMap<String, String>) {
     use crate::operations::decision::{DecisionPayload, RevokePayload};
     let entries = [
-        ("decision", schema_of::<DecisionPayload>()),
-        ("revoke", schema_of::<RevokePayload>()),
+        ("decision", schema_of::<DecisionPayload>().to_value()),
+        ("revoke", schema_of::<RevokePayload>().to_value()),
         (
             "trust",
-            schema_of::<crate::operations::trust::TrustPayload>(),
+            schema_of::<crate::operations::trust::TrustPayload>().to_value(),
         ),
-        ("client", schema_of::<crate::clients::CredentialPayload>()),
+        (
+            "client",
+            schema_of::<crate::clients::CredentialPayload>().to_value(),
+        ),
         (
             "client-revoke",
-            schema_of::<crate::clients::ClientRevokePayload>(),
+            schema_of::<crate::clients::ClientRevokePayload>().to_value(),
         ),
     ];
     for (name, schema) in entries {
@@ -129,7 +145,7 @@ fn signed_payloads(files: &mut BTreeMap<String, String>) {
 /// Writes the schema tree under `dir`, removing stale `.json` files.
 pub fn write(dir: &Path) -> std::io::Result<usize> {
     let files = generate();
-    for sub in ["methods", "notifications", "payloads"] {
+    for sub in ["methods", "notifications", "payloads", "initialize"] {
         let d = dir.join(sub);
         if d.is_dir() {
             for e in std::fs::read_dir(&d)?.flatten() {
@@ -160,7 +176,7 @@ pub fn stale(dir: &Path) -> Vec<String> {
         })
         .map(|(rel, _)| rel.clone())
         .collect();
-    for sub in ["methods", "notifications", "payloads"] {
+    for sub in ["methods", "notifications", "payloads", "initialize"] {
         if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
             for e in entries.flatten() {
                 let rel = format!("{sub}/{}", e.file_name().to_string_lossy());

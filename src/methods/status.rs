@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::App;
 use crate::peers::Peer;
 use crate::rpc::{Access, Audience, CallCtx, MethodDef, Profile, Role, Router, RpcError};
+use crate::store::ChainStatus;
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +28,9 @@ pub struct StatusParams {
 pub struct StatusResult {
     pub version: String,
     pub workspace: String,
+    /// The store's random id, declared by its first journal record; null until the first
+    /// write creates the store. Operator signatures bind to it.
+    pub workspace_id: Option<String>,
     pub store: StoreStatus,
     pub profile: Profile,
     pub client: String,
@@ -34,6 +38,11 @@ pub struct StatusResult {
     pub pid: u32,
     /// Other gaffer processes currently serving this workspace.
     pub peers: Vec<Peer>,
+    /// `policy.yaml` and `providers.yaml`: trusted, drifted (the trusted content holds), or not.
+    pub trust: Vec<crate::operations::trust::FileTrust>,
+    /// With `after_seq`: true when `timeout_ms` passed before the store got past it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timed_out: Option<bool>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -43,13 +52,16 @@ pub struct StoreStatus {
     pub exists: bool,
     /// The last record folded into this process's state.
     pub seq: u64,
+    /// The journal's hash chain as this process has read it: its head (what an operator
+    /// signature covers) and the first broken link, if any.
+    pub chain: ChainStatus,
 }
 
 pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "gaffer/status",
-            doc: "Server version, workspace, store sequence number, profile and peers; optionally waits for the store to pass `after_seq`.",
+            doc: "Check the server: version, workspace, store sequence number (`store.seq`), your client name and role, and other gaffer processes on this workspace. With `after_seq` it waits (up to `timeout_ms`) until the store has passed that sequence number, e.g. for another process's write; then `timed_out` says whether it gave up first. Call it first to see that gaffer serves the workspace you expect.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("gaffer_status"),
@@ -59,6 +71,7 @@ pub fn register(r: &mut Router<App>) {
 }
 
 async fn status(app: Arc<App>, ctx: CallCtx, p: StatusParams) -> Result<StatusResult, RpcError> {
+    let mut timed_out = None;
     if let Some(after) = p.after_seq {
         let timeout = Duration::from_millis(p.timeout_ms.unwrap_or(10_000).min(30_000));
         let deadline = tokio::time::Instant::now() + timeout;
@@ -74,21 +87,26 @@ async fn status(app: Arc<App>, ctx: CallCtx, p: StatusParams) -> Result<StatusRe
             .await;
         }
         ctx.progress.end("done");
+        timed_out = Some(app.workspace.seq() <= after);
     }
     let ws = &app.workspace;
     let dir = ws.gaffer_dir();
     Ok(StatusResult {
         version: env!("CARGO_PKG_VERSION").to_string(),
         workspace: ws.root().display().to_string(),
+        workspace_id: ws.workspace_id(),
         store: StoreStatus {
             exists: dir.is_dir(),
             dir: dir.display().to_string(),
             seq: ws.seq(),
+            chain: ws.chain_status(),
         },
         profile: ctx.client.profile,
         client: ctx.client.id.clone(),
         role: ctx.client.role,
         pid: app.instance.me.pid,
         peers: app.instance.peers(),
+        trust: crate::operations::trust::report(ws, crate::operator::current_public().as_ref()),
+        timed_out,
     })
 }

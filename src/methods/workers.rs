@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::App;
 use super::bundles::{Checked, bundle_error, field_error};
 use crate::operations::lifecycle::OpState;
-use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Router, RpcError};
+use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Profile, Router, RpcError};
 use crate::workers::request::{self, CreateRequest, InputShape};
 use crate::workers::{Stream, TranscriptEntry, Worker, WorkerError, WorkerStatus};
 
@@ -158,7 +158,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "workers/create",
-            doc: "Create a worker from a profile of a synced bundle ({id, digest}); the only way a worker id is issued. The initial input is recorded with the worker in one journal record. Raw paths, cwd, sockets, credentials and session paths are refused.",
+            doc: "Start a worker process from a profile of a config bundle you synced with `sync_bundle` (pass `config_bundle` as the `{id, digest}` it returned, and the `profile` selector). Optional `initial_input` is delivered at start. Workers always run in the workspace root: raw paths, cwd, sockets and credentials are refused. Returns `worker` (its `id`, `status`). Next: `read_worker_transcript` for its output, `send_worker_input` to talk to it, `stop_worker` when done.",
             access: Access::Write,
             audience: Audience::Anyone,
             mcp_tool: Some("create_worker"),
@@ -168,7 +168,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "workers/input",
-            doc: "Send input to a running worker. It is journalled and written to the worker by the gaffer process that owns it.",
+            doc: "Send text (or segments) to a running worker's input. Returns the transcript `seq` of the input; the worker's answer appears later in `read_worker_transcript` (pass `after_seq` = that seq to read only what came after).",
             access: Access::Write,
             audience: Audience::Anyone,
             mcp_tool: Some("send_worker_input"),
@@ -178,7 +178,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "workers/get",
-            doc: "One worker: status, run state, owner, exit and diagnostics.",
+            doc: "Read one worker by `worker_id`: `status` (running, stopped, exited, failed), whether it takes input, its exit code and any diagnostic. Use `read_worker_transcript` for what it printed.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("get_worker"),
@@ -188,7 +188,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "workers/list",
-            doc: "Workers of this workspace in creation order, optionally by status.",
+            doc: "List the workers of this workspace in creation order, optionally only one `status`. Use it to find a worker id; then `get_worker` or `read_worker_transcript`.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("list_workers"),
@@ -198,20 +198,20 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "workers/transcript",
-            doc: "A worker's input, output and system notes, paged by journal seq.",
+            doc: "Read what a worker said and was told: its input, stdout/stderr output and system notes, oldest first, one page at a time (`limit`, default 200). Returns `entries`, `next_after_seq` and `has_more`: while `has_more` is true, call again with `after_seq` set to `next_after_seq`. To see new output later, call again with the last `next_after_seq`.",
             access: Access::Read,
             audience: Audience::Anyone,
-            mcp_tool: None,
+            mcp_tool: Some("read_worker_transcript"),
         },
         transcript,
     );
     r.add(
         MethodDef {
             name: "workers/stop",
-            doc: "Stop a worker (its owner ends the process); waits briefly for the final status.",
+            doc: "Stop a worker you created (give a short `reason`); its process is ended by the gaffer process that runs it. Waits briefly and returns the worker, normally with `status` stopped. Stopping a worker that already ended returns it unchanged. Over MCP, only the worker's creator may stop it.",
             access: Access::Write,
             audience: Audience::Anyone,
-            mcp_tool: None,
+            mcp_tool: Some("stop_worker"),
         },
         stop,
     );
@@ -227,8 +227,9 @@ async fn create(
     ctx: CallCtx,
     p: Checked<CreateRequest>,
 ) -> Result<WorkerResult, RpcError> {
-    let req = request::parse_create(&p.value, Some(app.workspace.root()))
+    let mut req = request::parse_create(&p.value, Some(app.workspace.root()))
         .map_err(|e| field_error("", &e))?;
+    req.created_by = Some(ctx.client.id.clone());
     let mut worker = app
         .workers
         .create(req)
@@ -384,10 +385,26 @@ async fn transcript(
     })
 }
 
-async fn stop(app: Arc<App>, _ctx: CallCtx, p: StopParams) -> Result<WorkerResult, RpcError> {
+async fn stop(app: Arc<App>, ctx: CallCtx, p: StopParams) -> Result<WorkerResult, RpcError> {
     let id = worker_id(&p.worker_id)?;
     if let Some(r) = &p.reason {
         crate::bundles::validate::check_text("reason", r).map_err(|e| field_error("", &e))?;
+    }
+    if ctx.client.profile == Profile::Mcp {
+        // The agent surface stops only the agent's own workers.
+        let creator = app
+            .workspace
+            .read(|s| s.workers.get(&id).map(|w| w.created_by.clone()));
+        if let Some(creator) = creator
+            && creator.as_deref() != Some(ctx.client.id.as_str())
+        {
+            return Err(RpcError::app(
+                AppCode::Forbidden,
+                "not_your_worker",
+                format!("worker {id} was not created by this client; only its creator or an operator can stop it"),
+            )
+            .with_data("worker_id", id.as_str()));
+        }
     }
     let worker = app
         .workers

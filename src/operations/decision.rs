@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::policy::{Classification, GrantMode};
 use super::state::DecisionKind;
-use crate::operator::signed::{Head, Payload};
+use crate::operator::signed::Head;
 
 /// An approve or deny decision on one approval request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -40,15 +40,7 @@ pub struct DecisionPayload {
     pub head: Head,
 }
 
-impl Payload for DecisionPayload {
-    const DOMAIN: &'static str = "gaffer/decision/v1";
-    fn domain(&self) -> &str {
-        &self.domain
-    }
-    fn head(&self) -> &Head {
-        &self.head
-    }
-}
+crate::operator::signed::signed_payload!(DecisionPayload, "gaffer/decision/v1");
 
 /// Revoking an active approval (or withdrawing a pending request).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -64,15 +56,7 @@ pub struct RevokePayload {
     pub head: Head,
 }
 
-impl Payload for RevokePayload {
-    const DOMAIN: &'static str = "gaffer/revoke/v1";
-    fn domain(&self) -> &str {
-        &self.domain
-    }
-    fn head(&self) -> &Head {
-        &self.head
-    }
-}
+crate::operator::signed::signed_payload!(RevokePayload, "gaffer/revoke/v1");
 
 /// sha256 of the RFC 8785 text of a classification.
 pub fn classification_digest(class: &Classification) -> String {

@@ -45,15 +45,7 @@ pub struct TrustPayload {
     pub head: Head,
 }
 
-impl Payload for TrustPayload {
-    const DOMAIN: &'static str = "gaffer/trust/v1";
-    fn domain(&self) -> &str {
-        &self.domain
-    }
-    fn head(&self) -> &Head {
-        &self.head
-    }
-}
+crate::operator::signed::signed_payload!(TrustPayload, "gaffer/trust/v1");
 
 /// A `trust.signed` record. `file` is repeated outside the signature only to index it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +189,56 @@ impl Checked {
     pub fn enforced(&self) -> Option<&[u8]> {
         self.trusted_bytes.as_deref()
     }
+}
+
+/// One trust-gated file as `gaffer/status`, `gaffer trust --show` and doctor report it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct FileTrust {
+    pub file: String,
+    pub status: TrustStatus,
+    pub detail: String,
+    /// The file on disk differs from the trusted content (which is what gaffer enforces).
+    pub drift: bool,
+    /// sha256 of the file on disk now.
+    pub sha256: Option<String>,
+    pub trusted_sha256: Option<String>,
+    pub trusted_version: Option<u64>,
+    pub signed_at: Option<String>,
+    /// Trust records for this file that do not verify (forged, copied, or another key's).
+    pub invalid_records: usize,
+}
+
+/// Every trust-gated file's status, digests and drift.
+pub fn report(ws: &Workspace, key: Option<&OperatorPublic>) -> Vec<FileTrust> {
+    TRUSTED_FILES
+        .iter()
+        .map(|file| {
+            let c = check(ws, file, key).unwrap_or_else(|e| {
+                tracing::warn!(file, error = %e, "trust-gated file unreadable");
+                Checked {
+                    status: TrustStatus::NeverTrusted,
+                    disk: None,
+                    trust: None,
+                    trusted_bytes: None,
+                    invalid_records: 0,
+                }
+            });
+            FileTrust {
+                file: file.to_string(),
+                status: c.status,
+                detail: c.status.describe().to_string(),
+                drift: c.status.is_drift(),
+                sha256: c.disk.as_deref().map(crate::util::sha256_hex),
+                trusted_sha256: c.trust.as_ref().and_then(|t| t.sha256.clone()),
+                trusted_version: c.trust.as_ref().map(|t| t.version),
+                signed_at: c
+                    .trust
+                    .as_ref()
+                    .map(|t| super::views::rfc3339(t.signed_at_ms)),
+                invalid_records: c.invalid_records,
+            }
+        })
+        .collect()
 }
 
 fn read_disk(ws: &Workspace, file: &str) -> Result<Option<Vec<u8>>, TrustError> {

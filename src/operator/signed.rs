@@ -10,13 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::keys::{OperatorPublic, OperatorSigner};
 use crate::operations::canonical::{Exact, jcs};
 
-/// A journal position: the seq of a record and the sha256 chain hash at it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Head {
-    pub seq: u64,
-    pub hash: String,
-}
+/// A journal position (the store's chain head type): the seq of a record and its hash.
+pub use crate::store::chain::Head;
 
 /// A payload the operator signs. Its `domain` keeps a signature for one purpose from ever
 /// being accepted for another; its `head` is the journal position the operator saw.
@@ -25,6 +20,22 @@ pub trait Payload: Serialize + DeserializeOwned {
     fn domain(&self) -> &str;
     fn head(&self) -> &Head;
 }
+
+/// Implements [`Payload`] for a struct with `domain: String` and `head: Head` fields.
+macro_rules! signed_payload {
+    ($t:ty, $domain:literal) => {
+        impl $crate::operator::signed::Payload for $t {
+            const DOMAIN: &'static str = $domain;
+            fn domain(&self) -> &str {
+                &self.domain
+            }
+            fn head(&self) -> &$crate::operator::signed::Head {
+                &self.head
+            }
+        }
+    };
+}
+pub(crate) use signed_payload;
 
 /// Every payload domain gaffer signs or accepts.
 pub const DOMAINS: [&str; 5] = [

@@ -38,6 +38,14 @@ pub struct PlanOutcome<'a> {
     pub diagnostics: Vec<String>,
 }
 
+fn origin_of(origin: &RosterOrigin) -> String {
+    match origin {
+        RosterOrigin::Param => "the roster_path param".to_owned(),
+        RosterOrigin::Env(var) => (*var).to_owned(),
+        RosterOrigin::Workspace => "the workspace default".to_owned(),
+    }
+}
+
 /// Build the plan for a validated request. `roster_param` is the `roster_path` param, if any.
 pub fn build_plan<'a>(
     req: &'a PatternRequest,
@@ -71,15 +79,21 @@ pub fn build_plan<'a>(
                 }
                 None
             }
-            RosterLoad::Missing => Some("the configured roster file does not exist".to_owned()),
+            // Spec §7.1: a path that does not exist means no roster (no mapping, no notes).
+            RosterLoad::Missing => {
+                diagnostics.push(format!(
+                    "Roster {} ({}) does not exist, so no roster was used.",
+                    loc.shown,
+                    origin_of(&loc.origin)
+                ));
+                None
+            }
             RosterLoad::Broken(reason) => Some(reason),
         };
         if let Some(problem) = problem {
-            let origin = match loc.origin {
-                RosterOrigin::Param => "the roster_path param".to_owned(),
-                RosterOrigin::Env(var) => var.to_owned(),
-                RosterOrigin::Workspace => "the workspace default".to_owned(),
-            };
+            let origin = origin_of(&loc.origin);
+            // Where the reference crashes every selection on a broken roster (spec §12, weakness
+            // 17), gaffer fails only the selections that would use it, naming the problem.
             if req.persistent_workers {
                 return Err(PatternError::new(
                     "roster",

@@ -1,9 +1,10 @@
 //! The caller's roster of named workers: where it is, how it is read, how lanes are mapped onto
 //! it, and how a roster file is validated.
 //!
-//! Unlike the reference, a roster that cannot be read never breaks a selection that does not
-//! map persistent workers: the plan says so in a diagnostic instead. When persistent workers are
-//! requested, an unreadable roster is an error naming `roster`.
+//! As the reference says (spec §7.1), a roster path that does not exist means no roster. Unlike
+//! the reference (spec §12, weakness 17), a roster that exists but cannot be read never breaks a
+//! selection that does not map persistent workers: the plan says so in a diagnostic instead.
+//! When persistent workers are requested, such a roster is an error naming `roster`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -54,8 +54,8 @@ pub enum FrameError {
 #[derive(Debug)]
 pub struct Codec {
     framing: Framing,
-    /// Bytes of an oversized body still to throw away.
-    skipping: usize,
+    /// Content-Length: an error was reported and no good frame has followed yet.
+    in_bad_run: bool,
     /// NDJSON: inside an over-long line, dropping until the next newline.
     dropping_line: bool,
     /// Content-Length: header read, waiting for this many body bytes.
@@ -66,7 +66,7 @@ impl Codec {
     pub fn new(framing: Framing) -> Self {
         Codec {
             framing,
-            skipping: 0,
+            in_bad_run: false,
             dropping_line: false,
             body_len: None,
         }
@@ -124,59 +124,104 @@ impl Codec {
                     return None;
                 }
                 self.body_len = None;
+                self.in_bad_run = false;
                 return Some(Frame::Body(src.split_to(length).freeze()));
             }
-            if self.skipping > 0 {
-                let n = self.skipping.min(src.len());
-                src.advance(n);
-                self.skipping -= n;
-                if self.skipping > 0 {
-                    return None;
-                }
-            }
-            // Skip blank lines and anything that cannot start a header, up to the next header.
             let start = src
                 .iter()
                 .position(|b| !b.is_ascii_whitespace())
                 .unwrap_or(src.len());
-            if start > 0 {
-                src.advance(start);
-            }
-            if src.is_empty() {
-                return None;
-            }
-            if !matches!(src[0], b'C' | b'c') {
-                // Garbage: drop up to the next plausible header start and say so once.
-                let next = src[1..]
-                    .iter()
-                    .position(|b| matches!(b, b'C' | b'c'))
-                    .map(|p| p + 1)
-                    .unwrap_or(src.len());
-                src.advance(next);
-                return Some(Frame::Bad(FrameError::Garbage));
+            src.advance(start);
+            match header_start(src) {
+                HeaderStart::NeedMore => return None,
+                HeaderStart::No => {
+                    // Garbage: drop up to the next header start (keeping a tail that may be
+                    // the beginning of one) and report the run once.
+                    let keep = next_header(src, 1).unwrap_or(src.len().saturating_sub(MARKER_MAX));
+                    src.advance(keep.max(1).min(src.len()));
+                    if let Some(bad) = self.bad(FrameError::Garbage) {
+                        return Some(bad);
+                    }
+                    continue;
+                }
+                HeaderStart::Yes => {}
             }
             let Some(end) = find(src, b"\r\n\r\n") else {
                 if src.len() > MAX_HEADER {
-                    src.advance(1);
-                    return Some(Frame::Bad(FrameError::BadHeader(
+                    let next = next_header(src, 1).unwrap_or(src.len() - MARKER_MAX);
+                    src.advance(next);
+                    if let Some(bad) = self.bad(FrameError::BadHeader(
                         "header section too long or unterminated".into(),
-                    )));
+                    )) {
+                        return Some(bad);
+                    }
+                    continue;
                 }
                 return None;
             };
             let parsed = parse_headers(&src[..end]);
             src.advance(end + 4);
-            let length = match parsed {
-                Ok(n) => n,
-                Err(e) => return Some(Frame::Bad(e)),
+            // A bad or oversized length says nothing about where the body ends: what follows
+            // is skipped up to the next header (resynchronisation), as one bad run.
+            let error = match parsed {
+                Ok(n) if n <= MAX_FRAME => {
+                    self.body_len = Some(n);
+                    continue;
+                }
+                Ok(n) => FrameError::TooLarge(n),
+                Err(e) => e,
             };
-            if length > MAX_FRAME {
-                self.skipping = length;
-                return Some(Frame::Bad(FrameError::TooLarge(length)));
+            if let Some(bad) = self.bad(error) {
+                return Some(bad);
             }
-            self.body_len = Some(length);
         }
     }
+
+    /// Reports the first error of a bad run; later ones in the same run stay quiet, so the
+    /// replies to garbage never outgrow the garbage.
+    fn bad(&mut self, error: FrameError) -> Option<Frame> {
+        if self.in_bad_run {
+            return None;
+        }
+        self.in_bad_run = true;
+        Some(Frame::Bad(error))
+    }
+}
+
+/// Header names a frame may start with (compared ignoring ASCII case).
+const MARKERS: [&[u8]; 2] = [b"content-length:", b"content-type:"];
+const MARKER_MAX: usize = 15;
+
+enum HeaderStart {
+    Yes,
+    No,
+    NeedMore,
+}
+
+fn header_start(src: &[u8]) -> HeaderStart {
+    if src.is_empty() {
+        return HeaderStart::NeedMore;
+    }
+    let mut partial = false;
+    for m in MARKERS {
+        let n = m.len().min(src.len());
+        if src[..n].eq_ignore_ascii_case(&m[..n]) {
+            if n == m.len() {
+                return HeaderStart::Yes;
+            }
+            partial = true;
+        }
+    }
+    if partial {
+        HeaderStart::NeedMore
+    } else {
+        HeaderStart::No
+    }
+}
+
+/// Offset of the next complete header marker at or after `from`.
+fn next_header(src: &[u8], from: usize) -> Option<usize> {
+    (from..src.len()).find(|&i| matches!(header_start(&src[i..]), HeaderStart::Yes))
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -233,12 +278,13 @@ impl Decoder for Codec {
             }
             return Ok(Some(Frame::Body(line)));
         }
-        let pending = !src.is_empty() || self.skipping > 0 || self.body_len.is_some();
+        let pending = !src.is_empty() || self.body_len.is_some();
         src.clear();
-        self.skipping = 0;
         self.body_len = None;
         self.dropping_line = false;
-        Ok(pending.then_some(Frame::Bad(FrameError::TruncatedAtEof)))
+        let report = pending && !self.in_bad_run;
+        self.in_bad_run = false;
+        Ok(report.then_some(Frame::Bad(FrameError::TruncatedAtEof)))
     }
 }
 
@@ -327,11 +373,40 @@ mod tests {
         wire.extend(std::iter::repeat_n(b'a', MAX_FRAME + 1));
         wire.extend_from_slice(b"Content-Length: 2\r\n\r\n{}");
         let frames = drain(&mut Codec::new(Framing::ContentLength), &wire, 1 << 16);
+        // One bad run (bad header, garbage, oversized frame), one report, then the good frame.
         assert!(matches!(frames[0], Frame::Bad(FrameError::BadHeader(_))));
-        assert!(matches!(frames[1], Frame::Bad(FrameError::Garbage)));
-        assert!(matches!(frames[2], Frame::Bad(FrameError::TooLarge(_))));
-        assert_eq!(frames[3], Frame::Body(Bytes::from_static(b"{}")));
-        assert_eq!(frames.len(), 4);
+        assert_eq!(frames[1], Frame::Body(Bytes::from_static(b"{}")));
+        assert_eq!(frames.len(), 2);
+        let mut wire = format!("Content-Length: {}\r\n\r\n", MAX_FRAME + 1).into_bytes();
+        wire.extend_from_slice(b"Content-Length: 2\r\n\r\n{}");
+        let frames = drain(&mut Codec::new(Framing::ContentLength), &wire, 7);
+        assert!(matches!(frames[0], Frame::Bad(FrameError::TooLarge(_))));
+        assert_eq!(frames[1], Frame::Body(Bytes::from_static(b"{}")));
+    }
+
+    #[test]
+    fn a_garbage_run_is_reported_once_however_long() {
+        let mut wire = vec![b'C'; 300_000];
+        wire.extend_from_slice(b"Content-Length: 2\r\n\r\n{}");
+        for chunk in [1usize, 4096, 1 << 20] {
+            let frames = drain(&mut Codec::new(Framing::ContentLength), &wire, chunk);
+            assert_eq!(frames.len(), 2, "chunk {chunk}: {frames:?}");
+            assert!(matches!(frames[0], Frame::Bad(_)));
+            assert_eq!(frames[1], Frame::Body(Bytes::from_static(b"{}")));
+        }
+    }
+
+    #[test]
+    fn bad_lengths_resynchronise_at_the_next_header() {
+        let huge = b"Content-Length: 1180591620717411303424\r\n\r\n{\"jsonrpc\":\"2.0\"}";
+        let short = b"Content-Length: 3\r\n\r\n{\"jsonrpc\":\"2.0\",\"c\":\"Content\"}";
+        for bad in [&huge[..], &short[..]] {
+            let mut wire = bad.to_vec();
+            wire.extend_from_slice(b"Content-Length: 2\r\n\r\n{}");
+            let frames = drain(&mut Codec::new(Framing::ContentLength), &wire, 5);
+            assert_eq!(frames.last(), Some(&Frame::Body(Bytes::from_static(b"{}"))));
+            assert!(frames.len() <= 3, "{frames:?}");
+        }
     }
 
     #[test]

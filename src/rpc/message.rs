@@ -206,6 +206,8 @@ pub fn classify(value: Value) -> Incoming {
     let params = match obj.remove("params") {
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(p @ Value::Object(_)) => p,
+        // Some clients (Neovim's Lua encoder) cannot tell `{}` from `[]`: no params.
+        Some(Value::Array(a)) if a.is_empty() => Value::Object(Map::new()),
         Some(Value::Array(_)) => {
             let error =
                 RpcError::invalid_params("params", "params must be given by name (an object)");
@@ -231,6 +233,71 @@ pub fn classify(value: Value) -> Incoming {
         Some(id) => Incoming::Request { id, method, params },
         None => Incoming::Notification { method, params },
     }
+}
+
+/// The top-level `id` of a JSON object that did not parse (too deep, or cut), found by a scan
+/// that tracks only strings and nesting, so it works however deep the rest goes.
+pub fn recover_id(body: &[u8]) -> Option<Id> {
+    let first = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[first] != b'{' {
+        return None;
+    }
+    let (mut depth, mut expect_key, mut i) = (0usize, false, first);
+    while i < body.len() {
+        match body[i] {
+            b'"' => {
+                let end = string_end(body, i)?;
+                if depth == 1 && expect_key && &body[i..=end] == b"\"id\"" {
+                    let colon = skip_ws(body, end + 1);
+                    if body.get(colon) != Some(&b':') {
+                        return None;
+                    }
+                    let v = skip_ws(body, colon + 1);
+                    let stop = match body.get(v) {
+                        Some(b'"') => string_end(body, v)? + 1,
+                        _ => (v..body.len())
+                            .find(|&j| {
+                                matches!(body[j], b',' | b'}' | b' ' | b'\n' | b'\r' | b'\t')
+                            })
+                            .unwrap_or(body.len()),
+                    };
+                    let value: Value = serde_json::from_slice(&body[v..stop]).ok()?;
+                    return Id::from_value(&value);
+                }
+                expect_key = false;
+                i = end;
+            }
+            b'{' => {
+                depth += 1;
+                expect_key = depth == 1;
+            }
+            b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' => expect_key = depth == 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Index of the quote closing the string that opens at `start`.
+fn string_end(body: &[u8], start: usize) -> Option<usize> {
+    let mut j = start + 1;
+    while j < body.len() {
+        match body[j] {
+            b'\\' => j += 2,
+            b'"' => return Some(j),
+            _ => j += 1,
+        }
+    }
+    None
+}
+
+fn skip_ws(body: &[u8], from: usize) -> usize {
+    (from..body.len())
+        .find(|&j| !body[j].is_ascii_whitespace())
+        .unwrap_or(body.len())
 }
 
 /// A success reply body.
@@ -293,6 +360,23 @@ mod tests {
             classify(json!({"jsonrpc":"2.0","id":1.5,"method":"m"})),
             Incoming::Invalid { id: None, .. }
         ));
+    }
+
+    #[test]
+    fn the_id_of_an_unreadable_object_is_recovered() {
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","params":{{"a":"}}\"id","x":{}{}}},"id": 7,"method":"m"}}"#,
+            "[".repeat(5000),
+            "]".repeat(5000)
+        );
+        assert!(serde_json::from_str::<Value>(&deep).is_err());
+        assert_eq!(recover_id(deep.as_bytes()), Some(Id::Int(7)));
+        assert_eq!(
+            recover_id(br#"{"method":"m","id":"abc","params":[[[["#),
+            Some(Id::Str("abc".into()))
+        );
+        assert_eq!(recover_id(br#"{"params":{"id":1}}"#), None);
+        assert_eq!(recover_id(br#"[{"id":1}]"#), None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod framing;
 pub mod message;
+pub mod outbox;
 pub mod router;
 pub mod session;
 

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use schemars::{JsonSchema, Schema, generate::SchemaSettings};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use serde_json::value::RawValue;
 
 use super::message::{RpcError, encode, notification};
+use super::outbox::Outbox;
 
 /// Whether a method changes the workspace. Writes are applied in arrival order; reads may run
 /// concurrently but only after every earlier write has finished.
@@ -75,7 +75,7 @@ pub struct MethodDef {
 /// `notifications/progress` (`_meta.progressToken`). A no-op when the client gave no token.
 #[derive(Clone, Debug, Default)]
 pub struct Progress {
-    target: Option<(Value, ProgressStyle, mpsc::UnboundedSender<String>)>,
+    target: Option<(Value, ProgressStyle, Outbox)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub enum ProgressStyle {
 }
 
 impl Progress {
-    pub fn new(token: Value, style: ProgressStyle, out: mpsc::UnboundedSender<String>) -> Self {
+    pub fn new(token: Value, style: ProgressStyle, out: Outbox) -> Self {
         Progress {
             target: Some((token, style, out)),
         }
@@ -205,8 +205,42 @@ pub fn schema_of<T: JsonSchema>() -> Schema {
 }
 
 /// Decodes params into `P`, naming the offending field on failure.
-pub fn decode_params<P: DeserializeOwned>(params: Value) -> Result<P, RpcError> {
-    serde_path_to_error::deserialize::<_, P>(params).map_err(|err| {
+pub fn decode_params<P: DeserializeOwned>(mut params: Value) -> Result<P, RpcError> {
+    // An empty array where an object belongs is an empty object: encoders that cannot tell
+    // them apart (Neovim's Lua) send `[]` for `{}`. Each retry fixes one such spot.
+    for _ in 0..MAX_EMPTY_ARRAY_FIXES {
+        match serde_path_to_error::deserialize::<_, P>(&params) {
+            Ok(p) => return Ok(p),
+            Err(err) => match empty_array_at(&mut params, err.path()) {
+                Some(slot) => *slot = Value::Object(serde_json::Map::new()),
+                None => return Err(params_error(err)),
+            },
+        }
+    }
+    serde_path_to_error::deserialize::<_, P>(&params).map_err(params_error)
+}
+
+const MAX_EMPTY_ARRAY_FIXES: usize = 64;
+
+/// The value at `path` when it is an empty array.
+fn empty_array_at<'a>(
+    value: &'a mut Value,
+    path: &serde_path_to_error::Path,
+) -> Option<&'a mut Value> {
+    use serde_path_to_error::Segment;
+    let mut node = value;
+    for seg in path.iter() {
+        node = match seg {
+            Segment::Seq { index } => node.get_mut(*index)?,
+            Segment::Map { key } => node.get_mut(key.as_str())?,
+            Segment::Enum { .. } | Segment::Unknown => return None,
+        };
+    }
+    matches!(node, Value::Array(a) if a.is_empty()).then_some(node)
+}
+
+fn params_error(err: serde_path_to_error::Error<serde_json::Error>) -> RpcError {
+    {
         let path = err.path().to_string();
         let inner = err.into_inner().to_string();
         // serde reports an unknown or missing field at its parent; name the field itself.
@@ -233,7 +267,7 @@ pub fn decode_params<P: DeserializeOwned>(params: Value) -> Result<P, RpcError> 
             field.clone()
         };
         RpcError::invalid_params(&field, format!("invalid `{label}`: {inner}"))
-    })
+    }
 }
 
 fn field_from_message(msg: &str) -> Option<String> {
@@ -450,6 +484,33 @@ mod tests {
             .await
             .expect_err("unknown");
         assert_eq!(e.field(), Some("bogus"));
+    }
+
+    #[test]
+    fn nested_empty_arrays_are_empty_objects() {
+        #[derive(Debug, Deserialize, PartialEq, Default)]
+        #[serde(deny_unknown_fields)]
+        struct Inner {
+            #[serde(default)]
+            n: Option<u32>,
+        }
+        #[derive(Debug, Deserialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        struct Outer {
+            inner: Inner,
+            #[serde(default)]
+            list: Vec<Inner>,
+            #[serde(default)]
+            tags: Vec<String>,
+        }
+        let p: Outer = decode_params(json!({"inner": [], "list": [[], {"n": 1}], "tags": []}))
+            .expect("[] stands for {}");
+        assert_eq!(p.inner, Inner::default());
+        assert_eq!(p.list, vec![Inner::default(), Inner { n: Some(1) }]);
+        assert!(p.tags.is_empty());
+        // Other mistakes still name their field.
+        let e = decode_params::<Outer>(json!({"inner": [], "tags": [[]]})).expect_err("bad tag");
+        assert_eq!(e.field(), Some("tags[0]"));
     }
 
     #[tokio::test]

@@ -21,10 +21,11 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 
 use super::framing::{Codec, Frame, FrameError, Framing};
+use super::outbox::{Outbox, OutboxReceiver, outbox};
 use serde_json::value::RawValue;
 
 use super::message::{
-    Id, Incoming, RpcError, classify, codes, encode, notification, reply_err, reply_ok,
+    Id, Incoming, RpcError, classify, codes, encode, notification, recover_id, reply_err, reply_ok,
     reply_ok_raw,
 };
 use super::router::{
@@ -106,17 +107,28 @@ pub struct SessionEnd {
 /// instead of buffering without bound.
 const MAX_IN_FLIGHT: usize = 4096;
 
+/// Replies queued for a client that is not reading, past which no more requests are read.
+const MAX_QUEUED_BYTES: usize = 4 * 1024 * 1024;
+
 struct Shared<H: Host> {
     host: Arc<H>,
     router: Arc<Router<H::State>>,
     /// Encoded messages for the writer.
-    out: mpsc::UnboundedSender<String>,
+    out: Outbox,
     pending: Mutex<HashMap<Id, CancellationToken>>,
     /// Count of finished writes; writes are numbered in arrival order.
     writes_done: watch::Sender<u64>,
     in_flight: Arc<tokio::sync::Semaphore>,
     /// Cancelled when the session ends, so helpers holding `out` let the writer finish.
     closing: CancellationToken,
+    /// The MCP tool list, built on first use.
+    tools: std::sync::OnceLock<Tools>,
+}
+
+/// MCP tools as listed, and which ones wrap a non-object result as `{"result": …}`.
+struct Tools {
+    list: Vec<Value>,
+    wrapped: std::collections::HashSet<&'static str>,
 }
 
 struct Conn<H: Host> {
@@ -136,6 +148,8 @@ struct Conn<H: Host> {
     shutdown: bool,
     writes_issued: u64,
     tasks: JoinSet<()>,
+    /// Forwards domain notifications to this client.
+    forwarder: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Serves one connection until EOF or LSP `exit`.
@@ -174,7 +188,7 @@ where
     };
     tracing::debug!(?framing, "framing chosen");
 
-    let (out_tx, out_rx) = mpsc::unbounded_channel::<String>();
+    let (out_tx, out_rx) = outbox();
     let writer = tokio::spawn(write_loop(output, framing, out_rx));
 
     // The sniffed bytes go back in front of the stream.
@@ -190,6 +204,7 @@ where
             writes_done,
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
             closing: CancellationToken::new(),
+            tools: std::sync::OnceLock::new(),
         }),
         choice,
         framing,
@@ -208,9 +223,15 @@ where
         shutdown: false,
         writes_issued: 0,
         tasks: JoinSet::new(),
+        forwarder: None,
     };
     let mut exit_requested = false;
-    while let Some(frame) = reader.next().await {
+    loop {
+        // Backpressure: while the client leaves replies unread, stop reading its requests.
+        conn.shared.out.wait_below(MAX_QUEUED_BYTES).await;
+        let Some(frame) = reader.next().await else {
+            break;
+        };
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
@@ -263,9 +284,14 @@ where
         } else {
             0
         };
-    conn.shared.closing.cancel();
+    // Wind down first (a worker's last output and final status are journalled), then stop
+    // forwarding: the forwarder passes on what is queued before it lets go.
     if let Some(state) = conn.state.take() {
         conn.shared.host.detach(state).await;
+    }
+    conn.shared.closing.cancel();
+    if let Some(forwarder) = conn.forwarder.take() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), forwarder).await;
     }
     drop(conn);
     match writer.await {
@@ -278,16 +304,19 @@ where
 async fn write_loop<W: AsyncWrite + Unpin>(
     output: W,
     framing: Framing,
-    mut rx: mpsc::UnboundedReceiver<String>,
+    mut rx: OutboxReceiver,
 ) -> std::io::Result<()> {
     let mut sink = FramedWrite::new(output, Codec::new(framing));
     while let Some(msg) = rx.recv().await {
+        let mut bytes = msg.len();
         sink.feed(Bytes::from(msg)).await?;
         // Batch whatever else is already queued into the same flush.
-        while let Ok(more) = rx.try_recv() {
+        while let Some(more) = rx.try_recv() {
+            bytes += more.len();
             sink.feed(Bytes::from(more)).await?;
         }
         sink.flush().await?;
+        rx.written(bytes);
     }
     sink.flush().await
 }
@@ -311,8 +340,10 @@ impl<H: Host> Conn<H> {
         let value: Value = match serde_json::from_slice(&body) {
             Ok(v) => v,
             Err(e) => {
+                // An over-deep or otherwise unreadable request still names its caller when its
+                // top-level `id` can be found, so the caller is not left waiting.
                 self.send(reply_err(
-                    None,
+                    recover_id(&body).as_ref(),
                     &RpcError::parse_error(format!("invalid JSON: {e}")),
                 ));
                 return false;
@@ -370,24 +401,25 @@ impl<H: Host> Conn<H> {
         }
     }
 
-    fn decide_profile(&mut self, method: &str, params: &Value) -> Profile {
+    /// The profile is fixed by the flag, the framing, or the first message that only one
+    /// profile sends (an MCP handshake, `_meta` with a protocol version, an MCP-only method).
+    /// Messages both profiles send (`ping`, notifications) are answered without fixing it.
+    fn decide_profile(&mut self, method: &str, params: &Value, notification: bool) -> Profile {
         if let Some(p) = self.profile {
             return p;
         }
         let p = if self.framing == Framing::ContentLength || self.choice == ProfileChoice::Lsp {
             Profile::Lsp
         } else if (method == "initialize" && params.get("protocolVersion").is_some())
-            || matches!(
-                method,
-                "server/discover" | "tools/list" | "tools/call" | "ping"
-            )
-            || method.starts_with("notifications/")
+            || matches!(method, "server/discover" | "tools/list" | "tools/call")
             || params
                 .get("_meta")
                 .and_then(|m| m.get(META_VERSION))
                 .is_some()
         {
             Profile::Mcp
+        } else if notification || method == "ping" {
+            return Profile::Raw;
         } else {
             Profile::Raw
         };
@@ -407,11 +439,11 @@ impl<H: Host> Conn<H> {
                 false
             }
             Incoming::Notification { method, params } => {
-                self.decide_profile(&method, &params);
+                self.decide_profile(&method, &params, true);
                 self.on_notification(&method, params)
             }
             Incoming::Request { id, method, params } => {
-                let profile = self.decide_profile(&method, &params);
+                let profile = self.decide_profile(&method, &params, false);
                 if let Err(e) = self.on_request(profile, id.clone(), &method, params, &batch) {
                     self.reply(&batch, reply_err(Some(&id), &e));
                 }
@@ -452,12 +484,22 @@ impl<H: Host> Conn<H> {
         };
         if let Some(token) = token {
             token.cancel();
-            self.send(reply_err(Some(id), &RpcError::cancelled()));
+            // LSP answers a cancelled request with -32800; MCP says the receiver stays silent.
+            if self.profile != Some(Profile::Mcp) {
+                self.send(reply_err(Some(id), &RpcError::cancelled()));
+            }
         }
     }
 
-    fn server_capabilities(&self) -> Value {
-        let methods: Vec<&str> = self.shared.router.methods().map(|m| m.def.name).collect();
+    fn server_capabilities(&self, role: Role) -> Value {
+        // Advertise only what this connection may call.
+        let methods: Vec<&str> = self
+            .shared
+            .router
+            .methods()
+            .filter(|m| m.def.audience == Audience::Anyone || role == Role::Operator)
+            .map(|m| m.def.name)
+            .collect();
         let notes: Vec<&str> = self.shared.router.notifications().map(|n| n.name).collect();
         json!({ "experimental": { "gaffer": { "methods": methods, "notifications": notes } } })
     }
@@ -474,11 +516,25 @@ impl<H: Host> Conn<H> {
         let operator = Arc::clone(&self.operator);
         let profile = self.profile;
         let closing = self.shared.closing.clone();
-        tokio::spawn(async move {
+        self.forwarder = Some(tokio::spawn(async move {
+            let mut draining = false;
             loop {
-                let next = tokio::select! {
-                    n = rx.recv() => n,
-                    _ = closing.cancelled() => break,
+                let next = if draining {
+                    match rx.try_recv() {
+                        Ok(n) => Ok(n),
+                        Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                            Err(broadcast::error::RecvError::Lagged(n))
+                        }
+                        Err(_) => break,
+                    }
+                } else {
+                    tokio::select! {
+                        n = rx.recv() => n,
+                        _ = closing.cancelled() => {
+                            draining = true;
+                            continue;
+                        }
+                    }
                 };
                 match next {
                     Ok(notice) => {
@@ -490,10 +546,7 @@ impl<H: Host> Conn<H> {
                         if push.operators_only && !operator {
                             continue;
                         }
-                        if out
-                            .send(encode(&notification(&push.method, push.params)))
-                            .is_err()
-                        {
+                        if !out.send(encode(&notification(&push.method, push.params))) {
                             break;
                         }
                     }
@@ -503,7 +556,7 @@ impl<H: Host> Conn<H> {
                     Err(broadcast::error::RecvError::Closed) => break,
                 }
             }
-        });
+        }));
         Ok(state)
     }
 
@@ -535,11 +588,7 @@ impl<H: Host> Conn<H> {
         params: &Value,
     ) -> Result<Value, RpcError> {
         if profile == Profile::Mcp {
-            return Err(RpcError::app(
-                super::message::AppCode::Forbidden,
-                "operator_not_on_mcp",
-                "the MCP surface never carries operator connections",
-            ));
+            return Err(operator_not_on_mcp());
         }
         let client = self.client_info(profile)?;
         let state = self.ensure_attached(None)?;
@@ -601,7 +650,11 @@ impl<H: Host> Conn<H> {
                 return Ok(());
             }
             "ping" => {
-                self.reply(batch, reply_ok(&id, json!({})));
+                let mut result = json!({});
+                if meta_version(&params).is_some() {
+                    result["resultType"] = json!("complete");
+                }
+                self.reply(batch, reply_ok(&id, result));
                 return Ok(());
             }
             "operator/challenge" | "operator/login" => {
@@ -626,6 +679,8 @@ impl<H: Host> Conn<H> {
                         &id,
                         json!({
                             "resultType": "complete",
+                            "ttlMs": 0,
+                            "cacheScope": "private",
                             "supportedVersions": versions,
                             "capabilities": {"tools": {"listChanged": false}},
                             "serverInfo": {"name": name, "version": version},
@@ -680,10 +735,13 @@ impl<H: Host> Conn<H> {
         let state = self.ensure_attached(None)?;
         let (target, args, mcp) = match method {
             "tools/list" if profile == Profile::Mcp => {
-                let tools = self.tools_list();
+                let tools = &self.tools().list;
                 let mut result = json!({ "tools": tools });
                 if stateless.is_some() {
+                    // 2026-07-28: every list result says how long it may be cached, and by whom.
                     result["resultType"] = json!("complete");
+                    result["ttlMs"] = json!(0);
+                    result["cacheScope"] = json!("private");
                 }
                 self.reply(batch, reply_ok(&id, result));
                 return Ok(());
@@ -695,7 +753,17 @@ impl<H: Host> Conn<H> {
                     .ok_or_else(|| RpcError::invalid_params("name", "`name` must be a tool name"))?
                     .to_string();
                 let m = self.shared.router.by_tool(&name).ok_or_else(|| {
-                    RpcError::invalid_params("name", format!("unknown tool `{name}`"))
+                    let known: Vec<&str> = self
+                        .tools()
+                        .list
+                        .iter()
+                        .filter_map(|t| t["name"].as_str())
+                        .collect();
+                    RpcError::invalid_params(
+                        "name",
+                        format!("unknown tool `{name}`; tools: {}", known.join(", ")),
+                    )
+                    .with_data("known_tools", known)
                 })?;
                 let args = match params.get_mut("arguments").map(Value::take) {
                     None | Some(Value::Null) => Value::Object(Map::new()),
@@ -707,13 +775,14 @@ impl<H: Host> Conn<H> {
                         ));
                     }
                 };
-                (m.def.name.to_string(), args, true)
+                let wrap = self.tools().wrapped.contains(m.def.name);
+                (m.def.name.to_string(), args, Some(wrap))
             }
             _ if profile == Profile::Mcp => {
                 // The agent surface offers tools only: gaffer methods are reached via tools/call.
                 return Err(RpcError::method_not_found(method));
             }
-            other => (other.to_string(), params, false),
+            other => (other.to_string(), params, None),
         };
         let m = self
             .shared
@@ -789,8 +858,8 @@ impl<H: Host> Conn<H> {
             if !still_pending {
                 return; // cancelled: -32800 was already sent
             }
-            let reply = if mcp {
-                encode(&reply_ok(&id, tool_result(result, stateless_result)))
+            let reply = if let Some(wrap) = mcp {
+                encode(&reply_ok(&id, tool_result(result, wrap, stateless_result)))
             } else {
                 match result {
                     Ok(raw) => reply_ok_raw(&id, &raw),
@@ -818,11 +887,7 @@ impl<H: Host> Conn<H> {
         let wants_operator = match opts.get("role").and_then(Value::as_str) {
             None | Some("agent") => false,
             Some("operator") if profile == Profile::Mcp => {
-                return Err(RpcError::app(
-                    super::message::AppCode::Forbidden,
-                    "operator_not_on_mcp",
-                    "the MCP surface never carries operator connections",
-                ));
+                return Err(operator_not_on_mcp());
             }
             Some("operator") => true,
             Some(other) => {
@@ -870,7 +935,7 @@ impl<H: Host> Conn<H> {
             }));
         }
         let mut result = json!({
-            "capabilities": self.server_capabilities(),
+            "capabilities": self.server_capabilities(Role::Agent),
             "serverInfo": {"name": server, "version": version},
             "role": Role::Agent,
             "client": id,
@@ -881,22 +946,47 @@ impl<H: Host> Conn<H> {
         Ok(result)
     }
 
-    fn tools_list(&self) -> Vec<Value> {
-        self.shared
-            .router
-            .methods()
-            .filter(|m| m.def.audience == Audience::Anyone)
-            .filter_map(|m| {
-                let tool = m.def.mcp_tool?;
-                let mut schema = m.params_schema().to_value();
-                if let Value::Object(map) = &mut schema {
-                    map.remove("$schema");
-                    map.entry("type").or_insert(json!("object"));
-                }
-                Some(json!({ "name": tool, "title": m.def.name, "description": m.def.doc, "inputSchema": schema }))
-            })
-            .collect()
+    fn tools(&self) -> &Tools {
+        self.shared.tools.get_or_init(|| {
+            let mut wrapped = std::collections::HashSet::new();
+            let list = self
+                .shared
+                .router
+                .methods()
+                .filter(|m| m.def.audience == Audience::Anyone)
+                .filter_map(|m| {
+                    let tool = m.def.mcp_tool?;
+                    let mut input = m.params_schema().to_value();
+                    if let Value::Object(map) = &mut input {
+                        map.remove("$schema");
+                        map.entry("type").or_insert(json!("object"));
+                    }
+                    let (mut output, wrap) = output_schema(m.result_schema().to_value());
+                    objectify(&mut input);
+                    objectify(&mut output);
+                    if wrap {
+                        wrapped.insert(m.def.name);
+                    }
+                    Some(json!({
+                        "name": tool,
+                        "title": m.def.name,
+                        "description": m.def.doc,
+                        "inputSchema": input,
+                        "outputSchema": output,
+                    }))
+                })
+                .collect();
+            Tools { list, wrapped }
+        })
     }
+}
+
+fn operator_not_on_mcp() -> RpcError {
+    RpcError::app(
+        super::message::AppCode::Forbidden,
+        "operator_not_on_mcp",
+        "the MCP surface never carries operator connections",
+    )
 }
 
 fn id_of(v: &Value) -> Option<Id> {
@@ -911,19 +1001,80 @@ fn meta_version(params: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
+/// A tool's `outputSchema` from its result schema: the result (an object at the root, as MCP
+/// wants; any other result is declared and sent as `{"result": …}`), or the error envelope
+/// `{"error": …}` of an `isError` result (some clients validate those too). True when wrapped.
+fn output_schema(mut schema: Value) -> (Value, bool) {
+    let mut defs = None;
+    if let Value::Object(map) = &mut schema {
+        map.remove("$schema");
+        // Definitions stay at the root, where the inner `$ref`s point.
+        defs = map.remove("$defs");
+    }
+    let wrap = schema.get("type") != Some(&json!("object"));
+    let result = if wrap {
+        json!({"type": "object", "properties": {"result": schema}, "required": ["result"]})
+    } else {
+        schema
+    };
+    let error = json!({
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "integer"},
+                "message": {"type": "string"},
+                "data": {"type": "object"}
+            }
+        }}
+    });
+    let mut out = json!({"type": "object", "anyOf": [result, error]});
+    if let Some(defs) = defs {
+        out["$defs"] = defs;
+    }
+    (out, wrap)
+}
+
+/// Spells boolean subschemas of `properties` and `$defs` as objects (`true` is `{}`, `false` is
+/// `{"not": {}}`): MCP clients (the TypeScript SDK) require property schemas to be objects. Also
+/// drops the Rust integer widths schemars puts in `format` (`uint64`, ...), which clients' JSON
+/// Schema validators do not know (the range is in `minimum`).
+fn objectify(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            if map.get("format").and_then(Value::as_str).is_some_and(|f| {
+                f.starts_with("uint") || f.starts_with("int") || f == "double" || f == "float"
+            }) {
+                map.remove("format");
+            }
+            for (key, v) in map.iter_mut() {
+                if let ("properties" | "$defs", Value::Object(subs)) = (key.as_str(), &mut *v) {
+                    for sub in subs.values_mut() {
+                        if let Value::Bool(b) = sub {
+                            *sub = if *b { json!({}) } else { json!({"not": {}}) };
+                        }
+                    }
+                }
+                objectify(v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(objectify),
+        _ => {}
+    }
+}
+
 /// Wraps a method result as an MCP tool result: JSON text plus structured content; domain
 /// errors become `isError` results so the agent can read and correct them.
-fn tool_result(result: Result<Box<RawValue>, RpcError>, stateless: bool) -> Value {
+fn tool_result(result: Result<Box<RawValue>, RpcError>, wrap: bool, stateless: bool) -> Value {
     let mut out = match result.and_then(|raw| {
         serde_json::from_str::<Value>(raw.get())
             .map(|v| (raw.get().to_string(), v))
             .map_err(|_| RpcError::internal("encoding the tool result"))
     }) {
         Ok((text, v)) => {
-            let structured = match v {
-                Value::Object(_) => v,
-                other => json!({ "result": other }),
-            };
+            let structured = if wrap { json!({ "result": v }) } else { v };
             json!({ "content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": false })
         }
         Err(e) => json!({

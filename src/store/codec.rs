@@ -2,7 +2,10 @@
 //!
 //! Pure functions over slices; no I/O, so they are easy to test and fuzz.
 
-use super::{FORMAT_VERSION, Record, StoreError};
+use serde::{Deserialize, Serialize};
+
+use super::chain::{Digest32, record_hash};
+use super::{Entry, FORMAT_VERSION, Record, StoreError};
 
 /// First bytes of every segment file.
 pub const MAGIC: [u8; 8] = *b"GAFFERJ\n";
@@ -19,7 +22,7 @@ const LEN_MASK: u32 = (1 << 30) - 1;
 /// Largest record body accepted on write or read.
 pub const MAX_RECORD_BODY: usize = 64 * 1024 * 1024;
 
-/// Every record body starts with this, because `Record` serialises `seq` first. The torn-tail
+/// Every record body starts with this, because the body serialises `seq` first. The torn-tail
 /// scan uses it to look cheaply for a whole record after a damaged one.
 const BODY_START: &[u8] = b"{\"seq\":";
 
@@ -64,9 +67,36 @@ pub fn check_header(bytes: &[u8]) -> HeaderCheck {
     }
 }
 
-/// Appends the frames of one `append` batch to `out`, flagging its first and last records.
-pub fn encode_batch_into(records: &[Record], out: &mut Vec<u8>) -> Result<(), StoreError> {
+/// A record body as written: `seq` first (see [`BODY_START`]), then the chain link.
+#[derive(Serialize)]
+struct BodyOut<'a> {
+    seq: u64,
+    prev: String,
+    time_ms: u64,
+    kind: &'a str,
+    payload: &'a serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct BodyIn<'a> {
+    seq: u64,
+    #[serde(borrow)]
+    prev: &'a str,
+    time_ms: u64,
+    kind: String,
+    payload: serde_json::Value,
+}
+
+/// Appends the frames of one `append` batch to `out`, flagging its first and last records and
+/// chaining each from the one before (the first from `prev`). Returns each record's hash.
+pub fn encode_batch_into(
+    records: &[Record],
+    prev: Digest32,
+    out: &mut Vec<u8>,
+) -> Result<Vec<Digest32>, StoreError> {
     let last = records.len().saturating_sub(1);
+    let mut hashes = Vec::with_capacity(records.len());
+    let mut prev = prev;
     for (i, record) in records.iter().enumerate() {
         let mut flags = 0;
         if i == 0 {
@@ -75,9 +105,10 @@ pub fn encode_batch_into(records: &[Record], out: &mut Vec<u8>) -> Result<(), St
         if i == last {
             flags |= FLAG_LAST;
         }
-        encode_into(record, flags, out)?;
+        prev = encode_into(record, prev, flags, out)?;
+        hashes.push(prev);
     }
-    Ok(())
+    Ok(hashes)
 }
 
 fn frame_crc(word: u32, body: &[u8]) -> u32 {
@@ -87,11 +118,24 @@ fn frame_crc(word: u32, body: &[u8]) -> u32 {
     hasher.finalize()
 }
 
-/// Appends the frame of `record` with batch `flags` to `out`. Refuses bodies over the cap.
-pub fn encode_into(record: &Record, flags: u32, out: &mut Vec<u8>) -> Result<(), StoreError> {
+/// Appends the frame of `record`, linked to `prev`, with batch `flags` to `out`; returns the
+/// record's hash. Refuses bodies over the cap.
+pub fn encode_into(
+    record: &Record,
+    prev: Digest32,
+    flags: u32,
+    out: &mut Vec<u8>,
+) -> Result<Digest32, StoreError> {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_PREFIX]);
-    serde_json::to_writer(&mut *out, record).map_err(|source| StoreError::Encode {
+    let body = BodyOut {
+        seq: record.seq,
+        prev: prev.to_hex(),
+        time_ms: record.time_ms,
+        kind: &record.kind,
+        payload: &record.payload,
+    };
+    serde_json::to_writer(&mut *out, &body).map_err(|source| StoreError::Encode {
         seq: record.seq,
         source,
     })?;
@@ -105,17 +149,23 @@ pub fn encode_into(record: &Record, flags: u32, out: &mut Vec<u8>) -> Result<(),
         });
     }
     let word = body_len as u32 | flags;
-    let crc = frame_crc(word, &out[start + FRAME_PREFIX..]);
+    let body = &out[start + FRAME_PREFIX..];
+    let (crc, hash) = (frame_crc(word, body), record_hash(body));
     out[start..start + 4].copy_from_slice(&word.to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-    Ok(())
+    Ok(hash)
 }
 
-/// The frame of `record` as a batch of one.
+/// The frame of `record` as a batch of one, chained from genesis.
 #[cfg(test)]
 pub fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
     let mut out = Vec::new();
-    encode_into(record, FLAG_FIRST | FLAG_LAST, &mut out)?;
+    encode_into(
+        record,
+        super::chain::GENESIS,
+        FLAG_FIRST | FLAG_LAST,
+        &mut out,
+    )?;
     Ok(out)
 }
 
@@ -124,7 +174,7 @@ pub fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
 pub enum Frame {
     /// A whole, checksum-valid record occupying `len` bytes; `first`/`last` are its batch flags.
     Whole {
-        record: Record,
+        entry: Entry,
         len: usize,
         first: bool,
         last: bool,
@@ -164,14 +214,27 @@ pub fn decode(buf: &[u8]) -> Frame {
     let Ok(text) = std::str::from_utf8(body) else {
         return Frame::Bad("checksum-valid body is not UTF-8".into());
     };
-    match serde_json::from_str::<Record>(text) {
-        Ok(record) => Frame::Whole {
-            record,
-            len: total,
-            first: word & FLAG_FIRST != 0,
-            last: word & FLAG_LAST != 0,
+    let body = match serde_json::from_str::<BodyIn<'_>>(text) {
+        Ok(body) => body,
+        Err(e) => return Frame::Bad(format!("checksum-valid body is not a record: {e}")),
+    };
+    let Some(prev) = Digest32::from_hex(body.prev) else {
+        return Frame::Bad("checksum-valid body has a prev that is not 64 lower-case hex".into());
+    };
+    Frame::Whole {
+        entry: Entry {
+            record: Record {
+                seq: body.seq,
+                time_ms: body.time_ms,
+                kind: body.kind,
+                payload: body.payload,
+            },
+            prev,
+            hash: record_hash(text.as_bytes()),
         },
-        Err(e) => Frame::Bad(format!("checksum-valid body is not a record: {e}")),
+        len: total,
+        first: word & FLAG_FIRST != 0,
+        last: word & FLAG_LAST != 0,
     }
 }
 
@@ -240,12 +303,14 @@ mod tests {
         assert!(bytes[8..].starts_with(BODY_START));
         match decode(&bytes) {
             Frame::Whole {
-                record,
+                entry,
                 len,
                 first,
                 last,
             } => {
-                assert_eq!(record, r);
+                assert_eq!(entry.record, r);
+                assert_eq!(entry.prev, super::super::chain::GENESIS);
+                assert_eq!(entry.hash, record_hash(&bytes[FRAME_PREFIX..]));
                 assert_eq!(len, bytes.len());
                 assert!(first && last);
             }
@@ -305,7 +370,7 @@ mod tests {
             payload: serde_json::Value::String("x".repeat(MAX_RECORD_BODY)),
         };
         let mut out = b"keep".to_vec();
-        match encode_into(&big, 0, &mut out) {
+        match encode_into(&big, super::super::chain::GENESIS, 0, &mut out) {
             Err(StoreError::RecordTooLarge { seq: 1, .. }) => {}
             other => panic!("expected RecordTooLarge, got {other:?}"),
         }
@@ -360,21 +425,33 @@ mod tests {
     #[test]
     fn batch_flags_mark_first_and_last() {
         let mut out = Vec::new();
-        encode_batch_into(&[rec(1), rec(2), rec(3)], &mut out).unwrap();
+        let start = record_hash(b"before");
+        let hashes = encode_batch_into(&[rec(1), rec(2), rec(3)], start, &mut out).unwrap();
         let mut flags = vec![];
+        let mut links = vec![];
         let mut at = 0;
         while at < out.len() {
             match decode(&out[at..]) {
                 Frame::Whole {
-                    len, first, last, ..
+                    entry,
+                    len,
+                    first,
+                    last,
                 } => {
                     flags.push((first, last));
+                    links.push((entry.prev, entry.hash));
                     at += len;
                 }
                 other => panic!("{other:?}"),
             }
         }
         assert_eq!(flags, vec![(true, false), (false, false), (false, true)]);
+        // Each record chains from the one before; the first from `start`.
+        let expected_prev = [start, hashes[0], hashes[1]];
+        for (i, (prev, hash)) in links.iter().enumerate() {
+            assert_eq!(*prev, expected_prev[i], "record {i}");
+            assert_eq!(*hash, hashes[i], "record {i}");
+        }
     }
 
     #[test]

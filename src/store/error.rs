@@ -30,6 +30,16 @@ pub enum StoreError {
         supported: u32,
     },
 
+    #[error(
+        "{} uses store format version {found}, written by an older gaffer before the journal was hash-chained (version {supported}); records of both formats are never mixed: move `.gaffer/` aside to start a new store (the old one stays readable by the older gaffer)",
+        path.display()
+    )]
+    OutdatedVersion {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+
     #[error("snapshot {} is unusable: {reason}", path.display())]
     SnapshotCorrupt { path: PathBuf, reason: String },
 

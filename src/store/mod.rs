@@ -1,7 +1,7 @@
 //! The per-workspace durable store under `<workspace>/.gaffer/`: an append-only journal in
 //! segments, a snapshot of folded state, and content-addressed blobs.
 //!
-//! # On-disk layout (format version 1)
+//! # On-disk layout (format version 2)
 //!
 //! ```text
 //! .gaffer/
@@ -18,12 +18,16 @@
 //! reserved zero bytes. A reader refuses a segment whose version it does not know.
 //!
 //! **Record frame** = length word (u32 LE) + crc32 (u32 LE, `crc32fast`) + body.
-//! The body is the compact JSON of [`Record`] (`{"seq":..,"time_ms":..,"kind":..,"payload":..}`,
-//! `seq` always first), at most 64 MiB. The length word holds the body length in its low 30
+//! The body is compact JSON `{"seq":..,"prev":..,"time_ms":..,"kind":..,"payload":..}` (a
+//! [`Record`] plus `prev`, `seq` always first), at most 64 MiB. `prev` is the hash of the
+//! record before (64 hex digits; see [`chain`] for the hash definition and the genesis value),
+//! so the journal is a hash chain: readers check every link and report the first break
+//! ([`ChainStatus`]) without refusing the data. The length word holds the body length in its low 30
 //! bits (values over 64 MiB are invalid) and two batch flags: bit 31 marks the first record of
 //! an `append` batch, bit 30 its last (a batch of one has both). The crc covers the length
 //! word's four bytes followed by the body, so a damaged flag is caught like a damaged body.
 //! Sequence numbers start at 1 and are contiguous across all segments; readers check this.
+//! Version 1 stores (no chain) are refused with [`StoreError::OutdatedVersion`], never mixed.
 //!
 //! **Batches are atomic.** Readers deliver a batch's records only once its last record has
 //! been read, so a poller never sees half an append and a crash never leaves half of one.
@@ -32,8 +36,9 @@
 //! same batch (pages of an unacknowledged write can persist out of order), is a torn tail cut
 //! back to the batch's start; damage followed by a record starting a new batch is corruption.
 //!
-//! **Snapshot** = `{"format":1,"seq":N,"journal_from":K,"state_sha256":..,"state":..}`:
-//! state folded through seq N, whose later records start in segment K. It is replaced
+//! **Snapshot** = `{"format":2,"seq":N,"head":<hash of record N>,"workspace_id":..,
+//! "journal_from":K,"state_sha256":..,"state":..}`: state folded through seq N, whose later
+//! records start in segment K and chain from `head`. It is replaced
 //! atomically (temp file, fsync, rename, directory fsync). Writing one rotates the journal to a
 //! fresh segment first, so a crash at any point leaves either the old snapshot (and every
 //! record after it) or the new one. Older segments stay as the audit trail ([`Store::read_all`]).
@@ -48,6 +53,7 @@
 //! it is reported with the segment and byte offset, never skipped.
 
 mod blob;
+pub mod chain;
 mod codec;
 mod durable;
 mod error;
@@ -63,14 +69,19 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use chain::{ChainBreak, ChainStatus, ChainView, Digest32, GENESIS, Head, STORE_CREATED};
 pub use codec::{HEADER_LEN, MAX_RECORD_BODY};
 pub use error::StoreError;
-pub use verify::{Problem, SegmentReport, SnapshotReport, VerifyReport, verify};
+pub use verify::{
+    ChainReport, Problem, SegmentReport, SignatureReport, SnapshotReport, VerifyReport, verify,
+};
 
+use chain::ChainLog;
 use segment::SegmentEnd;
 
 /// Version of the on-disk format written by this build; anything else is refused.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added the hash chain (`prev` in every body, the head in the snapshot).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One journal entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -91,6 +102,27 @@ impl Record {
             payload,
         }
     }
+}
+
+/// A record as read from the journal, with its chain link.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub record: Record,
+    /// The hash of the record before, as written in this record's body.
+    pub prev: Digest32,
+    /// This record's hash ([`chain::record_hash`] of its body bytes).
+    pub hash: Digest32,
+}
+
+/// A `store.created` record (seq 1) declaring a fresh random workspace id.
+pub fn store_created_record() -> Result<Record, StoreError> {
+    let id = crate::util::new_id("ws_").map_err(|source| StoreError::Io {
+        path: "/dev/urandom".into(),
+        source,
+    })?;
+    let now = crate::util::now_ms();
+    let payload = serde_json::json!({ "workspace_id": id, "created_at_ms": now });
+    Ok(Record::new(1, STORE_CREATED, payload))
 }
 
 /// State folded through `seq`, as encoded JSON text: written and read without building a
@@ -139,6 +171,8 @@ struct Cursor {
 struct Progress {
     cursor: Cursor,
     last_seq: u64,
+    /// Hash of the record at `last_seq` (the snapshot's head, or genesis at 0).
+    head: Digest32,
 }
 
 /// An incomplete or damaged tail at the end of the last segment.
@@ -161,6 +195,12 @@ pub struct Store {
     /// End of what this Store has read or written.
     cursor: Cursor,
     last_seq: u64,
+    /// Hash of the record at `last_seq`: the `prev` of the next append.
+    head: Digest32,
+    /// The chain head the snapshot recorded (genesis without one).
+    snapshot_head: Digest32,
+    /// Shared with readers that must not take the store's lock (the workspace's status).
+    view: ChainView,
     /// Records read past by a write transaction's catch-up but not yet handed to the caller.
     undelivered: Vec<Record>,
     /// Write handle of the segment `cursor` is in, kept across transactions.
@@ -176,6 +216,12 @@ impl Store {
     /// nothing is created or repaired here, since another process may be mid-append.
     /// Refuses segments or a snapshot of an unknown format version.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Store, StoreError> {
+        Self::open_with_view(dir, ChainView::default())
+    }
+
+    /// [`Store::open`] publishing the chain into `view` (reset here), so a holder of the view
+    /// keeps it across a reopen.
+    pub fn open_with_view(dir: impl Into<PathBuf>, view: ChainView) -> Result<Store, StoreError> {
         let dir = dir.into();
         let journal = dir.join("journal");
         let loaded = snapshot::load(&dir)?;
@@ -184,11 +230,12 @@ impl Store {
             let is_last = i + 1 == segments.len();
             segment::check_segment_header(&segment::segment_path(&journal, *n), is_last)?;
         }
-        let (snapshot, snapshot_from) = match loaded {
-            Some(l) => (Some(l.snapshot), l.journal_from),
-            None => (None, 1),
+        let (snapshot, snapshot_from, snapshot_head, workspace_id) = match loaded {
+            Some(l) => (Some(l.snapshot), l.journal_from, l.head, l.workspace_id),
+            None => (None, 1, GENESIS, None),
         };
         let last_seq = snapshot.as_ref().map_or(0, |s| s.seq);
+        view.reset(last_seq, snapshot_head, workspace_id);
         Ok(Store {
             dir,
             journal,
@@ -199,6 +246,9 @@ impl Store {
                 offset: 0,
             },
             last_seq,
+            head: snapshot_head,
+            snapshot_head,
+            view,
             undelivered: Vec::new(),
             writer: None,
             warned_torn: None,
@@ -237,6 +287,42 @@ impl Store {
         self.last_seq
     }
 
+    /// Seq and hash of the last record this Store has read or written.
+    pub fn head(&self) -> Head {
+        Head {
+            seq: self.last_seq,
+            hash: self.head.to_hex(),
+        }
+    }
+
+    /// The head and the first broken link read since the last full replay.
+    pub fn chain_status(&self) -> ChainStatus {
+        self.view.status()
+    }
+
+    /// The id declared by the journal's `store.created` record (or carried by the snapshot).
+    pub fn workspace_id(&self) -> Option<String> {
+        self.view.workspace_id()
+    }
+
+    /// The hash of record `seq`, if it is one of the last [`chain::RECENT_HASHES`] read.
+    pub fn hash_at(&self, seq: u64) -> Option<String> {
+        self.view.hash_at(seq)
+    }
+
+    /// A handle on the chain state that can be read without this Store.
+    pub fn chain_view(&self) -> ChainView {
+        self.view.clone()
+    }
+
+    /// Moves the cursor to where `progress` got and publishes what `log` learned.
+    fn advance(&mut self, progress: Progress, log: ChainLog) {
+        self.cursor = progress.cursor;
+        self.last_seq = progress.last_seq;
+        self.head = progress.head;
+        self.view.publish(self.last_seq, self.head, log);
+    }
+
     /// Calls `f` for every whole record with seq > `after_seq`, in order, and moves the read
     /// cursor to the end of what was read. With `after_seq` at or past the snapshot's seq only
     /// the segments after the snapshot are read; below it, the whole journal is. A torn tail of
@@ -255,6 +341,7 @@ impl Store {
                     offset: 0,
                 },
                 last_seq: snap_seq,
+                head: self.snapshot_head,
             }
         } else {
             Progress {
@@ -263,18 +350,21 @@ impl Store {
                     offset: 0,
                 },
                 last_seq: 0,
+                head: GENESIS,
             }
         };
         self.undelivered.clear();
-        let result = read_journal(&self.journal, &mut progress, |record| {
-            if record.seq > after_seq {
-                f(record)
+        let id = self.view.workspace_id();
+        self.view.reset(progress.last_seq, progress.head, id);
+        let mut log = ChainLog::default();
+        let result = read_journal(&self.journal, &mut progress, &mut log, |entry| {
+            if entry.record.seq > after_seq {
+                f(entry.record)
             } else {
                 Ok(())
             }
         });
-        self.cursor = progress.cursor;
-        self.last_seq = progress.last_seq;
+        self.advance(progress, log);
         if let Some(torn) = result? {
             self.warn_torn(&torn);
         }
@@ -289,16 +379,13 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut out = std::mem::take(&mut self.undelivered);
-        let mut progress = Progress {
-            cursor: self.cursor,
-            last_seq: self.last_seq,
-        };
-        let result = read_journal(&self.journal, &mut progress, |record| {
-            out.push(record);
+        let mut progress = self.progress();
+        let mut log = ChainLog::default();
+        let result = read_journal(&self.journal, &mut progress, &mut log, |entry| {
+            out.push(entry.record);
             Ok::<(), StoreError>(())
         });
-        self.cursor = progress.cursor;
-        self.last_seq = progress.last_seq;
+        self.advance(progress, log);
         match result {
             Ok(_) => Ok(out),
             Err(e) => {
@@ -382,22 +469,27 @@ impl Store {
     fn catch_up_locked(&mut self) -> Result<(), StoreError> {
         if !self.nothing_new() {
             let mut fresh = Vec::new();
-            let mut progress = Progress {
-                cursor: self.cursor,
-                last_seq: self.last_seq,
-            };
-            let result = read_journal(&self.journal, &mut progress, |record| {
-                fresh.push(record);
+            let mut progress = self.progress();
+            let mut log = ChainLog::default();
+            let result = read_journal(&self.journal, &mut progress, &mut log, |entry| {
+                fresh.push(entry.record);
                 Ok::<(), StoreError>(())
             });
-            self.cursor = progress.cursor;
-            self.last_seq = progress.last_seq;
+            self.advance(progress, log);
             self.undelivered.append(&mut fresh);
             if let Some(torn) = result? {
                 self.cut_torn_tail(&torn)?;
             }
         }
         Ok(())
+    }
+
+    fn progress(&self) -> Progress {
+        Progress {
+            cursor: self.cursor,
+            last_seq: self.last_seq,
+            head: self.head,
+        }
     }
 
     /// Under the lock, before writing: the write handle of the cursor's segment, creating
@@ -461,20 +553,35 @@ impl Store {
         after_seq: u64,
         mut f: impl FnMut(Record) -> Result<(), E>,
     ) -> Result<(), E> {
+        self.read_all_entries(after_seq, |entry| f(entry.record))
+    }
+
+    /// [`Store::read_all`] with each record's chain link (`prev` and hash).
+    pub fn read_all_entries<E: From<StoreError>>(
+        &self,
+        after_seq: u64,
+        mut f: impl FnMut(Entry) -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut progress = Progress {
             cursor: Cursor {
                 segment: 1,
                 offset: 0,
             },
             last_seq: 0,
+            head: GENESIS,
         };
-        read_journal(&self.journal, &mut progress, |record| {
-            if record.seq > after_seq {
-                f(record)
-            } else {
-                Ok(())
-            }
-        })?;
+        read_journal(
+            &self.journal,
+            &mut progress,
+            &mut ChainLog::default(),
+            |entry| {
+                if entry.record.seq > after_seq {
+                    f(entry)
+                } else {
+                    Ok(())
+                }
+            },
+        )?;
         Ok(())
     }
 
@@ -542,12 +649,14 @@ impl Store {
 }
 
 /// Reads whole records from `progress.cursor` to the end of the journal, checking that seqs
-/// continue from `progress.last_seq`, and advances `progress` past each record `on` accepts.
+/// continue from `progress.last_seq` and that each links to `progress.head` (a broken link is
+/// noted in `log`, not refused), and advances `progress` past each record `on` accepts.
 /// Returns the torn tail of the last segment, if any.
 fn read_journal<E: From<StoreError>>(
     journal: &Path,
     progress: &mut Progress,
-    mut on: impl FnMut(Record) -> Result<(), E>,
+    log: &mut ChainLog,
+    mut on: impl FnMut(Entry) -> Result<(), E>,
 ) -> Result<Option<TornTail>, E> {
     let segments: Vec<u64> = segment::list_segments(journal)?
         .into_iter()
@@ -581,8 +690,9 @@ fn read_journal<E: From<StoreError>>(
             &path,
             progress.cursor.offset,
             n == last,
-            |record, offset, end| {
+            |entry, offset, end| {
                 let expected = progress.last_seq + 1;
+                let record = &entry.record;
                 if record.seq != expected {
                     return Err(E::from(StoreError::Corrupt {
                         segment: path.clone(),
@@ -593,9 +703,13 @@ fn read_journal<E: From<StoreError>>(
                         ),
                     }));
                 }
-                let seq = record.seq;
-                on(record)?;
+                let (seq, prev, hash) = (record.seq, entry.prev, entry.hash);
+                let id = chain::declared_workspace_id(seq, &record.kind, &record.payload);
+                on(entry)?;
+                log.link(seq, progress.head, prev, hash);
+                log.workspace_id = id.or(log.workspace_id.take());
                 progress.last_seq = seq;
+                progress.head = hash;
                 progress.cursor.offset = end;
                 Ok(())
             },
@@ -673,7 +787,7 @@ impl WriteTxn<'_> {
             }
         }
         let mut buf = Vec::with_capacity(records.len() * 256);
-        codec::encode_batch_into(records, &mut buf)?;
+        let hashes = codec::encode_batch_into(records, self.store.head, &mut buf)?;
         let (offset, file) = self.store.writer_locked()?;
         let written = write_at(file, &buf, offset).and_then(|_| file.sync_data());
         if let Err(source) = written {
@@ -685,7 +799,17 @@ impl WriteTxn<'_> {
             return Err(StoreError::Io { path, source });
         }
         self.store.cursor.offset = offset + buf.len() as u64;
+        let mut log = ChainLog::default();
+        let mut prev = self.store.head;
+        for (record, hash) in records.iter().zip(&hashes) {
+            log.link(record.seq, prev, prev, *hash);
+            prev = *hash;
+            let id = chain::declared_workspace_id(record.seq, &record.kind, &record.payload);
+            log.workspace_id = id.or(log.workspace_id.take());
+        }
         self.store.last_seq = last.seq;
+        self.store.head = prev;
+        self.store.view.publish(last.seq, prev, log);
         Ok(())
     }
 
@@ -726,9 +850,11 @@ impl WriteTxn<'_> {
                 offset: HEADER_LEN as u64,
             };
         }
-        snapshot::store(&store.dir, &snap, journal_from)?;
+        let id = store.view.workspace_id();
+        snapshot::store(&store.dir, &snap, journal_from, store.head, id.as_deref())?;
         store.snapshot = Some(snap);
         store.snapshot_from = journal_from;
+        store.snapshot_head = store.head;
         Ok(())
     }
 }
@@ -741,5 +867,7 @@ impl Drop for WriteTxn<'_> {
     }
 }
 
+#[cfg(test)]
+mod tamper_tests;
 #[cfg(test)]
 mod tests;

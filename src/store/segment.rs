@@ -7,7 +7,7 @@ use std::sync::{OnceLock, mpsc};
 
 use super::codec::{self, FRAME_PREFIX, Frame, HEADER_LEN, HeaderCheck};
 use super::durable;
-use super::{FORMAT_VERSION, Record, StoreError};
+use super::{Entry, FORMAT_VERSION, StoreError};
 
 /// Largest read issued by the scanner; big enough that a replay costs few syscalls.
 const READ_CHUNK: usize = 4 * 1024 * 1024;
@@ -86,6 +86,11 @@ fn header_verdict(path: &Path, head: &[u8], is_last: bool) -> Result<bool, Store
             offset: head.len() as u64,
             reason: "segment ends inside its header".into(),
         }),
+        HeaderCheck::Version(found) if found < FORMAT_VERSION => Err(StoreError::OutdatedVersion {
+            path: path.to_path_buf(),
+            found,
+            supported: FORMAT_VERSION,
+        }),
         HeaderCheck::Version(found) => Err(StoreError::UnsupportedVersion {
             path: path.to_path_buf(),
             found,
@@ -115,7 +120,7 @@ pub enum SegmentEnd {
     Torn { end: u64, reason: String },
 }
 
-/// Calls `on(record, offset, end_offset)` for every whole record of the segment at `path`
+/// Calls `on(entry, offset, end_offset)` for every whole record of the segment at `path`
 /// from byte `start` (0 or below the header length means "check the header first").
 ///
 /// In the last segment a damaged or incomplete tail is reported as [`SegmentEnd::Torn`], but
@@ -128,7 +133,7 @@ pub fn scan<E: From<StoreError>>(
     path: &Path,
     start: u64,
     is_last: bool,
-    on: impl FnMut(Record, u64, u64) -> Result<(), E>,
+    on: impl FnMut(Entry, u64, u64) -> Result<(), E>,
 ) -> Result<SegmentEnd, E> {
     let remaining = fs::metadata(path).map_or(0, |m| m.len().saturating_sub(start));
     if remaining < PIPELINE_MIN_BYTES || !pipelining_helps() {
@@ -147,13 +152,13 @@ fn pipelining_helps() -> bool {
     *MANY_CORES.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
 }
 
-type Batch = Vec<(Record, u64, u64)>;
+type Batch = Vec<(Entry, u64, u64)>;
 
 fn scan_pipelined<E: From<StoreError>>(
     path: &Path,
     start: u64,
     is_last: bool,
-    mut on: impl FnMut(Record, u64, u64) -> Result<(), E>,
+    mut on: impl FnMut(Entry, u64, u64) -> Result<(), E>,
 ) -> Result<SegmentEnd, E> {
     let (tx, rx) = mpsc::sync_channel::<Batch>(4);
     std::thread::scope(|scope| {
@@ -226,7 +231,7 @@ fn scan_serial<E: From<StoreError>>(
     path: &Path,
     start: u64,
     is_last: bool,
-    mut on: impl FnMut(Record, u64, u64) -> Result<(), E>,
+    mut on: impl FnMut(Entry, u64, u64) -> Result<(), E>,
 ) -> Result<SegmentEnd, E> {
     let mut file = match File::open(path) {
         Ok(f) => f,
@@ -271,7 +276,7 @@ fn scan_serial<E: From<StoreError>>(
     // is all or nothing. A scan resuming mid-segment may start inside a batch whose earlier
     // records were already delivered (the caller stopped midway), so it accepts continuation
     // records until the next batch starts.
-    let mut pending: Vec<(Record, u64, u64)> = Vec::new();
+    let mut pending: Vec<(Entry, u64, u64)> = Vec::new();
     let mut batch_start: Option<u64> = (base > HEADER_LEN as u64).then_some(base);
     let mut resuming = base > HEADER_LEN as u64;
     loop {
@@ -281,7 +286,7 @@ fn scan_serial<E: From<StoreError>>(
             let offset = base + lo as u64;
             match codec::decode(&buf[lo..hi]) {
                 Frame::Whole {
-                    record,
+                    entry,
                     len,
                     first,
                     last,
@@ -305,10 +310,10 @@ fn scan_serial<E: From<StoreError>>(
                     }
                     resuming = false;
                     lo += len;
-                    pending.push((record, offset, base + lo as u64));
+                    pending.push((entry, offset, base + lo as u64));
                     if last {
-                        for (record, offset, end) in pending.drain(..) {
-                            on(record, offset, end)?;
+                        for (entry, offset, end) in pending.drain(..) {
+                            on(entry, offset, end)?;
                         }
                         batch_start = None;
                     }

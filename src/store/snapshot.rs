@@ -1,7 +1,9 @@
 //! `snapshot.json`: folded state up to a seq, with its own format version and checksum.
 //!
-//! On disk: `{"format":1,"seq":N,"journal_from":K,"state_sha256":"<hex>","state":<json>}`.
-//! `journal_from` is the first segment holding records after `seq`; `state_sha256` is the
+//! On disk: `{"format":2,"seq":N,"head":"<hex>","workspace_id":..,"journal_from":K,
+//! "state_sha256":"<hex>","state":<json>}`. `head` is the hash of record N, from which the
+//! records after the snapshot chain; `workspace_id` is the store's (absent when its journal
+//! declared none); `journal_from` is the first segment holding records after `seq`; `state_sha256` is the
 //! sha256 of the exact `state` bytes as stored, so damage anywhere in the state is detected.
 
 use std::fs;
@@ -11,6 +13,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::chain::Digest32;
 use super::durable;
 use super::{FORMAT_VERSION, RawSnapshot, StoreError};
 use crate::util::sha256_hex;
@@ -23,6 +26,9 @@ pub struct Loaded {
     pub snapshot: RawSnapshot,
     pub journal_from: u64,
     pub state_bytes: usize,
+    /// Hash of the record at the snapshot's seq.
+    pub head: Digest32,
+    pub workspace_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -34,13 +40,21 @@ struct FormatOnly {
 struct Envelope<'a> {
     format: u32,
     seq: u64,
+    head: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workspace_id: Option<String>,
     journal_from: u64,
     state_sha256: String,
     #[serde(borrow)]
     state: &'a RawValue,
 }
 
-pub fn encode(snap: &RawSnapshot, journal_from: u64) -> Result<Vec<u8>, StoreError> {
+pub fn encode(
+    snap: &RawSnapshot,
+    journal_from: u64,
+    head: Digest32,
+    workspace_id: Option<&str>,
+) -> Result<Vec<u8>, StoreError> {
     let encode_err = |source| StoreError::Encode {
         seq: snap.seq,
         source,
@@ -49,6 +63,8 @@ pub fn encode(snap: &RawSnapshot, journal_from: u64) -> Result<Vec<u8>, StoreErr
     let envelope = Envelope {
         format: FORMAT_VERSION,
         seq: snap.seq,
+        head: head.to_hex(),
+        workspace_id: workspace_id.map(str::to_string),
         journal_from,
         state_sha256: sha256_hex(raw.get().as_bytes()),
         state: raw,
@@ -65,6 +81,13 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
     let format = serde_json::from_slice::<FormatOnly>(bytes)
         .map_err(|e| bad(format!("not a snapshot envelope: {e}")))?
         .format;
+    if format < FORMAT_VERSION {
+        return Err(StoreError::OutdatedVersion {
+            path: path.to_path_buf(),
+            found: format,
+            supported: FORMAT_VERSION,
+        });
+    }
     if format != FORMAT_VERSION {
         return Err(StoreError::UnsupportedVersion {
             path: path.to_path_buf(),
@@ -84,6 +107,8 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
     if envelope.journal_from == 0 {
         return Err(bad("journal_from must be at least 1".into()));
     }
+    let head = Digest32::from_hex(&envelope.head)
+        .ok_or_else(|| bad("head is not 64 lower-case hex digits".into()))?;
     // The state stays raw text: its reader deserializes it straight into its own type.
     let state = envelope.state.to_owned();
     Ok(Loaded {
@@ -93,6 +118,8 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
         },
         journal_from: envelope.journal_from,
         state_bytes: envelope.state.get().len(),
+        head,
+        workspace_id: envelope.workspace_id,
     })
 }
 
@@ -107,8 +134,14 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, StoreError> {
 }
 
 /// Durably replaces `<dir>/snapshot.json`.
-pub fn store(dir: &Path, snap: &RawSnapshot, journal_from: u64) -> Result<(), StoreError> {
-    let bytes = encode(snap, journal_from)?;
+pub fn store(
+    dir: &Path,
+    snap: &RawSnapshot,
+    journal_from: u64,
+    head: Digest32,
+    workspace_id: Option<&str>,
+) -> Result<(), StoreError> {
+    let bytes = encode(snap, journal_from, head, workspace_id)?;
     durable::write_atomic(&dir.join(FILE_NAME), &bytes)
 }
 
@@ -138,11 +171,13 @@ mod tests {
             state: json!({"b": [1, 2], "a": {"z": "y"}}),
         })
         .unwrap();
-        let bytes = encode(&snap, 3).unwrap();
+        let bytes = encode(&snap, 3, Digest32([7; 32]), Some("ws_a")).unwrap();
         let loaded = decode(Path::new("s.json"), &bytes).unwrap();
         assert_eq!(loaded.snapshot.seq, 42);
         assert_eq!(loaded.snapshot.state.get(), snap.state.get());
         assert_eq!(loaded.journal_from, 3);
+        assert_eq!(loaded.head, Digest32([7; 32]));
+        assert_eq!(loaded.workspace_id.as_deref(), Some("ws_a"));
     }
 
     #[test]
@@ -152,7 +187,7 @@ mod tests {
             state: json!({"count": 12345}),
         })
         .unwrap();
-        let bytes = encode(&snap, 1).unwrap();
+        let bytes = encode(&snap, 1, Digest32::default(), None).unwrap();
         let text = String::from_utf8(bytes).unwrap().replace("12345", "12346");
         match decode(Path::new("s.json"), text.as_bytes()) {
             Err(StoreError::SnapshotCorrupt { reason, .. }) => {
@@ -164,12 +199,23 @@ mod tests {
 
     #[test]
     fn newer_format_is_refused_as_such() {
-        let text = br#"{"format":2,"something_new":true}"#;
+        let text = br#"{"format":3,"something_new":true}"#;
         match decode(Path::new("/w/.gaffer/snapshot.json"), text) {
-            Err(e @ StoreError::UnsupportedVersion { found: 2, .. }) => {
+            Err(e @ StoreError::UnsupportedVersion { found: 3, .. }) => {
                 assert!(e.to_string().contains("snapshot.json"), "{e}");
             }
             other => panic!("expected UnsupportedVersion, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unchained_format_1_is_refused_as_outdated() {
+        let text = br#"{"format":1,"seq":1,"journal_from":1,"state_sha256":"x","state":{}}"#;
+        match decode(Path::new("/w/.gaffer/snapshot.json"), text) {
+            Err(e @ StoreError::OutdatedVersion { found: 1, .. }) => {
+                assert!(e.to_string().contains("older gaffer"), "{e}");
+            }
+            other => panic!("expected OutdatedVersion, got {other:?}"),
         }
     }
 
@@ -182,6 +228,8 @@ mod tests {
             })
             .unwrap(),
             1,
+            Digest32::default(),
+            None,
         )
         .unwrap();
         let cut = &bytes[..bytes.len() - 3];

@@ -157,20 +157,41 @@ fn a_transaction_that_appends_nothing_creates_no_journal() {
     );
 }
 
-#[test]
-fn newer_segment_version_is_refused_on_open() {
+/// A store of one record whose segment header claims format `version`.
+fn store_with_segment_version(version: u32) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
     let mut store = Store::open(tmp.path()).unwrap();
     append_n(&mut store, 1);
     let seg = tmp.path().join("journal/000001.log");
     let mut bytes = fs::read(&seg).unwrap();
-    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&version.to_le_bytes());
     fs::write(&seg, &bytes).unwrap();
+    tmp
+}
+
+#[test]
+fn unchained_format_1_segment_is_refused_as_outdated() {
+    let tmp = store_with_segment_version(1);
+    match Store::open(tmp.path()) {
+        Err(e @ StoreError::OutdatedVersion { found: 1, .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("000001.log") && msg.contains("older gaffer"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected OutdatedVersion, got {other:?}"),
+    }
+}
+
+#[test]
+fn newer_segment_version_is_refused_on_open() {
+    let tmp = store_with_segment_version(7);
     match Store::open(tmp.path()) {
         Err(
             e @ StoreError::UnsupportedVersion {
                 found: 7,
-                supported: 1,
+                supported: FORMAT_VERSION,
                 ..
             },
         ) => {
@@ -189,12 +210,12 @@ fn newer_snapshot_version_is_refused_on_open() {
     let tmp = tempfile::tempdir().unwrap();
     fs::write(
         tmp.path().join("snapshot.json"),
-        br#"{"format":2,"seq":1,"whatever":[]}"#,
+        br#"{"format":3,"seq":1,"whatever":[]}"#,
     )
     .unwrap();
     assert!(matches!(
         Store::open(tmp.path()),
-        Err(StoreError::UnsupportedVersion { found: 2, .. })
+        Err(StoreError::UnsupportedVersion { found: 3, .. })
     ));
 }
 
@@ -391,6 +412,8 @@ fn crash_between_snapshot_temp_write_and_rename_keeps_old_snapshot() {
         })
         .unwrap(),
         3,
+        GENESIS,
+        None,
     )
     .unwrap();
     let tmp_file = durable::write_temp(&tmp.path().join(snapshot::FILE_NAME), &newer).unwrap();
@@ -619,8 +642,8 @@ proptest! {
         let record = Record { seq, time_ms, kind, payload };
         let bytes = codec::encode(&record).unwrap();
         match codec::decode(&bytes) {
-            codec::Frame::Whole { record: back, len, .. } => {
-                prop_assert_eq!(back, record);
+            codec::Frame::Whole { entry, len, .. } => {
+                prop_assert_eq!(entry.record, record);
                 prop_assert_eq!(len, bytes.len());
             }
             other => prop_assert!(false, "not whole: {:?}", other),
@@ -987,6 +1010,20 @@ proptest! {
             prop_assert_eq!(snap.state, json!({ "upto": snap.seq }));
         }
         prop_assert_eq!(seqs(&read_all(&fresh.store, 0)), (1..=journal_len).collect::<Vec<_>>());
-        prop_assert!(verify(dir).unwrap().ok);
+        let report = verify(dir).unwrap();
+        prop_assert!(report.ok, "{:?}", report.problems);
+        // Every appender chained onto what the others wrote, across rotations.
+        prop_assert_eq!(report.chain.broken_at.clone(), None);
+        prop_assert_eq!(report.chain.verified_to, (journal_len > 0).then_some(journal_len));
+        let head = fresh.store.head();
+        prop_assert_eq!(report.chain.head.clone().unwrap_or(head.clone()), head.clone());
+        for peer in &peers {
+            prop_assert_eq!(peer.store.head(), head.clone());
+            prop_assert_eq!(peer.store.chain_status().broken_at, None);
+            prop_assert_eq!(peer.store.chain_status().head, head.clone());
+        }
+        if journal_len > 0 {
+            prop_assert_eq!(fresh.store.hash_at(journal_len), Some(head.hash.clone()));
+        }
     }
 }

@@ -28,6 +28,9 @@ use crate::bundles::{Declaration, DeclarationKind, InputMode, Profile};
 const BASE_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"];
 /// Time a stopped worker gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+/// On stop, stdin is closed first and the process gets this long to finish the input it was
+/// given (an echo, a filter) before SIGTERM.
+const STOP_DRAIN: Duration = Duration::from_millis(300);
 /// How long to wait for the output pipes to drain after the process ended.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 const READ_CHUNK: usize = 16 * 1024;
@@ -260,9 +263,11 @@ impl ExecutionBackend for ProcessBackend {
     }
 
     fn stop(&self, worker_id: &str, reason: &str) -> ExecResult {
-        self.with_live(|live| match live.get(worker_id) {
+        self.with_live(|live| match live.get_mut(worker_id) {
             Some(p) => {
                 *p.stop_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
+                // Dropping the sender lets the writer flush what is queued, then close stdin.
+                p.stdin = None;
                 p.stop.cancel();
                 ExecResult::accepted(RunState::Stopped)
             }
@@ -332,12 +337,17 @@ async fn supervise(
             (WorkerStatus::Failed, format!("timed out after {ms} ms"), exit)
         }
         _ = stop.cancelled() => {
-            procinfo::kill_group(pgid, libc::SIGTERM);
-            let exit = match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+            let exit = match tokio::time::timeout(STOP_DRAIN, child.wait()).await {
                 Ok(res) => res.ok().map(exit_info),
                 Err(_) => {
-                    procinfo::kill_group(pgid, libc::SIGKILL);
-                    child.wait().await.ok().map(exit_info)
+                    procinfo::kill_group(pgid, libc::SIGTERM);
+                    match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+                        Ok(res) => res.ok().map(exit_info),
+                        Err(_) => {
+                            procinfo::kill_group(pgid, libc::SIGKILL);
+                            child.wait().await.ok().map(exit_info)
+                        }
+                    }
                 }
             };
             let why = stop_reason.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -174,6 +174,10 @@ pub struct CreateRequest {
     pub display_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The client asking (set by the method layer, never read from params).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub created_by: Option<String>,
 }
 
 impl CreateRequest {
@@ -286,6 +290,7 @@ pub fn parse_create(params: &Value, root: Option<&Path>) -> Result<CreateRequest
         initial_input,
         display_name,
         idempotency_key,
+        created_by: None,
     })
 }
 

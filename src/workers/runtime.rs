@@ -343,6 +343,8 @@ impl WorkerRuntime {
             diagnostic: None,
             exit: None,
             stop_requested: false,
+            stop_reason: None,
+            created_by: req.created_by.clone(),
             idempotency_key: req.idempotency_key.clone(),
             request_fingerprint: fingerprint.clone(),
             created_seq: 0,
@@ -444,9 +446,9 @@ impl WorkerRuntime {
         let requested = self.workspace.read(|s| {
             s.workers
                 .get(worker_id)
-                .map(|w| (w.stop_requested, w.backend.clone()))
+                .map(|w| (w.stop_requested, w.backend.clone(), w.stop_reason.clone()))
         });
-        let Some((true, backend_id)) = requested else {
+        let Some((true, backend_id, reason)) = requested else {
             return;
         };
         let mut inner = self.lock();
@@ -459,7 +461,10 @@ impl WorkerRuntime {
         live.stop_sent = true;
         drop(inner);
         if let Some(b) = self.backend_named(&backend_id) {
-            b.stop(worker_id, "requested through another gaffer process");
+            // The caller's reason, as a local stop would record it.
+            let reason =
+                reason.unwrap_or_else(|| "requested through another gaffer process".into());
+            b.stop(worker_id, &reason);
         }
     }
 

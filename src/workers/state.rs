@@ -460,6 +460,8 @@ impl WorkerState {
         #[derive(Deserialize)]
         struct Stop {
             worker_id: String,
+            #[serde(default)]
+            reason: Option<String>,
         }
         let rec: Stop = serde_json::from_value(payload.clone())?;
         let Some(w) = self.workers.get_mut(&rec.worker_id) else {
@@ -469,6 +471,7 @@ impl WorkerState {
             return Ok(());
         }
         w.stop_requested = true;
+        w.stop_reason = rec.reason.filter(|r| !r.is_empty());
         w.updated_ms = time_ms;
         self.changed(&rec.worker_id, out);
         Ok(())

@@ -219,6 +219,8 @@ fn worker_for(req: &CreateRequest, id: &str) -> Worker {
         diagnostic: None,
         exit: None,
         stop_requested: false,
+        stop_reason: None,
+        created_by: None,
         idempotency_key: req.idempotency_key.clone(),
         request_fingerprint: req.fingerprint(),
         created_seq: 0,

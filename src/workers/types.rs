@@ -145,6 +145,12 @@ pub struct Worker {
     pub exit: Option<ExitInfo>,
     #[serde(default)]
     pub stop_requested: bool,
+    /// The client that created the worker (agents over MCP may stop only their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+    /// The reason given with a stop asked through another gaffer process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// `sha256:<hex>` of the canonical create request; compared on replay.

@@ -2,6 +2,8 @@
 //! speak JSON-RPC to it over its stdio, as clients do.
 #![allow(dead_code)]
 
+pub mod schema_check;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -9,6 +11,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+use schema_check::{Sent, schemas};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gaffer");
 
@@ -36,6 +40,8 @@ pub struct Server {
     backlog: Vec<Value>,
     next_id: i64,
     pub workspace: PathBuf,
+    /// Requests sent, by id, so each reply is checked against its method's schema.
+    sent: std::collections::HashMap<Value, Sent>,
 }
 
 impl Server {
@@ -95,6 +101,7 @@ impl Server {
             backlog: Vec::new(),
             next_id: 1,
             workspace: ws.to_path_buf(),
+            sent: Default::default(),
         }
     }
 
@@ -105,8 +112,47 @@ impl Server {
         stdin.flush().expect("flush");
     }
 
+    /// Notes what a request is, for checking its reply.
+    fn remember(&mut self, v: &Value) {
+        let items = match v {
+            Value::Array(items) => items.iter().collect(),
+            other => vec![other],
+        };
+        for item in items {
+            let (Some(id), Some(method)) = (item.get("id"), item["method"].as_str()) else {
+                continue;
+            };
+            let sent = match method {
+                "initialize" => Sent::Initialize,
+                "tools/call" => item["params"]["name"]
+                    .as_str()
+                    .and_then(|t| schemas().method_of_tool(t))
+                    .map(Sent::Tool)
+                    .unwrap_or(Sent::Other),
+                m if m.contains('/') && !m.starts_with("tools/") && !m.starts_with("server/") => {
+                    Sent::Method(m.to_string())
+                }
+                _ => Sent::Other,
+            };
+            self.sent.insert(id.clone(), sent);
+        }
+    }
+
+    /// Checks a received message against `schema/`.
+    fn check(&self, v: &Value) {
+        let items = match v {
+            Value::Array(items) => items.iter().collect(),
+            other => vec![other],
+        };
+        for item in items {
+            let sent = item.get("id").and_then(|id| self.sent.get(id));
+            schemas().check_message(item, sent);
+        }
+    }
+
     /// Sends one JSON message in this server's framing.
     pub fn send(&mut self, v: &Value) {
+        self.remember(v);
         let body = serde_json::to_vec(v).expect("json");
         match self.wire {
             Wire::Ndjson => {
@@ -147,7 +193,11 @@ impl Server {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
+            let got = self.rx.recv_timeout(left);
+            if let Ok(v) = &got {
+                self.check(v);
+            }
+            match got {
                 Ok(v) if pred(&v) => return Some(v),
                 Ok(v) => self.backlog.push(v),
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
@@ -300,4 +350,31 @@ pub fn journal_bytes(ws: &Path) -> Vec<u8> {
     }
     out
 }
+
+/// (offset, frame length) of every record in a segment.
+pub fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut at = 16;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let word = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = 8 + (word & ((1 << 30) - 1)) as usize;
+        out.push((at, len));
+        at += len;
+    }
+    out
+}
+
+/// A whole frame, a batch of one, with the crc32 the store checks: what an attacker who
+/// knows the format writes.
+pub fn forge_frame(body: &[u8]) -> Vec<u8> {
+    let word = body.len() as u32 | (1 << 31) | (1 << 30);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&word.to_le_bytes());
+    crc.update(body);
+    let mut out = word.to_le_bytes().to_vec();
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
 pub mod gate;

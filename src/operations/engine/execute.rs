@@ -89,6 +89,15 @@ impl OperationRuntime {
         if op.state != OpState::Approved {
             return Ok(());
         }
+        // A process that cannot verify signatures leaves approved work to one that can,
+        // rather than failing it for a reason that is its own.
+        if op.approval_id.is_some() && crate::operator::current_public().is_none() {
+            tracing::warn!(
+                operation = id,
+                "no operator public key here; leaving the approved operation to a process that has one"
+            );
+            return Ok(());
+        }
         let now = crate::util::now_ms();
         let derived = self.rederive(&op, now, true).await;
         let claim = self.claim(&op, &derived, now).await?;
@@ -170,6 +179,16 @@ impl OperationRuntime {
         })
     }
 
+    /// The journal head the operation's approval was signed at lies on this chain (no
+    /// approval: nothing to check).
+    fn signed_head_on_chain(&self, op: &Operation) -> bool {
+        let head = self.ws.read(|s| {
+            let d = s.operations.approval_of(op)?.decision.as_ref()?;
+            Some(d.operator_signature.head.clone())
+        });
+        head.is_none_or(|h| self.head_on_chain(&h))
+    }
+
     /// The claim commit: `approved -> executing` plus the approval's reservation when the one
     /// authorization check passes, else `failed` with its reason (the audit log says why).
     async fn claim(
@@ -181,7 +200,7 @@ impl OperationRuntime {
         let policy = self.policy();
         let key = crate::operator::current_public();
         let workspace_id = self.ws.workspace_id();
-        let chain_ok = self.ws.chain_ok();
+        let chain_ok = self.ws.chain_ok() && self.signed_head_on_chain(op);
         let executor = self.executor.clone();
         let vouched = self.vouched(&op.id);
         let (id, revision) = (op.id.clone(), op.revision);
