@@ -16,6 +16,7 @@ pub mod operations;
 pub mod operator;
 pub mod patterns;
 pub mod peers;
+pub mod plans;
 pub mod rpc;
 pub mod sandbox;
 pub mod secrets;

@@ -97,6 +97,8 @@ pub struct State {
     pub trust: crate::operations::trust::TrustState,
     #[serde(default)]
     pub clients: crate::clients::ClientState,
+    #[serde(default)]
+    pub plans: crate::plans::PlanState,
 }
 
 impl State {
@@ -110,6 +112,7 @@ impl State {
             "operation" | "approval" => self.operations.apply(rec, out),
             "trust" => self.trust.apply(rec, out),
             "client" => self.clients.apply(rec, out),
+            "plan" => self.plans.apply(rec, out),
             // `store.created`: the id lives in the store's chain view, not in the state.
             "gaffer" | "store" => {}
             _ => tracing::warn!(kind = %rec.kind, seq = rec.seq, "unknown record kind skipped"),

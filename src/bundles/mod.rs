@@ -142,3 +142,33 @@ pub fn from_blob(bytes: &[u8]) -> Result<Bundle, FieldError> {
 
 #[cfg(test)]
 mod tests;
+
+/// Why a pinned bundle cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PinnedError {
+    #[error("the bundle {0} is not synced")]
+    NotSynced(String),
+    #[error("the bundle body is unreadable")]
+    Unreadable,
+    #[error("the stored bundle does not have the pinned digest")]
+    DigestMismatch,
+}
+
+/// The bundle a reference pins, read from the store with its digest recomputed from the body:
+/// a record saying "synced" is not enough.
+pub fn load_pinned(
+    ws: &crate::workspace::Workspace,
+    pinned: &BundleRef,
+) -> Result<Bundle, PinnedError> {
+    let synced = ws
+        .read(|s| s.bundles.bundles.get(&pinned.id).cloned())
+        .ok_or_else(|| PinnedError::NotSynced(pinned.id.clone()))?;
+    let bytes = ws
+        .get_blob(&synced.blob)
+        .map_err(|_| PinnedError::Unreadable)?;
+    let bundle = from_blob(&bytes).map_err(|_| PinnedError::Unreadable)?;
+    if digest::digest(&bundle) != pinned.digest {
+        return Err(PinnedError::DigestMismatch);
+    }
+    Ok(bundle)
+}

@@ -6,6 +6,7 @@ pub mod identity;
 pub mod initialize;
 pub mod operations;
 pub mod patterns;
+pub mod plans;
 pub mod schema;
 pub mod status;
 pub mod workers;
@@ -42,6 +43,8 @@ pub struct App {
     pub workers: Arc<crate::workers::WorkerRuntime>,
     /// Operations: submit, approvals, execute-once dispatch (started by `Host::attach`).
     pub operations: Arc<crate::operations::engine::OperationRuntime>,
+    /// The plans whose lanes this process runs.
+    pub plans: Arc<crate::plans::PlanRuntime>,
 }
 
 impl App {
@@ -57,20 +60,30 @@ impl App {
         }
         let workers = crate::workers::WorkerRuntime::new(Arc::clone(&workspace));
         workers.start();
+        let plans = crate::plans::PlanRuntime::new(
+            Arc::clone(&workspace),
+            Arc::clone(&workers),
+            crate::operations::engine::executor_id(instance.me.pid, instance.me.started_ms),
+        );
         let operations = crate::operations::open_runtime(
             Arc::clone(&workspace),
             &instance.me,
             Default::default(),
             Arc::clone(&workers),
+            Arc::clone(&plans),
         )
         .map_err(WorkspaceError::Unavailable)?;
-        Ok(Arc::new(App {
+        let app = Arc::new(App {
             workspace,
             config,
             instance,
             workers,
             operations,
-        }))
+            plans,
+        });
+        app.plans
+            .set_server(Arc::new(plans::LaneSessions::new(&app)));
+        Ok(app)
     }
 }
 
@@ -93,6 +106,7 @@ pub fn router() -> Router<App> {
     workers::register(&mut r);
     operations::register(&mut r);
     approvals::register(&mut r);
+    plans::register(&mut r);
     r
 }
 
@@ -198,8 +212,11 @@ impl Host for Server {
             ),
             other => store_error("opening the workspace", &other),
         })?;
-        // A serving process recovers interrupted operations and executes approved ones.
+        // A serving process recovers interrupted operations and executes approved ones, and
+        // records plans whose process went away stopped.
         crate::operations::start_runtime(&app.operations);
+        let plans = Arc::clone(&app.plans);
+        tokio::spawn(async move { plans.restore().await });
         Ok(app)
     }
 

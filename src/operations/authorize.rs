@@ -58,6 +58,9 @@ pub struct Check<'a> {
     /// client name is otherwise only a claim, so authority that depends on who the client is
     /// (a policy rule, a window grant) needs it; an approval of exactly this plan does not.
     pub vouched: bool,
+    /// The scope of the plan lane the client is, when this process runs it (see
+    /// [`PolicyRequest::lane_scope`]).
+    pub lane_scope: Option<&'a [String]>,
     pub now_ms: u64,
 }
 
@@ -66,6 +69,7 @@ pub fn authorize(c: &Check<'_>) -> Result<Authority, Refusal> {
         client: c.client,
         operation: c.operation,
         class: c.class,
+        lane_scope: if c.vouched { c.lane_scope } else { None },
     };
     let static_decision = c.policy.decide(&req, &[], c.now_ms);
     if static_decision.effect == DecisionEffect::Deny {
@@ -388,6 +392,7 @@ rules:
                 chain_ok: true,
                 now_ms: now,
                 vouched,
+                lane_scope: None,
             };
             let exec_path = exec_class.fields["path"].first().cloned().unwrap_or_default();
             let denied = exec_path.starts_with("secret/");
@@ -431,6 +436,7 @@ rules:
             chain_ok: true,
             now_ms: 1000,
             vouched: false,
+            lane_scope: None,
         };
         assert!(authorize(&check).is_ok());
         check.chain_ok = false;

@@ -42,15 +42,19 @@ pub fn open_runtime(
     me: &crate::peers::Peer,
     config: engine::RuntimeConfig,
     workers: Arc<crate::workers::WorkerRuntime>,
+    plans: Arc<crate::plans::PlanRuntime>,
 ) -> Result<Arc<engine::OperationRuntime>, String> {
     let mut catalogs = vec![
         adapters::workspace::catalog(),
         adapters::command::catalog(),
         adapters::worker::catalog(),
+        adapters::plan::catalog(),
     ];
     let mut all = adapters::workspace::adapters();
     all.extend(adapters::command::adapters());
     all.extend(adapters::worker::adapters(workers));
+    let lanes = Arc::clone(plans.lanes());
+    all.extend(adapters::plan::adapters(plans));
     let gaffer_dir = ws.gaffer_dir();
     let key = crate::operator::current_public();
     let providers = trust::check(&ws, adapters::external::PROVIDERS_FILE, key.as_ref())
@@ -85,6 +89,7 @@ pub fn open_runtime(
         engine::executor_id(me.pid, me.started_ms),
     );
     rt.set_providers_trust(providers.status);
+    rt.set_lanes(lanes);
     Ok(rt)
 }
 

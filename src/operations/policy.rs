@@ -28,6 +28,32 @@ pub struct PolicyRequest<'a> {
     pub client: &'a str,
     pub operation: &'a str,
     pub class: &'a Classification,
+    /// The scope of the plan lane the client is, when this process runs that lane (a lane's
+    /// scope is never read from a record).
+    pub lane_scope: Option<&'a [String]>,
+}
+
+/// `lane_scope` on a rule: whether the target's paths lie inside the submitting lane's scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LaneScope {
+    /// Every path the plan names lies inside the lane's scope.
+    Inside,
+    /// Some path lies outside it (or the plan names no path).
+    Outside,
+}
+
+/// Whether `path` lies in one of a lane's scope entries. An entry with a glob character is a
+/// glob; a plain entry names a directory (or file) and everything beneath it.
+pub fn in_lane_scope(scope: &[String], path: &str) -> bool {
+    scope.iter().any(|entry| {
+        let entry = entry.trim_end_matches('/');
+        if entry.contains(['*', '?']) {
+            glob_match(entry, path)
+        } else {
+            path == entry || path.strip_prefix(entry).is_some_and(|rest| rest.starts_with('/'))
+        }
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -104,6 +130,7 @@ pub struct Rule {
     pub attrs: BTreeMap<String, Vec<String>>,
     pub grant_policy: Option<GrantPolicy>,
     pub description: Option<String>,
+    pub lane_scope: Option<LaneScope>,
 }
 
 #[derive(Deserialize)]
@@ -123,6 +150,8 @@ struct RawRule {
     grant_policy: Option<GrantPolicy>,
     #[serde(default)]
     description: Option<String>,
+    #[serde(default)]
+    lane_scope: Option<LaneScope>,
 }
 
 impl TryFrom<RawRule> for Rule {
@@ -203,6 +232,7 @@ impl TryFrom<RawRule> for Rule {
             attrs: r.attrs,
             grant_policy: r.grant_policy,
             description: r.description,
+            lane_scope: r.lane_scope,
         })
     }
 }
@@ -491,6 +521,17 @@ fn rule_matches(rule: &Rule, req: &PolicyRequest<'_>) -> bool {
     if !client_ok || !any_of(&rule.operations, req.operation) {
         return false;
     }
+    if let Some(want) = rule.lane_scope {
+        // Only a lane this process runs has a scope; anyone else matches neither.
+        let Some(scope) = req.lane_scope else {
+            return false;
+        };
+        let paths = req.class.fields.get("path");
+        let inside = paths.is_some_and(|ps| !ps.is_empty() && ps.iter().all(|p| in_lane_scope(scope, p)));
+        if inside != (want == LaneScope::Inside) {
+            return false;
+        }
+    }
     // Allow and request rules need every value to match; a deny rule fires on any value.
     let every = rule.effect != Effect::Deny;
     let values_match = |patterns: &[String], values: Option<&BTreeSet<String>>| -> bool {
@@ -667,6 +708,7 @@ rules:
                 client: "agent",
                 operation: "worker.start",
                 class: &c,
+                lane_scope: None,
             };
             p.decide(&req, &[], 0).rule_ids
         };
@@ -681,6 +723,7 @@ rules:
             client: "agent",
             operation: "worker.start",
             class: &plain,
+            lane_scope: None,
         };
         assert!(
             p.decide(&req, &[], 0)
@@ -796,6 +839,7 @@ rules:
                 client: "a",
                 operation: "file.write",
                 class: &c,
+                lane_scope: None,
             },
             &[],
             0,
@@ -809,6 +853,7 @@ rules:
                 client: "a",
                 operation: "file.write",
                 class: &c,
+                lane_scope: None,
             },
             &[],
             0,
@@ -825,6 +870,7 @@ rules:
                     client: "agent-1",
                     operation: "file.write",
                     class: c,
+                    lane_scope: None,
                 },
                 &[],
                 0,

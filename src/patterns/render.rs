@@ -164,6 +164,28 @@ fn lane_parts(plan: &Plan<'_>, lane: &Lane) -> LaneParts {
     }
 }
 
+/// What a launched lane works under: its prompt contract (role, scope, purpose, proof
+/// expectations, safety notes) and the proof expectations its evidence must meet.
+pub struct LaneContract {
+    pub prompt: String,
+    pub proof: Vec<String>,
+}
+
+pub fn lane_contract(plan: &Plan<'_>, lane: &Lane) -> LaneContract {
+    let parts = lane_parts(plan, lane);
+    let mut prompt = lane_prompt(plan, lane, &parts);
+    if !plan.safety_notes.is_empty() {
+        prompt.push_str("\nSafety notes:\n");
+        for note in &plan.safety_notes {
+            let _ = writeln!(prompt, "- {note}");
+        }
+    }
+    LaneContract {
+        prompt,
+        proof: parts.proof.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
 fn lane_prompt(plan: &Plan<'_>, lane: &Lane, parts: &LaneParts) -> String {
     let mut out = String::with_capacity(512);
     let _ = writeln!(out, "Role: {} lane", lane.role.as_str());

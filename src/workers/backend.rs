@@ -58,6 +58,10 @@ pub struct SpawnRequest<'a> {
     pub workspace_root: &'a Path,
     /// Values of the declared secrets, read by the runtime (which also scrubs them).
     pub secrets: &'a [crate::secrets::Secret],
+    /// Inherited by the child as descriptor 3 (a lane's connection), if any.
+    pub channel: Option<&'a std::os::fd::OwnedFd>,
+    /// Extra variables (lane names).
+    pub env: &'a [(String, String)],
 }
 
 /// A started worker.

@@ -136,8 +136,14 @@ impl ExecutionBackend for ProcessBackend {
         }
         cmd.env("GAFFER_WORKER_ID", req.worker_id);
         cmd.env("GAFFER_PROFILE", req.profile.selector.value());
+        for (name, value) in req.env {
+            cmd.env(name, value);
+        }
         for secret in req.secrets {
             cmd.env(&secret.env, &secret.value);
+        }
+        if let Some(fd) = req.channel {
+            inherit_as_fd3(&mut cmd, fd);
         }
         let takes_stdin = req.profile.input_mode != InputMode::Argument;
         cmd.stdin(if takes_stdin {
@@ -357,6 +363,27 @@ async fn supervise(
             };
             (WorkerStatus::Stopped, reason, exit)
         }
+    }
+}
+
+/// The child gets `fd` as descriptor 3, open across exec (set before the sandbox's own setup,
+/// which runs after this in the child).
+fn inherit_as_fd3(cmd: &mut Command, fd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    let raw = fd.as_raw_fd();
+    // SAFETY: between fork and exec; dup2 and fcntl are async-signal-safe and `raw` stays
+    // open in the parent until the spawn has returned.
+    unsafe {
+        cmd.pre_exec(move || {
+            if raw == 3 {
+                if libc::fcntl(3, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(raw, 3) != 3 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

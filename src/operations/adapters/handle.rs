@@ -220,3 +220,14 @@ pub enum ReplaceError {
     #[error("cannot make the rename durable")]
     NotDurable,
 }
+
+/// sha256 of the regular file at workspace-relative `rel` (normalised, `.gaffer/` refused),
+/// opened by handle; `None` when it does not exist. Blocking: call off the async threads.
+pub fn digest_file(root: &Path, rel: &str) -> Result<Option<String>, String> {
+    let rel = super::paths::normalize_relative("path", rel).map_err(|e| e.message)?;
+    match parent(root, &rel, false) {
+        Ok(p) => p.digest().map_err(|e| e.to_string()),
+        Err(FileError::Io { kind, .. }) if kind == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}

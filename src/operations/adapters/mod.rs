@@ -5,5 +5,6 @@ pub mod common;
 pub mod external;
 pub mod handle;
 pub mod paths;
+pub mod plan;
 pub mod worker;
 pub mod workspace;

@@ -99,11 +99,10 @@ impl WorkerStartAdapter {
     /// Reads the worker and its bundle afresh; the digest is recomputed from the stored body.
     fn derive(&self, ctx: &AdapterCtx, t: &StartTarget) -> Result<StartPlan, AdapterError> {
         let ws = self.workers.workspace();
-        let (worker, blob, inputs) = ws.read(|s| {
+        let (worker, inputs) = ws.read(|s| {
             let w = s.workers.get(&t.worker_id).cloned();
-            let blob = s.bundles.bundles.get(&t.config_bundle.id).cloned();
             let first = s.workers.inputs_after(&t.worker_id, 0);
-            (w, blob, first)
+            (w, first)
         });
         let w = worker
             .ok_or_else(|| AdapterError::coded(codes::PRECONDITION_FAILED, "no such worker"))?;
@@ -121,20 +120,8 @@ impl WorkerStartAdapter {
                 "the worker was created from another bundle or profile",
             ));
         }
-        let synced = blob.ok_or_else(|| {
-            AdapterError::coded(codes::PRECONDITION_FAILED, "the bundle is not synced")
-        })?;
-        let bytes = ws.get_blob(&synced.blob).map_err(|_| {
-            AdapterError::coded(codes::PRECONDITION_FAILED, "the bundle body is unreadable")
-        })?;
-        let bundle = bundles::from_blob(&bytes)
+        let bundle = bundles::load_pinned(ws, &t.config_bundle)
             .map_err(|e| AdapterError::coded(codes::PRECONDITION_FAILED, e.to_string()))?;
-        if bundles::digest::digest(&bundle) != t.config_bundle.digest {
-            return Err(AdapterError::coded(
-                codes::PRECONDITION_FAILED,
-                "the stored bundle does not have the pinned digest",
-            ));
-        }
         let profile = bundle
             .profiles
             .iter()
@@ -281,6 +268,8 @@ impl Adapter for WorkerStartAdapter {
                 profile: p.profile,
                 declarations: p.declarations,
                 argument_input: p.argument_input,
+                channel: None,
+                env: Vec::new(),
             };
             match self.workers.start_worker(spec).await {
                 Ok(w) => Ok(Outcome {

@@ -203,6 +203,7 @@ impl OperationRuntime {
         let chain_ok = self.ws.chain_ok() && self.signed_head_on_chain(op);
         let executor = self.executor.clone();
         let vouched = self.vouched(&op.id);
+        let lane_scope = self.lane_scope(&op.client_id);
         let (id, revision) = (op.id.clone(), op.revision);
         let checked = match derived {
             Ok(d) => Ok((
@@ -243,6 +244,7 @@ impl OperationRuntime {
                 workspace_id: workspace_id.as_deref(),
                 chain_ok,
                 vouched,
+                lane_scope: lane_scope.as_deref(),
                 now_ms: now,
             };
             let reserve = match authorize(&check) {

@@ -220,6 +220,8 @@ pub struct OperationRuntime {
     providers_trust: std::sync::OnceLock<TrustStatus>,
     /// Only a serving process executes; one-shot CLI processes leave approved work to it.
     autorun: std::sync::atomic::AtomicBool,
+    /// The plan lanes this process runs (their scopes feed `lane_scope` rules).
+    lanes: std::sync::OnceLock<Arc<crate::plans::LaneRegistry>>,
     me: Weak<OperationRuntime>,
 }
 
@@ -253,6 +255,7 @@ impl OperationRuntime {
             policy_cache: Mutex::new(None),
             providers_trust: std::sync::OnceLock::new(),
             autorun: std::sync::atomic::AtomicBool::new(false),
+            lanes: std::sync::OnceLock::new(),
             me: me.clone(),
         })
     }
@@ -267,6 +270,41 @@ impl OperationRuntime {
         T: Send + 'static,
     {
         self.ws.commit(f).await
+    }
+
+    /// What the policy would decide for `client` submitting a plan of this classification (a
+    /// dry run: nothing is written).
+    pub fn preview(
+        &self,
+        client: &str,
+        operation: &str,
+        class: &super::policy::Classification,
+    ) -> super::policy::Decision {
+        let now = crate::util::now_ms();
+        let grants = self
+            .ws
+            .read(|s| submit::active_grants(&s.operations, client, now));
+        let scope = self.lane_scope(client);
+        self.policy().decide(
+            &super::policy::PolicyRequest {
+                client,
+                operation,
+                class,
+                lane_scope: scope.as_deref(),
+            },
+            &grants,
+            now,
+        )
+    }
+
+    /// Connects the plan lanes this process runs (set once, by the app).
+    pub fn set_lanes(&self, lanes: Arc<crate::plans::LaneRegistry>) {
+        let _ = self.lanes.set(lanes);
+    }
+
+    /// The scope of `client` when it is a plan lane this process runs.
+    pub(crate) fn lane_scope(&self, client: &str) -> Option<Vec<String>> {
+        self.lanes.get()?.get(client).map(|l| l.scope)
     }
 
     pub fn registry(&self) -> &Registry {

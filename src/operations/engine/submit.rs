@@ -64,7 +64,7 @@ impl OperationRuntime {
         let now = crate::util::now_ms();
         // One policy for the decision and the claim that may follow it in the same commit.
         let policy = self.policy();
-        let decision = decide_policy(&policy, &self.ws, client, &prepared, now);
+        let decision = decide_policy(&policy, &self.ws, client, self.lane_scope(client), &prepared, now);
         let outcome = outcome_of(&decision, prepared.adapter.descriptor())?;
         let (op, approval, plan) = build(
             client, &id, key, reason, submitted, &prepared, &decision, &outcome, now,
@@ -162,6 +162,7 @@ impl OperationRuntime {
             && op.approval_id.is_none()
             && self.autorun.load(std::sync::atomic::Ordering::Acquire);
         let executor = self.executor.clone();
+        let lane_scope = self.lane_scope(&op.client_id);
         let key = crate::operator::current_public();
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok();
@@ -197,6 +198,7 @@ impl OperationRuntime {
                     workspace_id: workspace_id.as_deref(),
                     chain_ok,
                     vouched: true,
+                    lane_scope: lane_scope.as_deref(),
                     now_ms: now,
                 };
                 follow = Some(match authorize(&check) {
@@ -280,6 +282,7 @@ fn decide_policy(
     policy: &Policy,
     ws: &crate::workspace::Workspace,
     client: &str,
+    lane_scope: Option<Vec<String>>,
     p: &Prepared,
     now: u64,
 ) -> Decision {
@@ -290,6 +293,7 @@ fn decide_policy(
             client,
             operation: &desc.name,
             class: &p.class,
+            lane_scope: lane_scope.as_deref(),
         },
         &grants,
         now,

@@ -80,6 +80,8 @@ fn spawn(
         initial_input: initial,
         workspace_root: ws,
         secrets: &secrets,
+        channel: None,
+        env: &[],
     };
     (backend.spawn(req, tx), rx)
 }

@@ -21,6 +21,10 @@ pub struct StartSpec {
     pub declarations: Vec<Declaration>,
     /// The initial input, for profiles that take it as an argument.
     pub argument_input: Option<Vec<Segment>>,
+    /// A connection the worker inherits as descriptor 3 (a plan lane's link back to gaffer).
+    pub channel: Option<Arc<std::os::fd::OwnedFd>>,
+    /// Variables set besides the base environment (lane names; never secrets).
+    pub env: Vec<(String, String)>,
 }
 
 impl WorkerRuntime {
@@ -150,6 +154,8 @@ impl WorkerRuntime {
                 initial_input: spec.argument_input.as_deref(),
                 workspace_root: self.workspace.root(),
                 secrets,
+                channel: spec.channel.as_deref(),
+                env: &spec.env,
             },
             self.events_tx.clone(),
         );

@@ -54,6 +54,8 @@ async fn create_started(rt: &Arc<WorkerRuntime>, b: &Bundle, req: CreateRequest)
         profile,
         declarations: b.declarations.clone(),
         argument_input: None,
+        channel: None,
+        env: Vec::new(),
     })
     .await
     .unwrap()

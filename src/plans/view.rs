@@ -1,0 +1,269 @@
+//! What `plans/get` and `plans/list` show: plan and lane states with every expectation's
+//! evidence verified now (see [`super::evidence`]).
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::evidence::{self, Verdict};
+use super::state::{EvidenceRef, LaneRun, PlanEntry, lane_client};
+use crate::operations::lifecycle::OpState;
+use crate::operator::OperatorPublic;
+use crate::workspace::State;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanStatus {
+    /// Its `plan.launch` operation waits for policy or the operator.
+    PendingApproval,
+    /// Authorized; the lanes are being started.
+    Starting,
+    Running,
+    /// Every lane is done: its worker succeeded and each expectation has verified evidence or
+    /// a waiver.
+    Completed,
+    /// Every lane ended, but something is missing (see `missing`).
+    Incomplete,
+    Stopped,
+    /// The launch was denied, expired, cancelled or failed; nothing ran.
+    Refused,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LaneStatus {
+    Waiting,
+    Running,
+    /// Its worker succeeded; evidence is still missing.
+    Ended,
+    Done,
+    Failed,
+    Blocked,
+    Stopped,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EvidenceView {
+    pub evidence_id: String,
+    #[schemars(with = "serde_json::Value")]
+    pub evidence: EvidenceRef,
+    pub recorded_by: String,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpectationStatus {
+    Missing,
+    /// Only notes or evidence that does not verify.
+    Claimed,
+    Verified,
+    Waived,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ExpectationView {
+    pub id: String,
+    pub text: String,
+    pub status: ExpectationStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiver_reason: Option<String>,
+    pub evidence: Vec<EvidenceView>,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct LaneView {
+    pub lane_id: String,
+    /// The identity the lane's connection has (`plan_id/lane_id`).
+    pub client_id: String,
+    pub role: String,
+    pub scope: Vec<String>,
+    pub profile: String,
+    pub argv: Vec<String>,
+    pub depends_on: Vec<String>,
+    pub status: LaneStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    pub expectations: Vec<ExpectationView>,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct PlanView {
+    pub plan_id: String,
+    pub status: PlanStatus,
+    pub operation_id: String,
+    pub operation_state: Option<OpState>,
+    pub objective: String,
+    pub selection_digest: String,
+    pub pattern: String,
+    pub overlays: Vec<String>,
+    pub mechanism: String,
+    pub max_parallel: u32,
+    pub config_bundle: crate::bundles::BundleRef,
+    pub lanes: Vec<LaneView>,
+    /// What keeps the plan from completing, one line each.
+    pub missing: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}
+
+/// Facts a view needs besides the state.
+pub struct ViewCtx<'a> {
+    pub files: &'a evidence::FileDigests,
+    pub key: Option<&'a OperatorPublic>,
+    pub workspace_id: Option<&'a str>,
+}
+
+pub fn plan_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry) -> PlanView {
+    let op = s.operations.get(&p.operation_id);
+    let lanes: Vec<LaneView> = p
+        .spec
+        .lanes
+        .iter()
+        .map(|l| lane_view(s, cx, p, l))
+        .collect();
+    let mut missing = Vec::new();
+    for l in &lanes {
+        match l.status {
+            LaneStatus::Done => {}
+            LaneStatus::Ended => {
+                for e in l
+                    .expectations
+                    .iter()
+                    .filter(|e| !matches!(e.status, ExpectationStatus::Verified | ExpectationStatus::Waived))
+                {
+                    missing.push(format!("{} {}: no verified evidence for \"{}\"", l.lane_id, e.id, e.text));
+                }
+            }
+            other => missing.push(format!("{}: {}", l.lane_id, lane_status_word(other))),
+        }
+    }
+    let all_ended = lanes.iter().all(|l| {
+        !matches!(l.status, LaneStatus::Waiting | LaneStatus::Running)
+    });
+    let (status, reason) = match (&p.ended, &p.executor, op.map(|o| o.state)) {
+        (Some(e), _, _) if e.stopped => (PlanStatus::Stopped, Some(e.reason.clone())),
+        (Some(_), _, _) if missing.is_empty() => (PlanStatus::Completed, None),
+        (Some(e), _, _) => (PlanStatus::Incomplete, Some(e.reason.clone())),
+        (None, Some(_), _) if all_ended && missing.is_empty() => (PlanStatus::Completed, None),
+        (None, Some(_), _) => (PlanStatus::Running, None),
+        (None, None, Some(OpState::Pending)) | (None, None, None) => {
+            (PlanStatus::PendingApproval, None)
+        }
+        (None, None, Some(OpState::Approved | OpState::Executing)) => (PlanStatus::Starting, None),
+        (None, None, Some(st)) => (
+            if st == OpState::Succeeded {
+                PlanStatus::Starting
+            } else {
+                PlanStatus::Refused
+            },
+            op.and_then(|o| o.error.as_ref().map(|e| e.message.clone())),
+        ),
+    };
+    PlanView {
+        plan_id: p.plan_id.clone(),
+        status,
+        operation_id: p.operation_id.clone(),
+        operation_state: op.map(|o| o.state),
+        objective: p.spec.objective.clone(),
+        selection_digest: p.spec.selection_digest.clone(),
+        pattern: p.spec.pattern.clone(),
+        overlays: p.spec.overlays.clone(),
+        mechanism: p.spec.mechanism.clone(),
+        max_parallel: p.spec.max_parallel,
+        config_bundle: p.spec.config_bundle.clone(),
+        lanes,
+        missing,
+        reason,
+        created_ms: p.created_ms,
+        updated_ms: p.updated_ms,
+    }
+}
+
+fn lane_status_word(s: LaneStatus) -> &'static str {
+    match s {
+        LaneStatus::Waiting => "not started",
+        LaneStatus::Running => "still running",
+        LaneStatus::Ended => "evidence missing",
+        LaneStatus::Done => "done",
+        LaneStatus::Failed => "its worker failed",
+        LaneStatus::Blocked => "blocked by a dependency that did not succeed",
+        LaneStatus::Stopped => "stopped",
+    }
+}
+
+fn lane_view(
+    s: &State,
+    cx: &ViewCtx<'_>,
+    p: &PlanEntry,
+    l: &super::spec::LaneSpec,
+) -> LaneView {
+    let entry = p.lanes.get(&l.lane_id);
+    let run = entry.map(|e| e.run).unwrap_or_default();
+    let waivers = evidence::waived(p, &l.lane_id, cx.key, cx.workspace_id);
+    let expectations: Vec<ExpectationView> = l
+        .expectations
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let id = format!("e{}", i + 1);
+            let evidence: Vec<EvidenceView> = p
+                .evidence
+                .iter()
+                .filter(|e| e.lane_id == l.lane_id && e.expectation == id)
+                .map(|e| EvidenceView {
+                    evidence_id: e.evidence_id.clone(),
+                    evidence: e.evidence.clone(),
+                    recorded_by: e.recorded_by.clone(),
+                    verdict: evidence::verify(s, cx.files, p, &l.lane_id, &e.evidence),
+                })
+                .collect();
+            let waiver = waivers.iter().find(|(e, _)| *e == id).map(|(_, r)| r.clone());
+            let status = if evidence.iter().any(|e| e.verdict.verified) {
+                ExpectationStatus::Verified
+            } else if waiver.is_some() {
+                ExpectationStatus::Waived
+            } else if evidence.is_empty() {
+                ExpectationStatus::Missing
+            } else {
+                ExpectationStatus::Claimed
+            };
+            ExpectationView {
+                id,
+                text: text.clone(),
+                status,
+                waiver_reason: waiver,
+                evidence,
+            }
+        })
+        .collect();
+    let proven = expectations
+        .iter()
+        .all(|e| matches!(e.status, ExpectationStatus::Verified | ExpectationStatus::Waived));
+    let status = match run {
+        LaneRun::Waiting => LaneStatus::Waiting,
+        LaneRun::Running => LaneStatus::Running,
+        LaneRun::Succeeded if proven => LaneStatus::Done,
+        LaneRun::Succeeded => LaneStatus::Ended,
+        LaneRun::Failed => LaneStatus::Failed,
+        LaneRun::Blocked => LaneStatus::Blocked,
+        LaneRun::Stopped => LaneStatus::Stopped,
+    };
+    LaneView {
+        lane_id: l.lane_id.clone(),
+        client_id: lane_client(&p.plan_id, &l.lane_id),
+        role: l.role.clone(),
+        scope: l.scope.clone(),
+        profile: l.profile.selector.value().to_string(),
+        argv: l.argv.clone(),
+        depends_on: l.depends_on.clone(),
+        status,
+        worker_id: entry.and_then(|e| e.worker_id.clone()),
+        detail: entry.and_then(|e| e.detail.clone()),
+        expectations,
+    }
+}
