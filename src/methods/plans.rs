@@ -19,9 +19,7 @@ use crate::operations::policy::DecisionEffect;
 use crate::operator::signed::OperatorSignature;
 use crate::plans::evidence::{WaivePayload, file_digests};
 use crate::plans::spec::{self, LaunchError, LaunchSpec, LaunchTarget, codes};
-use crate::plans::state::{
-    Created, EvidenceRecord, EvidenceRef, PlanEntry, kinds, lane_client,
-};
+use crate::plans::state::{Created, EvidenceRecord, EvidenceRef, PlanEntry, kinds, lane_client};
 use crate::plans::view::{PlanView, ViewCtx, plan_view};
 use crate::plans::{LaneIdentity, LaneServer};
 use crate::rpc::session::{self, Host, ProfileChoice, Push};
@@ -226,8 +224,12 @@ fn launch_refusal(e: LaunchError) -> RpcError {
 }
 
 fn not_found(plan_id: &str) -> RpcError {
-    RpcError::app(AppCode::NotFound, "plan_not_found", format!("no plan {plan_id}"))
-        .with_data("field", "plan_id")
+    RpcError::app(
+        AppCode::NotFound,
+        "plan_not_found",
+        format!("no plan {plan_id}"),
+    )
+    .with_data("field", "plan_id")
 }
 
 fn is_lane(client: &str) -> bool {
@@ -277,7 +279,9 @@ async fn launch(app: Arc<App>, ctx: CallCtx, p: LaunchParams) -> Result<LaunchRe
         )
         .with_data("field", "plan_digest"));
     }
-    let decision = app.operations.preview(&client, OPERATION, &classify(&launch));
+    let decision = app
+        .operations
+        .preview(&client, OPERATION, &classify(&launch));
     let verdict = Verdict {
         effect: match decision.effect {
             DecisionEffect::Allow => "allow",
@@ -356,7 +360,8 @@ async fn submit_launch(
         request: target.request.clone(),
         spec: launch.clone(),
     };
-    let rec = NewRecord::new(kinds::CREATED, &created).map_err(|e| store_error("recording a plan", &e))?;
+    let rec = NewRecord::new(kinds::CREATED, &created)
+        .map_err(|e| store_error("recording a plan", &e))?;
     let id = target.plan_id.clone();
     app.workspace
         .commit(move |s: &State| {
@@ -487,7 +492,8 @@ async fn evidence(app: Arc<App>, ctx: CallCtx, p: EvidenceParams) -> Result<Plan
         evidence,
         recorded_by: ctx.client.id.clone(),
     };
-    let rec = NewRecord::new(kinds::EVIDENCE, &rec).map_err(|e| store_error("recording evidence", &e))?;
+    let rec =
+        NewRecord::new(kinds::EVIDENCE, &rec).map_err(|e| store_error("recording evidence", &e))?;
     app.workspace
         .commit(move |_: &State| Ok::<_, RpcError>((vec![rec], ())))
         .await
@@ -499,11 +505,16 @@ async fn evidence(app: Arc<App>, ctx: CallCtx, p: EvidenceParams) -> Result<Plan
 }
 
 fn need<T: Clone>(v: &Option<T>, field: &str, kind: &str) -> Result<T, RpcError> {
-    v.clone()
-        .ok_or_else(|| RpcError::invalid_params(field, format!("`{kind}` evidence needs `{field}`")))
+    v.clone().ok_or_else(|| {
+        RpcError::invalid_params(field, format!("`{kind}` evidence needs `{field}`"))
+    })
 }
 
-async fn evidence_ref(app: &Arc<App>, entry: &PlanEntry, p: &EvidenceParams) -> Result<EvidenceRef, RpcError> {
+async fn evidence_ref(
+    app: &Arc<App>,
+    entry: &PlanEntry,
+    p: &EvidenceParams,
+) -> Result<EvidenceRef, RpcError> {
     Ok(match p.kind {
         EvidenceKind::Operation => EvidenceRef::Operation {
             operation_id: need(&p.operation_id, "operation_id", "operation")?,
@@ -535,7 +546,10 @@ async fn evidence_ref(app: &Arc<App>, entry: &PlanEntry, p: &EvidenceParams) -> 
             let from_seq = need(&p.from_seq, "from_seq", "worker_output")?;
             let to_seq = need(&p.to_seq, "to_seq", "worker_output")?;
             if to_seq < from_seq {
-                return Err(RpcError::invalid_params("to_seq", "to_seq must not be below from_seq"));
+                return Err(RpcError::invalid_params(
+                    "to_seq",
+                    "to_seq must not be below from_seq",
+                ));
             }
             EvidenceRef::WorkerOutput {
                 worker_id,
@@ -546,7 +560,10 @@ async fn evidence_ref(app: &Arc<App>, entry: &PlanEntry, p: &EvidenceParams) -> 
         EvidenceKind::Note => {
             let text = need(&p.text, "text", "note")?;
             if text.trim().is_empty() || text.chars().count() > 4000 {
-                return Err(RpcError::invalid_params("text", "a note is 1..=4000 characters"));
+                return Err(RpcError::invalid_params(
+                    "text",
+                    "a note is 1..=4000 characters",
+                ));
             }
             EvidenceRef::Note { text }
         }
@@ -585,7 +602,8 @@ async fn waive(app: Arc<App>, _ctx: CallCtx, p: WaiveParams) -> Result<PlanResul
         plan_id: payload.plan_id.clone(),
         operator_signature: sig,
     };
-    let rec = NewRecord::new(kinds::WAIVED, &rec).map_err(|e| store_error("recording a waiver", &e))?;
+    let rec =
+        NewRecord::new(kinds::WAIVED, &rec).map_err(|e| store_error("recording a waiver", &e))?;
     app.workspace
         .commit(move |_: &State| Ok::<_, RpcError>((vec![rec], ())))
         .await

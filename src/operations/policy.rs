@@ -51,7 +51,10 @@ pub fn in_lane_scope(scope: &[String], path: &str) -> bool {
         if entry.contains(['*', '?']) {
             glob_match(entry, path)
         } else {
-            path == entry || path.strip_prefix(entry).is_some_and(|rest| rest.starts_with('/'))
+            path == entry
+                || path
+                    .strip_prefix(entry)
+                    .is_some_and(|rest| rest.starts_with('/'))
         }
     })
 }
@@ -527,7 +530,8 @@ fn rule_matches(rule: &Rule, req: &PolicyRequest<'_>) -> bool {
             return false;
         };
         let paths = req.class.fields.get("path");
-        let inside = paths.is_some_and(|ps| !ps.is_empty() && ps.iter().all(|p| in_lane_scope(scope, p)));
+        let inside =
+            paths.is_some_and(|ps| !ps.is_empty() && ps.iter().all(|p| in_lane_scope(scope, p)));
         if inside != (want == LaneScope::Inside) {
             return false;
         }

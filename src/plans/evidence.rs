@@ -74,7 +74,9 @@ pub fn verify(
             if lane_worker != Some(worker_id.as_str()) {
                 return no("the transcript is not this lane's worker's");
             }
-            let (entries, _) = s.workers.transcript(worker_id, from_seq.saturating_sub(1), 1000);
+            let (entries, _) = s
+                .workers
+                .transcript(worker_id, from_seq.saturating_sub(1), 1000);
             let output = entries
                 .iter()
                 .take_while(|e| e.seq <= *to_seq)

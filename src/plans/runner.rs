@@ -122,7 +122,11 @@ impl PlanRuntime {
     }
 
     /// Starts running an authorized plan (the `plan.launch` execution). Idempotent.
-    pub async fn launch(self: &Arc<Self>, operation_id: &str, spec: LaunchSpec) -> Result<(), PlanError> {
+    pub async fn launch(
+        self: &Arc<Self>,
+        operation_id: &str,
+        spec: LaunchSpec,
+    ) -> Result<(), PlanError> {
         if self.server.get().is_none() {
             return Err(PlanError::Refused(
                 "this gaffer process cannot serve lane connections".into(),
@@ -282,7 +286,12 @@ impl PlanRuntime {
     }
 
     /// The plan's loop: settle ended lanes, start what may start, until every lane is final.
-    async fn drive(self: Arc<Self>, operation_id: String, spec: LaunchSpec, stop: CancellationToken) {
+    async fn drive(
+        self: Arc<Self>,
+        operation_id: String,
+        spec: LaunchSpec,
+        stop: CancellationToken,
+    ) {
         let mut notices = self.ws.subscribe();
         let mechanism = Mechanism::parse(&spec.mechanism).unwrap_or(Mechanism::Direct);
         loop {
@@ -327,7 +336,11 @@ impl PlanRuntime {
                 .unwrap_or_default()
         });
         for w in workers {
-            if let Err(e) = self.workers.stop(&w, Some("its plan was stopped".into())).await {
+            if let Err(e) = self
+                .workers
+                .stop(&w, Some("its plan was stopped".into()))
+                .await
+            {
                 tracing::warn!(worker = %w, error = %e, "could not stop a lane worker");
             }
         }
@@ -363,7 +376,10 @@ impl PlanRuntime {
                     let failed: Vec<&str> = lane
                         .depends_on
                         .iter()
-                        .filter(|d| runs.get(d.as_str()).is_some_and(|r| r.0.is_final() && r.0 != LaneRun::Succeeded))
+                        .filter(|d| {
+                            runs.get(d.as_str())
+                                .is_some_and(|r| r.0.is_final() && r.0 != LaneRun::Succeeded)
+                        })
                         .map(String::as_str)
                         .collect();
                     self.record_lane(
@@ -375,7 +391,10 @@ impl PlanRuntime {
                     )
                     .await?;
                 }
-                _ => self.start_lane(operation_id, spec, i, mechanism, &runs).await?,
+                _ => {
+                    self.start_lane(operation_id, spec, i, mechanism, &runs)
+                        .await?
+                }
             }
         }
         let runs = self.ws.read(|s| lane_runs(s, &spec.plan_id));
@@ -416,7 +435,11 @@ impl PlanRuntime {
                     }
                     let ok = w.status == WorkerStatus::Stopped
                         && w.exit.as_ref().is_some_and(|e| e.code == Some(0));
-                    let run = if ok { LaneRun::Succeeded } else { LaneRun::Failed };
+                    let run = if ok {
+                        LaneRun::Succeeded
+                    } else {
+                        LaneRun::Failed
+                    };
                     let detail = w
                         .diagnostic
                         .clone()
@@ -427,7 +450,8 @@ impl PlanRuntime {
                 .collect()
         });
         for (lane_id, worker_id, run, detail) in ended {
-            self.record_lane(spec, &lane_id, run, Some(worker_id), Some(detail)).await?;
+            self.record_lane(spec, &lane_id, run, Some(worker_id), Some(detail))
+                .await?;
         }
         Ok(self.ws.read(|s| lane_runs(s, &spec.plan_id)))
     }
@@ -479,7 +503,10 @@ impl PlanRuntime {
             scope: lane.scope.clone(),
         };
         let input = lane_input(self, lane, mechanism, runs);
-        match self.spawn_lane(operation_id, spec, lane, &identity, input).await {
+        match self
+            .spawn_lane(operation_id, spec, lane, &identity, input)
+            .await
+        {
             Ok(worker_id) => {
                 self.record_lane(spec, &lane.lane_id, LaneRun::Running, Some(worker_id), None)
                     .await
@@ -501,8 +528,8 @@ impl PlanRuntime {
         input: String,
     ) -> Result<String, (Option<String>, String)> {
         let fail = |w: Option<&str>, e: String| (w.map(str::to_string), e);
-        let argument_input = (lane.profile.input_mode == crate::bundles::InputMode::Argument)
-            .then(|| {
+        let argument_input =
+            (lane.profile.input_mode == crate::bundles::InputMode::Argument).then(|| {
                 vec![Segment::Text {
                     content: input.clone(),
                 }]
@@ -559,12 +586,7 @@ impl PlanRuntime {
 
 /// The lane's initial input: its prompt contract, and for a continuation step the previous
 /// step's outcome.
-fn lane_input(
-    rt: &PlanRuntime,
-    lane: &LaneSpec,
-    mechanism: Mechanism,
-    runs: &LaneRuns,
-) -> String {
+fn lane_input(rt: &PlanRuntime, lane: &LaneSpec, mechanism: Mechanism, runs: &LaneRuns) -> String {
     let mut text = lane.prompt.clone();
     if mechanism != Mechanism::Continuation {
         return text;
@@ -626,11 +648,7 @@ fn lane_runs(s: &State, plan_id: &str) -> LaneRuns {
 /// Which waiting lanes start now (or become blocked), by mechanism: at most `max_parallel`
 /// running at once; a lane with dependencies only after every one of them succeeded, and
 /// blocked as soon as one did not.
-pub fn schedule(
-    mechanism: Mechanism,
-    spec: &LaunchSpec,
-    runs: &LaneRuns,
-) -> Vec<(usize, LaneRun)> {
+pub fn schedule(mechanism: Mechanism, spec: &LaunchSpec, runs: &LaneRuns) -> Vec<(usize, LaneRun)> {
     let run_of = |id: &str| runs.get(id).map(|r| r.0).unwrap_or_default();
     let mut running = spec
         .lanes
@@ -647,7 +665,10 @@ pub fn schedule(
             continue;
         }
         let deps: Vec<LaneRun> = lane.depends_on.iter().map(|d| run_of(d)).collect();
-        if deps.iter().any(|d| d.is_final() && *d != LaneRun::Succeeded) {
+        if deps
+            .iter()
+            .any(|d| d.is_final() && *d != LaneRun::Succeeded)
+        {
             out.push((i, LaneRun::Blocked));
             continue;
         }

@@ -101,7 +101,10 @@ fn refuse(code: &'static str, field: Option<&str>, message: impl Into<String>) -
 }
 
 /// Derives the launch plan afresh: selection, mechanism, lane mapping, the pinned bundle.
-pub fn derive(ws: &crate::workspace::Workspace, t: &LaunchTarget) -> Result<LaunchSpec, LaunchError> {
+pub fn derive(
+    ws: &crate::workspace::Workspace,
+    t: &LaunchTarget,
+) -> Result<LaunchSpec, LaunchError> {
     let root = ws.root();
     let parsed = patterns::parse_params(&t.request).map_err(|e| {
         refuse(
@@ -114,7 +117,10 @@ pub fn derive(ws: &crate::workspace::Workspace, t: &LaunchTarget) -> Result<Laun
         refuse(
             codes::REQUEST_INVALID,
             None,
-            format!("the selection policy is invalid at `{}`: {}", e.key, e.message),
+            format!(
+                "the selection policy is invalid at `{}`: {}",
+                e.key, e.message
+            ),
         )
     })?;
     let ctx = SelectContext::for_workspace(root, policy);
@@ -130,9 +136,8 @@ pub fn derive(ws: &crate::workspace::Workspace, t: &LaunchTarget) -> Result<Laun
         .map_err(|e| refuse(codes::REQUEST_INVALID, None, e.to_string()))?;
     let selection_digest = crate::util::sha256_hex(&crate::jcs::canonicalize(&plan_value));
     let mechanism = choose_mechanism(plan, t.mechanism.as_deref())?;
-    let bundle = bundles::load_pinned(ws, &t.config_bundle).map_err(|e| {
-        refuse(codes::BUNDLE_UNUSABLE, Some("config_bundle"), e.to_string())
-    })?;
+    let bundle = bundles::load_pinned(ws, &t.config_bundle)
+        .map_err(|e| refuse(codes::BUNDLE_UNUSABLE, Some("config_bundle"), e.to_string()))?;
     let lanes = map_lanes(plan, mechanism, &bundle, &t.lane_profiles)?;
     let max_parallel = match mechanism {
         Mechanism::EphemeralWorkers => plan
@@ -243,7 +248,11 @@ fn map_lanes(
     mapping: &BTreeMap<String, String>,
 ) -> Result<Vec<LaneSpec>, LaunchError> {
     let first = plan.lanes.first().ok_or_else(|| {
-        refuse(codes::LANE_UNMAPPED, Some("request"), "the plan has no lanes")
+        refuse(
+            codes::LANE_UNMAPPED,
+            Some("request"),
+            "the plan has no lanes",
+        )
     })?;
     if mechanism == Mechanism::Direct {
         // One lane worker carries the whole contract and every proof expectation.
@@ -258,7 +267,11 @@ fn map_lanes(
             profile: profile.clone(),
             depends_on: Vec::new(),
             prompt: prompt_contract_text(plan),
-            expectations: plan.proof_expectations.iter().map(|p| p.to_string()).collect(),
+            expectations: plan
+                .proof_expectations
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
         }]);
     }
     let graph = task_graph_spec(plan);

@@ -191,7 +191,11 @@ impl PlanState {
             kinds::STARTED => decode::<Started>(rec).and_then(|s| self.start(rec, s)),
             kinds::LANE => decode::<LaneChange>(rec).and_then(|c| {
                 let p = self.plans.get_mut(&c.plan_id)?;
-                p.spec.lanes.iter().any(|l| l.lane_id == c.lane_id).then_some(())?;
+                p.spec
+                    .lanes
+                    .iter()
+                    .any(|l| l.lane_id == c.lane_id)
+                    .then_some(())?;
                 p.lanes.insert(
                     c.lane_id,
                     LaneEntry {

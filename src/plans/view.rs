@@ -131,20 +131,24 @@ pub fn plan_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry) -> PlanView {
         match l.status {
             LaneStatus::Done => {}
             LaneStatus::Ended => {
-                for e in l
-                    .expectations
-                    .iter()
-                    .filter(|e| !matches!(e.status, ExpectationStatus::Verified | ExpectationStatus::Waived))
-                {
-                    missing.push(format!("{} {}: no verified evidence for \"{}\"", l.lane_id, e.id, e.text));
+                for e in l.expectations.iter().filter(|e| {
+                    !matches!(
+                        e.status,
+                        ExpectationStatus::Verified | ExpectationStatus::Waived
+                    )
+                }) {
+                    missing.push(format!(
+                        "{} {}: no verified evidence for \"{}\"",
+                        l.lane_id, e.id, e.text
+                    ));
                 }
             }
             other => missing.push(format!("{}: {}", l.lane_id, lane_status_word(other))),
         }
     }
-    let all_ended = lanes.iter().all(|l| {
-        !matches!(l.status, LaneStatus::Waiting | LaneStatus::Running)
-    });
+    let all_ended = lanes
+        .iter()
+        .all(|l| !matches!(l.status, LaneStatus::Waiting | LaneStatus::Running));
     let (status, reason) = match (&p.ended, &p.executor, op.map(|o| o.state)) {
         (Some(e), _, _) if e.stopped => (PlanStatus::Stopped, Some(e.reason.clone())),
         (Some(_), _, _) if missing.is_empty() => (PlanStatus::Completed, None),
@@ -196,12 +200,7 @@ fn lane_status_word(s: LaneStatus) -> &'static str {
     }
 }
 
-fn lane_view(
-    s: &State,
-    cx: &ViewCtx<'_>,
-    p: &PlanEntry,
-    l: &super::spec::LaneSpec,
-) -> LaneView {
+fn lane_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry, l: &super::spec::LaneSpec) -> LaneView {
     let entry = p.lanes.get(&l.lane_id);
     let run = entry.map(|e| e.run).unwrap_or_default();
     let waivers = evidence::waived(p, &l.lane_id, cx.key, cx.workspace_id);
@@ -222,7 +221,10 @@ fn lane_view(
                     verdict: evidence::verify(s, cx.files, p, &l.lane_id, &e.evidence),
                 })
                 .collect();
-            let waiver = waivers.iter().find(|(e, _)| *e == id).map(|(_, r)| r.clone());
+            let waiver = waivers
+                .iter()
+                .find(|(e, _)| *e == id)
+                .map(|(_, r)| r.clone());
             let status = if evidence.iter().any(|e| e.verdict.verified) {
                 ExpectationStatus::Verified
             } else if waiver.is_some() {
@@ -241,9 +243,12 @@ fn lane_view(
             }
         })
         .collect();
-    let proven = expectations
-        .iter()
-        .all(|e| matches!(e.status, ExpectationStatus::Verified | ExpectationStatus::Waived));
+    let proven = expectations.iter().all(|e| {
+        matches!(
+            e.status,
+            ExpectationStatus::Verified | ExpectationStatus::Waived
+        )
+    });
     let status = match run {
         LaneRun::Waiting => LaneStatus::Waiting,
         LaneRun::Running => LaneStatus::Running,

@@ -93,7 +93,10 @@ pub fn classify(s: &LaunchSpec) -> Classification {
             "profiles".to_string(),
             set(&|l| vec![l.profile.selector.value().to_string()]),
         ),
-        ("programs".to_string(), set(&|l| l.argv.first().cloned().into_iter().collect())),
+        (
+            "programs".to_string(),
+            set(&|l| l.argv.first().cloned().into_iter().collect()),
+        ),
     ]);
     let scopes = set(&|l| l.scope.clone());
     if !scopes.is_empty() {
@@ -124,7 +127,14 @@ pub fn present(s: &LaunchSpec) -> Presentation {
     let lanes: Vec<String> = s
         .lanes
         .iter()
-        .map(|l| format!("{} → {} {:?}", l.lane_id, l.profile.selector.value(), l.argv))
+        .map(|l| {
+            format!(
+                "{} → {} {:?}",
+                l.lane_id,
+                l.profile.selector.value(),
+                l.argv
+            )
+        })
         .collect();
     Presentation {
         title: format!(
@@ -171,7 +181,8 @@ impl Adapter for PlanLaunchAdapter {
     ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
         ready((|| {
             let t: LaunchTarget = decode_closed("target", &input.target)?;
-            let spec = crate::plans::spec::derive(self.plans.workspace(), &t).map_err(launch_error)?;
+            let spec =
+                crate::plans::spec::derive(self.plans.workspace(), &t).map_err(launch_error)?;
             Ok(Resolved {
                 target: input.target,
                 arguments: input.arguments,
@@ -228,9 +239,9 @@ impl Adapter for PlanLaunchAdapter {
             let spec = decode_spec(plan)
                 .map_err(|e| ExecError::new(FailureKind::PossiblyPartial, &e.code, e.message))?;
             let started = self.plans.workspace().read(|s| {
-                s.plans.get(&spec.plan_id).is_some_and(|p| {
-                    p.executor.is_some() && p.operation_id == ctx.operation_id
-                })
+                s.plans
+                    .get(&spec.plan_id)
+                    .is_some_and(|p| p.executor.is_some() && p.operation_id == ctx.operation_id)
             });
             Ok(Outcome {
                 proven: started,

@@ -64,7 +64,14 @@ impl OperationRuntime {
         let now = crate::util::now_ms();
         // One policy for the decision and the claim that may follow it in the same commit.
         let policy = self.policy();
-        let decision = decide_policy(&policy, &self.ws, client, self.lane_scope(client), &prepared, now);
+        let decision = decide_policy(
+            &policy,
+            &self.ws,
+            client,
+            self.lane_scope(client),
+            &prepared,
+            now,
+        );
         let outcome = outcome_of(&decision, prepared.adapter.descriptor())?;
         let (op, approval, plan) = build(
             client, &id, key, reason, submitted, &prepared, &decision, &outcome, now,

@@ -1,0 +1,567 @@
+//! `plans/launch` on the real binary: every mechanism end to end with scripted lane workers
+//! (tests/scripts/lane_worker.py) that read their prompt and call back over their lane
+//! connection; task-graph order and blocking; fail-closed refusals; lane identity and scope;
+//! completion only with verified evidence (forged records included); kill -9 mid-plan.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Server;
+use common::gate::{Env, append_as_agent, workspace_id};
+use serde_json::{Value, json};
+
+const POLICY: &str = r#"rules:
+  - id: planner-launches
+    effect: allow
+    clients: ["planner"]
+    operations: ["plan.launch"]
+    targets: [{kind: plan, fields: {bundle_id: ["lanes"]}}]
+  - id: lanes-run-checks
+    effect: allow
+    clients: ["pl_*/*"]
+    operations: ["command.run"]
+    targets: [{kind: command, fields: {program: ["true"]}}]
+  - id: lanes-write-in-scope
+    effect: allow
+    clients: ["pl_*/*"]
+    operations: ["file.write"]
+    lane_scope: inside
+  - id: lanes-stay-in-scope
+    effect: deny
+    clients: ["pl_*/*"]
+    operations: ["file.*"]
+    lane_scope: outside
+"#;
+
+const MODES: [&str; 6] = ["good", "note", "fail", "write", "spoof", "sleep"];
+
+fn bundle() -> Value {
+    let mut profiles: Vec<Value> = MODES
+        .iter()
+        .map(|m| {
+            json!({"selector": {"kind": "named", "value": m},
+                   "command": ["python3", "lanes/lane_worker.py", m], "input_mode": "stdin_text"})
+        })
+        .collect();
+    // The roster names persistent-worker lanes use.
+    profiles.push(
+        json!({"selector": {"kind": "named", "value": "worker-code-fast"},
+        "command": ["python3", "lanes/lane_worker.py", "good"], "input_mode": "stdin_text"}),
+    );
+    json!({"metadata": {"id": "lanes", "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
+           "profiles": profiles})
+}
+
+struct Setup {
+    env: Env,
+    planner: Server,
+    bundle: Value,
+}
+
+fn setup() -> Setup {
+    let env = Env::new(Some(POLICY));
+    let lanes = env.root().join("lanes");
+    std::fs::create_dir_all(&lanes).unwrap();
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/scripts/lane_worker.py"),
+        lanes.join("lane_worker.py"),
+    )
+    .unwrap();
+    let mut planner = env.agent("planner");
+    let synced = planner.call("bundles/sync", json!({"bundle": bundle()}));
+    let bundle = synced["reference"].clone();
+    Setup {
+        env,
+        planner,
+        bundle,
+    }
+}
+
+const SWARM: &str = "Add rate limiting to the API router and the billing module, with tests";
+
+fn swarm() -> Value {
+    json!({"objective": SWARM, "scopes": ["router", "billing"], "tests_required": true})
+}
+
+fn phased() -> Value {
+    json!({"objective": "Migrate the database schema in phases: first the schema, then the data, then the API",
+           "dependencies": ["schema", "data", "api"], "durable": true})
+}
+
+fn launch(s: &mut Setup, request: Value, profiles: Value, extra: Value, key: &str) -> Value {
+    let mut p = json!({"request": request, "config_bundle": s.bundle, "lane_profiles": profiles,
+                       "idempotency_key": key});
+    for (k, v) in extra.as_object().unwrap() {
+        p[k] = v.clone();
+    }
+    s.planner.request("plans/launch", p)
+}
+
+fn plan(s: &mut Server, id: &str) -> Value {
+    s.call("plans/get", json!({"plan_id": id}))["plan"].clone()
+}
+
+fn wait_plan(s: &mut Server, id: &str, want: &[&str]) -> Value {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = plan(s, id);
+        if want.contains(&p["status"].as_str().unwrap_or_default()) {
+            return p;
+        }
+        assert!(Instant::now() < until, "plan never reached {want:?}: {p:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn lane<'a>(p: &'a Value, id: &str) -> &'a Value {
+    p["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lane_id"] == id)
+        .unwrap_or_else(|| panic!("no lane {id}: {p:#}"))
+}
+
+fn transcript(s: &mut Server, worker: &Value) -> String {
+    let t = s.call(
+        "workers/transcript",
+        json!({"worker_id": worker, "limit": 1000}),
+    );
+    t["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| format!("{} {}", e["stream"], e["text"].as_str().unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+fn run_to_completion(
+    s: &mut Setup,
+    request: Value,
+    profiles: Value,
+    mechanism: Option<&str>,
+) -> Value {
+    let extra = match mechanism {
+        Some(m) => json!({"mechanism": m}),
+        None => json!({}),
+    };
+    let key = format!(
+        "run-{}-{}",
+        mechanism.unwrap_or("primary"),
+        &gaffer::util::sha256_hex(request.to_string().as_bytes())[..12]
+    );
+    let r = launch(s, request, profiles, extra, &key);
+    let id = r["result"]["plan"]["plan_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r:#}"))
+        .to_string();
+    assert_eq!(r["result"]["verdict"]["effect"], "allow", "{r:#}");
+    let p = wait_plan(&mut s.planner, &id, &["completed", "incomplete", "stopped"]);
+    if p["status"] != "completed" {
+        let said: Vec<String> = p["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| transcript(&mut s.planner, &l["worker_id"]))
+            .collect();
+        panic!("not completed: {p:#}\n{said:#?}\n{}", s.env.logs());
+    }
+    for l in p["lanes"].as_array().unwrap() {
+        assert_eq!(l["status"], "done", "{l:#}");
+        for e in l["expectations"].as_array().unwrap() {
+            assert_eq!(e["status"], "verified", "{e:#}");
+        }
+        // Every lane read its prompt and spoke as itself.
+        let w = l["worker_id"].clone();
+        let said = transcript(&mut s.planner, &w);
+        assert!(said.contains("prompt "), "{said}");
+        assert!(
+            said.contains(&format!(
+                "\"client\": \"{}\"",
+                l["client_id"].as_str().unwrap()
+            )),
+            "{said}"
+        );
+    }
+    p
+}
+
+#[test]
+fn every_mechanism_runs_its_lanes_to_a_verified_completion() {
+    let mut s = setup();
+    let all = json!({"builder": "good", "integrator": "good", "reviewer": "good", "phase-worker": "good"});
+    // ephemeral_workers (module-swarm's primary): four lanes, at most two at once.
+    let p = run_to_completion(&mut s, swarm(), all.clone(), None);
+    assert_eq!(p["mechanism"], "ephemeral_workers");
+    assert_eq!(p["max_parallel"], 2);
+    assert_eq!(p["pattern"], "module-swarm");
+    assert_eq!(
+        p["overlays"],
+        json!(["twin-inspection"]),
+        "the reviewer overlay stays"
+    );
+    assert_eq!(p["lanes"].as_array().unwrap().len(), 4);
+    // task_graph (phased-assembly's primary).
+    let p = run_to_completion(&mut s, phased(), all.clone(), None);
+    assert_eq!(p["mechanism"], "task_graph");
+    assert_eq!(
+        lane(&p, "lane-2-phase-worker")["depends_on"],
+        json!(["lane-1-phase-worker"])
+    );
+    // direct (sequential's primary): one lane worker carrying the whole contract.
+    let p = run_to_completion(
+        &mut s,
+        json!({"objective": "Fix the typo in the README"}),
+        all.clone(),
+        None,
+    );
+    assert_eq!(p["mechanism"], "direct");
+    assert_eq!(p["lanes"].as_array().unwrap().len(), 1);
+    // continuation (a fallback sequential lists): each step gets the previous one's outcome.
+    let p = run_to_completion(
+        &mut s,
+        json!({"objective": "Fix the typo in the README"}),
+        all.clone(),
+        Some("continuation"),
+    );
+    let second = lane(&p, "lane-2-reviewer")["worker_id"].clone();
+    let said = transcript(&mut s.planner, &second);
+    assert!(
+        said.contains("Previous step (lane-1-builder) outcome"),
+        "{said}"
+    );
+    assert!(said.contains("lane finished"), "{said}");
+    // persistent_workers: the roster's named profiles, no mapping given.
+    let p = run_to_completion(
+        &mut s,
+        json!({"objective": "Refactor the auth module", "persistent_workers": true}),
+        json!({}),
+        None,
+    );
+    assert_eq!(p["mechanism"], "persistent_workers");
+    assert!(
+        p["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["profile"] == "worker-code-fast")
+    );
+}
+
+#[test]
+fn a_task_starts_after_its_dependency_succeeded_and_a_failed_one_blocks_its_dependents() {
+    let mut s = setup();
+    let good = json!({"phase-worker": "good", "reviewer": "good"});
+    let p = run_to_completion(&mut s, phased(), good, None);
+    // Order: each phase's worker was created only after the previous phase's worker ended.
+    let mut last_end = 0;
+    for id in [
+        "lane-1-phase-worker",
+        "lane-2-phase-worker",
+        "lane-3-phase-worker",
+        "lane-4-reviewer",
+    ] {
+        let w = s.planner.call(
+            "workers/get",
+            json!({"worker_id": lane(&p, id)["worker_id"]}),
+        )["worker"]
+            .clone();
+        let created = w["created_seq"].as_u64().unwrap();
+        assert!(
+            created > last_end,
+            "{id} started before its dependency ended: {w:#}"
+        );
+        last_end = w["last_seq"].as_u64().unwrap();
+    }
+    let fail = json!({"phase-worker": "fail", "reviewer": "good"});
+    let r = launch(&mut s, phased(), fail, json!({}), "failing");
+    let id = r["result"]["plan"]["plan_id"].as_str().unwrap().to_string();
+    let p = wait_plan(&mut s.planner, &id, &["completed", "incomplete"]);
+    assert_eq!(p["status"], "incomplete", "{p:#}");
+    assert_eq!(lane(&p, "lane-1-phase-worker")["status"], "failed");
+    for id in [
+        "lane-2-phase-worker",
+        "lane-3-phase-worker",
+        "lane-4-reviewer",
+    ] {
+        let l = lane(&p, id);
+        assert_eq!(l["status"], "blocked", "{l:#}");
+        assert!(
+            l.get("worker_id").is_none(),
+            "a blocked lane never starts: {l:#}"
+        );
+        assert!(
+            l["detail"].as_str().unwrap().contains("did not succeed"),
+            "{l:#}"
+        );
+    }
+    let missing = p["missing"].to_string();
+    assert!(
+        missing.contains("lane-2-phase-worker: blocked"),
+        "{missing}"
+    );
+}
+
+#[test]
+fn a_shape_gaffer_cannot_honour_is_refused_and_nothing_is_written() {
+    let mut s = setup();
+    let before = common::journal_bytes(s.env.root()).len();
+    let all = json!({"builder": "good", "integrator": "good", "reviewer": "good"});
+    let cases = [
+        (
+            json!({"mechanism": "kubernetes"}),
+            all.clone(),
+            "mechanism_unsupported",
+            "mechanism",
+        ),
+        (
+            json!({"mechanism": "task_graph"}),
+            all.clone(),
+            "mechanism_not_listed",
+            "mechanism",
+        ),
+        (
+            json!({}),
+            json!({"builder": "good", "integrator": "good"}),
+            "lane_unmapped",
+            "lane_profiles.reviewer",
+        ),
+        (
+            json!({}),
+            json!({"builder": "good", "integrator": "good", "reviewer": "nope"}),
+            "lane_unmapped",
+            "lane_profiles.reviewer",
+        ),
+    ];
+    for (extra, profiles, code, field) in cases {
+        let r = launch(&mut s, swarm(), profiles, extra.clone(), "refused");
+        assert_eq!(r["error"]["data"]["code"], code, "{extra} {r:#}");
+        assert_eq!(r["error"]["data"]["field"], field, "{r:#}");
+    }
+    let r = s.planner.request(
+        "plans/launch",
+        json!({"config_bundle": s.bundle, "idempotency_key": "k"}),
+    );
+    assert_eq!(r["error"]["data"]["field"], "request", "{r:#}");
+    assert_eq!(
+        common::journal_bytes(s.env.root()).len(),
+        before,
+        "a refusal writes nothing"
+    );
+    assert_eq!(s.planner.call("plans/list", json!({}))["plans"], json!([]));
+    assert_eq!(
+        s.planner.call("workers/list", json!({}))["workers"],
+        json!([])
+    );
+}
+
+#[test]
+fn a_dry_run_shows_lanes_workers_and_verdict_and_starts_nothing() {
+    let mut s = setup();
+    let all = json!({"builder": "good", "integrator": "good", "reviewer": "good"});
+    let before = common::journal_bytes(s.env.root()).len();
+    let r = launch(&mut s, swarm(), all, json!({"dry_run": true}), "dry");
+    let res = &r["result"];
+    assert_eq!(res["dry_run"], true, "{r:#}");
+    assert_eq!(res["verdict"]["effect"], "allow");
+    assert_eq!(res["verdict"]["rule_ids"], json!(["planner-launches"]));
+    let lanes = res["launch"]["lanes"].as_array().unwrap();
+    assert_eq!(lanes.len(), 4);
+    assert_eq!(
+        lanes[0]["argv"],
+        json!(["python3", "lanes/lane_worker.py", "good"])
+    );
+    assert!(
+        lanes[0]["prompt"]
+            .as_str()
+            .unwrap()
+            .contains("Role: builder lane")
+    );
+    assert_eq!(common::journal_bytes(s.env.root()).len(), before);
+}
+
+#[test]
+fn a_lane_is_its_connection_and_its_scope_bounds_what_it_may_write() {
+    let mut s = setup();
+    let token = s.env.token("planner");
+    let profiles = json!({"builder": "write", "integrator": "spoof", "reviewer": "note"});
+    let r = launch(&mut s, swarm(), profiles, json!({}), "identity");
+    let id = r["result"]["plan"]["plan_id"].as_str().unwrap().to_string();
+    let p = wait_plan(&mut s.planner, &id, &["completed", "incomplete"]);
+    // The router builder wrote inside its scope; its write outside was refused by the rule.
+    assert_eq!(
+        std::fs::read_to_string(s.env.root().join("router/ok.txt")).unwrap(),
+        "from the lane\n"
+    );
+    assert!(!s.env.root().join("elsewhere/bad.txt").exists());
+    let said = transcript(&mut s.planner, &lane(&p, "lane-1-builder")["worker_id"]);
+    let out = said
+        .lines()
+        .find(|l| l.contains("lane-1-builder-out"))
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(out.contains("\"state\": \"denied\""), "{out}");
+    // The integrator lane presented a client token, named another lane and asked to log in
+    // as the operator: it stayed itself, was refused, and never became the operator.
+    let said = transcript(&mut s.planner, &lane(&p, "lane-3-integrator")["worker_id"]);
+    let me = format!("\"client\": \"{id}/lane-3-integrator\"");
+    assert!(said.matches(&me).count() >= 2, "{said}");
+    assert!(said.contains("not_this_lane"), "{said}");
+    assert!(said.contains("lane_not_operator"), "{said}");
+    // A connection with the planner's own credential cannot record for a lane either.
+    let mut other = s.env.agent("planner");
+    let r = other.request(
+        "plans/evidence",
+        json!({"plan_id": id, "lane_id": "lane-1-builder", "expectation": "e1", "kind": "note", "text": "x"}),
+    );
+    assert_eq!(r["error"]["data"]["code"], "not_this_lane", "{r:#} {token}");
+}
+
+#[test]
+fn only_verified_evidence_completes_a_plan_and_forged_records_do_not_verify() {
+    let mut s = setup();
+    let profiles = json!({"builder": "good", "integrator": "good", "reviewer": "note"});
+    let r = launch(&mut s, swarm(), profiles, json!({}), "notes");
+    let id = r["result"]["plan"]["plan_id"].as_str().unwrap().to_string();
+    let p = wait_plan(&mut s.planner, &id, &["completed", "incomplete"]);
+    assert_eq!(p["status"], "incomplete", "{p:#}");
+    let reviewer = lane(&p, "lane-4-reviewer");
+    assert_eq!(reviewer["status"], "ended", "{reviewer:#}");
+    assert!(
+        reviewer["expectations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["status"] == "claimed")
+    );
+    // The agent appends evidence records of its own, with valid framing: another lane's
+    // succeeded operation, an operation that does not exist, a file with a made-up digest.
+    let builder_op = {
+        let b = lane(&p, "lane-1-builder");
+        b["expectations"][0]["evidence"][0]["evidence"]["operation_id"].clone()
+    };
+    std::fs::write(s.env.root().join("claimed.txt"), "real bytes").unwrap();
+    let forged = |n: u32, evidence: Value| {
+        (
+            "plan.evidence",
+            json!({"evidence_id": format!("ev_forged{n}"), "plan_id": id, "lane_id": "lane-4-reviewer",
+                   "expectation": "e1", "evidence": evidence, "recorded_by": format!("{id}/lane-4-reviewer"),
+                   "verified": true}),
+        )
+    };
+    append_as_agent(
+        s.env.root(),
+        vec![
+            forged(1, json!({"kind": "operation", "operation_id": builder_op})),
+            forged(
+                2,
+                json!({"kind": "operation", "operation_id": "op_doesnotexist"}),
+            ),
+            forged(
+                3,
+                json!({"kind": "file", "path": "claimed.txt", "sha256": "00".repeat(32)}),
+            ),
+        ],
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    let p = loop {
+        let p = plan(&mut s.planner, &id);
+        let n = lane(&p, "lane-4-reviewer")["expectations"][0]["evidence"]
+            .as_array()
+            .unwrap()
+            .len();
+        if n >= 4 || Instant::now() > until {
+            break p;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let e1 = &lane(&p, "lane-4-reviewer")["expectations"][0];
+    assert_eq!(e1["evidence"].as_array().unwrap().len(), 4, "{e1:#}");
+    assert_eq!(e1["status"], "claimed", "{e1:#}");
+    assert!(
+        e1["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["verified"] == false),
+        "{e1:#}"
+    );
+    assert_eq!(p["status"], "incomplete");
+    // The operator waives the reviewer's expectations with signed decisions: now complete.
+    let mut op = s.env.operator();
+    let ws_id = workspace_id(s.env.root());
+    let n = lane(&p, "lane-4-reviewer")["expectations"]
+        .as_array()
+        .unwrap()
+        .len();
+    for i in 1..=n {
+        let status = op.call("gaffer/status", json!({}));
+        let head = status["store"]["chain"]["head"].clone();
+        let payload = json!({"domain": "gaffer/plan-waive/v1", "workspace_id": ws_id, "plan_id": id,
+            "lane_id": "lane-4-reviewer", "expectation": format!("e{i}"), "reason": "reviewed by hand",
+            "waived_at_ms": 1, "head": head});
+        let text = gaffer::jcs::canonicalize(&payload);
+        let text = String::from_utf8(text).unwrap();
+        let sig = s.env.signer().sign(text.as_bytes());
+        let r = op.request("plans/waive", json!({"payload": text, "signature": sig}));
+        assert!(r.get("result").is_some(), "{r:#}");
+    }
+    // A waiver signed by a key the agent made for itself counts for nothing.
+    let p = plan(&mut op, &id);
+    assert_eq!(p["status"], "completed", "{p:#}");
+    assert_eq!(
+        lane(&p, "lane-4-reviewer")["expectations"][0]["status"],
+        "waived"
+    );
+}
+
+#[test]
+fn kill_9_mid_plan_leaves_a_truthful_stopped_plan_and_nothing_respawns() {
+    let mut s = setup();
+    let profiles = json!({"builder": "sleep", "integrator": "sleep", "reviewer": "sleep"});
+    let r = launch(&mut s, swarm(), profiles, json!({}), "crash");
+    let id = r["result"]["plan"]["plan_id"].as_str().unwrap().to_string();
+    let until = Instant::now() + Duration::from_secs(30);
+    let running = loop {
+        let p = plan(&mut s.planner, &id);
+        let n = p["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["status"] == "running")
+            .count();
+        if n == 2 {
+            break p;
+        }
+        assert!(Instant::now() < until, "{p:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(running["status"], "running");
+    s.planner.child.kill().unwrap();
+    let _ = s.planner.child.wait();
+    let mut after = s.env.agent("planner");
+    let p = wait_plan(&mut after, &id, &["stopped"]);
+    for l in p["lanes"].as_array().unwrap() {
+        assert_eq!(l["status"], "stopped", "{l:#}");
+    }
+    let workers = |s: &mut Server| {
+        s.call("workers/list", json!({}))["workers"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    let n = workers(&mut after);
+    assert_eq!(n, 2, "only the two lanes that ran have workers");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(workers(&mut after), n, "nothing relaunched");
+    let ws = after.call("workers/list", json!({}));
+    assert!(
+        ws["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["status"] == "stopped"),
+        "{ws:#}"
+    );
+}
