@@ -754,6 +754,61 @@ rules:
     }
 
     #[test]
+    fn lane_scope_rules_match_only_lanes_this_process_runs_and_their_paths() {
+        assert!(in_lane_scope(&["router".into()], "router/a.rs"));
+        assert!(in_lane_scope(&["router/".into()], "router"));
+        assert!(!in_lane_scope(&["router".into()], "routerx/a.rs"));
+        assert!(!in_lane_scope(&["router".into()], "billing/a.rs"));
+        assert!(in_lane_scope(&["src/*/mod.rs".into()], "src/a/mod.rs"));
+        assert!(!in_lane_scope(&[], "router/a.rs"));
+        let p = parse(
+            r#"rules:
+  - id: in
+    effect: allow
+    clients: ["pl_*/*"]
+    operations: ["file.write"]
+    lane_scope: inside
+  - id: out
+    effect: deny
+    clients: ["pl_*/*"]
+    operations: ["file.write"]
+    lane_scope: outside
+"#,
+        )
+        .unwrap();
+        let scope = vec!["router".to_string()];
+        let d = |client: &str, path: &str, lane: Option<&[String]>| {
+            let c = class("file", &[("path", &[path])], &[]);
+            p.decide(
+                &PolicyRequest {
+                    client,
+                    operation: "file.write",
+                    class: &c,
+                    lane_scope: lane,
+                },
+                &[],
+                1_000,
+            )
+            .effect
+        };
+        assert_eq!(
+            d("pl_a/lane-1", "router/x", Some(&scope)),
+            DecisionEffect::Allow
+        );
+        assert_eq!(
+            d("pl_a/lane-1", "billing/x", Some(&scope)),
+            DecisionEffect::Deny
+        );
+        // A client named like a lane that this process does not run has no scope: no rule.
+        assert_eq!(d("pl_a/lane-1", "router/x", None), DecisionEffect::NoMatch);
+        // `*` does not span `/`: an ordinary client never matches lane rules.
+        assert_eq!(
+            d("agent", "router/x", Some(&scope)),
+            DecisionEffect::NoMatch
+        );
+    }
+
+    #[test]
     fn precedence_is_deny_then_grant_then_allow_then_request_then_no_match() {
         let p = parse(POLICY).unwrap();
         let d = |client: &str, op: &str, c: &Classification, grants: &[ActiveGrant]| {
@@ -762,6 +817,7 @@ rules:
                     client,
                     operation: op,
                     class: c,
+                    lane_scope: None,
                 },
                 grants,
                 1_000,

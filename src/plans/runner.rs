@@ -687,3 +687,114 @@ fn record<T: serde::Serialize>(kind: &str, payload: &T) -> NewRecord {
         payload: serde_json::to_value(payload).unwrap_or(serde_json::Value::Null),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plans::spec::LaneSpec;
+
+    fn lane(id: &str, deps: &[&str]) -> LaneSpec {
+        LaneSpec {
+            lane_id: id.into(),
+            role: "builder".into(),
+            scope: vec![],
+            profile: serde_json::from_value(
+                json!({"selector": {"kind": "named", "value": "p"}, "command": ["true"]}),
+            )
+            .unwrap(),
+            argv: vec!["true".into()],
+            depends_on: deps.iter().map(|d| d.to_string()).collect(),
+            prompt: String::new(),
+            expectations: vec![],
+        }
+    }
+
+    fn spec(lanes: Vec<LaneSpec>, max_parallel: u32) -> LaunchSpec {
+        LaunchSpec {
+            plan_id: "pl_t".into(),
+            selection_digest: String::new(),
+            objective: String::new(),
+            pattern: String::new(),
+            overlays: vec![],
+            mechanism: String::new(),
+            max_parallel,
+            config_bundle: crate::bundles::BundleRef {
+                id: "b".into(),
+                digest: "d".into(),
+            },
+            declarations: vec![],
+            secrets: vec![],
+            lanes,
+        }
+    }
+
+    fn runs(v: &[(&str, LaneRun)]) -> LaneRuns {
+        v.iter()
+            .map(|(id, r)| (id.to_string(), (*r, None)))
+            .collect()
+    }
+
+    #[test]
+    fn ephemeral_lanes_fill_free_slots_only() {
+        let s = spec(vec![lane("a", &[]), lane("b", &[]), lane("c", &[])], 2);
+        let r = runs(&[
+            ("a", LaneRun::Running),
+            ("b", LaneRun::Waiting),
+            ("c", LaneRun::Waiting),
+        ]);
+        assert_eq!(
+            schedule(Mechanism::EphemeralWorkers, &s, &r),
+            vec![(1, LaneRun::Running)]
+        );
+        let r = runs(&[
+            ("a", LaneRun::Running),
+            ("b", LaneRun::Running),
+            ("c", LaneRun::Waiting),
+        ]);
+        assert!(schedule(Mechanism::EphemeralWorkers, &s, &r).is_empty());
+    }
+
+    #[test]
+    fn graph_tasks_wait_for_success_and_block_on_anything_else() {
+        let s = spec(
+            vec![lane("a", &[]), lane("b", &["a"]), lane("c", &["b"])],
+            3,
+        );
+        let r = runs(&[
+            ("a", LaneRun::Running),
+            ("b", LaneRun::Waiting),
+            ("c", LaneRun::Waiting),
+        ]);
+        assert!(schedule(Mechanism::TaskGraph, &s, &r).is_empty());
+        let r = runs(&[
+            ("a", LaneRun::Succeeded),
+            ("b", LaneRun::Waiting),
+            ("c", LaneRun::Waiting),
+        ]);
+        assert_eq!(
+            schedule(Mechanism::TaskGraph, &s, &r),
+            vec![(1, LaneRun::Running)]
+        );
+        for end in [LaneRun::Failed, LaneRun::Stopped, LaneRun::Blocked] {
+            let r = runs(&[
+                ("a", LaneRun::Succeeded),
+                ("b", end),
+                ("c", LaneRun::Waiting),
+            ]);
+            assert_eq!(
+                schedule(Mechanism::TaskGraph, &s, &r),
+                vec![(2, LaneRun::Blocked)]
+            );
+        }
+    }
+
+    #[test]
+    fn a_continuation_runs_one_step_at_a_time() {
+        let s = spec(vec![lane("a", &[]), lane("b", &["a"])], 1);
+        let r = runs(&[("a", LaneRun::Waiting), ("b", LaneRun::Waiting)]);
+        assert_eq!(
+            schedule(Mechanism::Continuation, &s, &r),
+            vec![(0, LaneRun::Running)]
+        );
+    }
+}

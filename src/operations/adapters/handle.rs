@@ -227,7 +227,10 @@ pub fn digest_file(root: &Path, rel: &str) -> Result<Option<String>, String> {
     let rel = super::paths::normalize_relative("path", rel).map_err(|e| e.message)?;
     match parent(root, &rel, false) {
         Ok(p) => p.digest().map_err(|e| e.to_string()),
-        Err(FileError::Io { kind, .. }) if kind == std::io::ErrorKind::NotFound => Ok(None),
+        Err(FileError::Io {
+            kind: std::io::ErrorKind::NotFound,
+            ..
+        }) => Ok(None),
         Err(e) => Err(e.to_string()),
     }
 }
