@@ -87,6 +87,7 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Doctor => doctor(&root_of(&g)),
         Command::Bundle(cmd) => gaffer::cli::bundles::run(cmd, &root_of(&g), config(&g)).await,
         Command::Worker(cmd) => gaffer::cli::workers::run(cmd, &root_of(&g), config(&g)).await,
+        Command::Plan(cmd) => gaffer::cli::plans::run(cmd, &root_of(&g), config(&g)).await,
         Command::Call { method, params } => call(&g, &method, &params).await,
         Command::Ops(cmd) => gaffer::cli::operations::run(cmd, &root_of(&g)).await,
     }

@@ -17,6 +17,11 @@ const POLICY: &str = r#"rules:
     clients: ["planner"]
     operations: ["plan.launch"]
     targets: [{kind: plan, fields: {bundle_id: ["lanes"]}}]
+  - id: others-ask-the-operator
+    effect: request
+    clients: ["other"]
+    operations: ["plan.launch"]
+    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10}
   - id: lanes-run-checks
     effect: allow
     clients: ["pl_*/*"]
@@ -563,5 +568,198 @@ fn kill_9_mid_plan_leaves_a_truthful_stopped_plan_and_nothing_respawns() {
             .iter()
             .all(|w| w["status"] == "stopped"),
         "{ws:#}"
+    );
+}
+
+#[test]
+fn under_a_request_rule_the_operator_approves_the_launch_once_for_all_its_lanes() {
+    // A request rule for this client: the launch waits; one signed approval covers every lane.
+    let mut s = setup();
+    let mut other = s.env.agent("other");
+    other.call("bundles/sync", json!({"bundle": bundle()}));
+    let p = json!({"request": swarm(), "config_bundle": s.bundle, "idempotency_key": "needs-human",
+                   "lane_profiles": {"builder": "good", "integrator": "good", "reviewer": "good"}});
+    let r = other.call("plans/launch", p);
+    assert_eq!(r["verdict"]["effect"], "approval", "{r:#}");
+    let plan_id = r["plan"]["plan_id"].as_str().unwrap().to_string();
+    let op_id = r["plan"]["operation_id"].clone();
+    assert_eq!(r["plan"]["status"], "pending_approval", "{r:#}");
+    let mut op = s.env.operator();
+    let approval = op.call("operations/get", json!({"id": op_id}))["approval_id"].clone();
+    // The operator sees each lane's argv in what they approve.
+    let detail = op.call("approvals/get", json!({"id": approval}));
+    assert!(
+        detail.to_string().contains("lanes/lane_worker.py"),
+        "{detail:#}"
+    );
+    s.env.decide_ok(
+        &mut op,
+        json!({"id": approval, "decision": "approve", "expected_revision": detail["revision"]}),
+    );
+    let p = wait_plan(&mut other, &plan_id, &["completed", "incomplete"]);
+    assert_eq!(p["status"], "completed", "{p:#}");
+    let approvals = op.call("approvals/list", json!({"all": true}));
+    assert_eq!(
+        approvals["approvals"].as_array().unwrap().len(),
+        1,
+        "one approval for 4 lanes"
+    );
+}
+
+#[test]
+fn mcp_hosts_launch_read_and_record_through_the_tools() {
+    let s = setup();
+    let token = s.env.token("planner");
+    let mut mcp = s.env.start(&[("GAFFER_CLIENT_TOKEN", &token)]);
+    mcp.call(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "host", "version": "1"}}),
+    );
+    mcp.notify("notifications/initialized", json!({}));
+    let tools = mcp.call("tools/list", json!({}));
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    for t in ["launch_plan", "get_plan", "record_evidence"] {
+        assert!(names.contains(&t), "{names:?}");
+    }
+    let r = mcp.call(
+        "tools/call",
+        json!({"name": "launch_plan", "arguments": {"request": swarm(), "config_bundle": s.bundle,
+               "lane_profiles": {"builder": "good", "integrator": "good", "reviewer": "good"}, "idempotency_key": "mcp"}}),
+    );
+    assert_ne!(r["isError"], true, "{r:#}");
+    let id = r["structuredContent"]["plan"]["plan_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let g = mcp.call(
+            "tools/call",
+            json!({"name": "get_plan", "arguments": {"plan_id": id}}),
+        );
+        if g["structuredContent"]["plan"]["status"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < until, "{g:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The host is not a lane: it cannot record a lane's evidence.
+    let r = mcp.call(
+        "tools/call",
+        json!({"name": "record_evidence", "arguments": {"plan_id": id, "lane_id": "lane-1-builder",
+               "expectation": "e1", "kind": "note", "text": "x"}}),
+    );
+    assert_eq!(r["isError"], true, "{r:#}");
+}
+
+#[test]
+fn the_cli_runs_an_allowed_launch_to_its_end_and_waives_with_the_operator_key() {
+    let s = setup();
+    let token = s.env.token("planner");
+    let digest = s.bundle["digest"].as_str().unwrap().to_string();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(common::BIN)
+            .arg("--workspace")
+            .arg(s.env.root())
+            .args(args)
+            .env("GAFFER_OPERATOR_KEY_FILE", &s.env.env()[0].1)
+            .env("GAFFER_CLIENT_TOKEN", &token)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = cli(&[
+        "plan",
+        "launch",
+        "--objective",
+        SWARM,
+        "--scope",
+        "router",
+        "--scope",
+        "billing",
+        "--tests",
+        "--bundle",
+        "lanes",
+        "--digest",
+        &digest,
+        "--lane",
+        "builder=good",
+        "--lane",
+        "integrator=good",
+        "--lane",
+        "reviewer=note",
+        "--key",
+        "cli",
+    ]);
+    // The reviewer only left notes: the plan ends incomplete (exit 1) with the reason shown.
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(out.contains("\"incomplete\""), "{out}");
+    let id = out
+        .split("\"plan_id\": \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap()
+        .to_string();
+    for i in 1..=8 {
+        let (code, out, err) = cli(&[
+            "plan",
+            "waive",
+            &id,
+            "lane-4-reviewer",
+            &format!("e{i}"),
+            "--reason",
+            "checked",
+        ]);
+        assert_eq!(code, 0, "{out}\n{err}");
+    }
+    let (code, out, _) = cli(&["plan", "show", &id]);
+    assert_eq!(code, 0);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["plan"]["status"], "completed", "{shown:#}");
+    let (code, out, _) = cli(&["plan", "list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(&id));
+}
+
+#[test]
+fn a_waiver_signed_with_any_other_key_waives_nothing() {
+    let mut s = setup();
+    let profiles = json!({"builder": "good", "integrator": "good", "reviewer": "note"});
+    let r = launch(&mut s, swarm(), profiles, json!({}), "forged-waiver");
+    let id = r["result"]["plan"]["plan_id"].as_str().unwrap().to_string();
+    wait_plan(&mut s.planner, &id, &["incomplete"]);
+    let ws_id = workspace_id(s.env.root());
+    let head = s.planner.call("gaffer/status", json!({}))["store"]["chain"]["head"].clone();
+    let payload = json!({"domain": "gaffer/plan-waive/v1", "workspace_id": ws_id, "plan_id": id,
+        "lane_id": "lane-4-reviewer", "expectation": "e1", "reason": "trust me", "waived_at_ms": 1, "head": head});
+    let text = String::from_utf8(gaffer::jcs::canonicalize(&payload)).unwrap();
+    let forged = common::gate::agent_signer(&s.env).sign(text.as_bytes());
+    let r = s
+        .planner
+        .request("plans/waive", json!({"payload": text, "signature": forged}));
+    assert_eq!(r["error"]["data"]["code"], "waiver_invalid", "{r:#}");
+    // Written straight into the journal, it is folded but never counted.
+    append_as_agent(
+        s.env.root(),
+        vec![(
+            "plan.waived",
+            json!({"plan_id": id, "operator_signature": {"head": head, "payload": text, "signature": forged}}),
+        )],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let p = plan(&mut s.planner, &id);
+    assert_eq!(p["status"], "incomplete", "{p:#}");
+    assert_eq!(
+        lane(&p, "lane-4-reviewer")["expectations"][0]["status"],
+        "claimed"
     );
 }

@@ -6,6 +6,7 @@ pub mod operations;
 pub mod operator;
 pub mod output;
 pub mod patterns;
+pub mod plans;
 pub mod store;
 pub mod workers;
 
@@ -67,6 +68,9 @@ pub enum Command {
     /// Create, feed, inspect and stop workers.
     #[command(subcommand)]
     Worker(workers::WorkerCmd),
+    /// Launch selections as running lanes; show, list, record evidence, waive, stop.
+    #[command(subcommand)]
+    Plan(plans::PlanCmd),
     /// Read-only health checks of the workspace and this machine.
     Doctor,
     /// Operations, approvals and the operator key (variants inlined from `cli::operations`).

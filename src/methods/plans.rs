@@ -285,8 +285,9 @@ async fn launch(app: Arc<App>, ctx: CallCtx, p: LaunchParams) -> Result<LaunchRe
     let verdict = Verdict {
         effect: match decision.effect {
             DecisionEffect::Allow => "allow",
-            DecisionEffect::Deny => "deny",
-            DecisionEffect::Request | DecisionEffect::NoMatch => "approval",
+            DecisionEffect::Request => "approval",
+            // With a policy, what no rule covers is refused.
+            DecisionEffect::Deny | DecisionEffect::NoMatch => "deny",
         },
         reason: decision.reason.clone(),
         rule_ids: decision.rule_ids.clone(),
