@@ -776,6 +776,7 @@ fn catalog_lists_builtin_and_external_operations_with_schemas() {
             "file.write",
             "kv.expiring",
             "kv.set",
+            "plan.launch",
             "worker.start"
         ]
     );

@@ -366,7 +366,8 @@ async fn submit_launch(
     let id = target.plan_id.clone();
     app.workspace
         .commit(move |s: &State| {
-            let fresh = s.plans.get(&id).is_none();
+            // Absent, or started already by an allowed launch that the record completes.
+            let fresh = s.plans.get(&id).is_none_or(|p| p.client_id.is_empty());
             Ok::<_, RpcError>((if fresh { vec![rec] } else { vec![] }, ()))
         })
         .await

@@ -246,8 +246,18 @@ impl PlanState {
     }
 
     fn create(&mut self, rec: &Record, c: Created) -> Option<String> {
-        if self.plans.contains_key(&c.plan_id) || c.spec.plan_id != c.plan_id {
+        if c.spec.plan_id != c.plan_id {
             return None;
+        }
+        if let Some(p) = self.plans.get_mut(&c.plan_id) {
+            // An allowed launch can start (in the submit's own commit) before its creation
+            // record lands: fill in who launched it and the request, nothing else.
+            if !p.client_id.is_empty() || p.operation_id != c.operation_id {
+                return None;
+            }
+            p.client_id = c.client_id;
+            p.request = c.request;
+            return Some(c.plan_id);
         }
         let id = c.plan_id.clone();
         self.order.push(id.clone());
