@@ -56,6 +56,7 @@ pub fn run(root: &Path) -> Report {
     }
     key_checks(root, &mut checks);
     trust_checks(root, &mut checks);
+    checks.push(command_rules_check(root));
     checks.push(sandbox_check());
     let ok = checks.iter().all(|c| c.ok);
     Report {
@@ -65,7 +66,33 @@ pub fn run(root: &Path) -> Report {
     }
 }
 
-/// The private key must sit outside the workspace; serving processes need only the public one.
+/// Allow rules for `command.run` that name no arguments, in the policy on disk (what the
+/// operator would trust) and the one in force.
+fn command_rules_check(root: &Path) -> Check {
+    use crate::operations::policy::Policy;
+    let disk = Policy::load(&root.join(".gaffer")).unwrap_or_default();
+    let mut broad = disk.broad_command_rules();
+    if let Ok(ws) = crate::workspace::Workspace::open(root) {
+        let key = crate::operator::current_public();
+        let trusted = crate::operations::trust::effective_policy(&ws, key.as_ref());
+        broad.extend(trusted.broad_command_rules());
+    }
+    broad.sort();
+    broad.dedup();
+    Check {
+        name: "command_rules",
+        ok: broad.is_empty(),
+        detail: if broad.is_empty() {
+            "every allow rule for command.run names its arguments (argv)".into()
+        } else {
+            format!(
+                "broad: allow rule(s) {} let command.run run a program with any arguments (`program: [git]` is arbitrary code); name them with `argv` patterns",
+                broad.join(", ")
+            )
+        },
+    }
+}
+
 /// Whether processes can be started sandboxed here (without it, none are started).
 fn sandbox_check() -> Check {
     let s = crate::sandbox::probe();
@@ -83,6 +110,7 @@ fn sandbox_check() -> Check {
     }
 }
 
+/// The private key must sit outside the workspace; serving processes need only the public one.
 fn key_checks(root: &Path, checks: &mut Vec<Check>) {
     use crate::operator::{OperatorPublic, OperatorSigner, key_path, public_key_path};
     let (Ok(private), Ok(public)) = (key_path(), public_key_path()) else {

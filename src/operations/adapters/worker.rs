@@ -196,6 +196,7 @@ fn classify(t: &StartTarget, p: &StartPlan) -> Classification {
         fields,
         attrs: BTreeMap::new(),
         must_name,
+        argv: None,
     }
 }
 

@@ -380,6 +380,7 @@ impl Adapter for FileAdapter {
             fields,
             attrs: BTreeMap::new(),
             must_name: Default::default(),
+            argv: None,
         }))
     }
 
