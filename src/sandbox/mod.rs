@@ -1,8 +1,10 @@
 //! What every process gaffer starts runs inside (workers, `command.run`, external providers).
 //!
 //! On Linux, between fork and exec the child
-//! 1. enters new user and mount namespaces (and a new network namespace unless a declaration
-//!    grants TCP ports), mapping its own uid/gid;
+//! 1. enters new user, mount and PID namespaces (and a new network namespace unless a
+//!    declaration grants TCP ports), mapping its own uid/gid; the program runs as PID 2 under
+//!    an init that ends the namespace, and every process in it, when the program ends
+//!    ([`pidns`]);
 //! 2. covers `<workspace>/.gaffer/` with an empty read-only tmpfs, so the store can be neither
 //!    read nor written;
 //! 3. gets rlimits (CPU time from its timeout, file size, process count), its own process
@@ -16,6 +18,7 @@
 
 mod declare;
 mod exec;
+mod pidns;
 mod rules;
 
 use std::path::{Path, PathBuf};
