@@ -103,7 +103,9 @@ pub fn adapters() -> Vec<std::sync::Arc<dyn Adapter>> {
     vec![std::sync::Arc::new(CommandAdapter { desc: descriptor() })]
 }
 
-fn env_name_ok(name: &str) -> bool {
+/// A variable name a plan (or a provider declaration) may set: upper snake case, no loader
+/// variables.
+pub(super) fn env_name_ok(name: &str) -> bool {
     let b = name.as_bytes();
     !b.is_empty()
         && b.len() <= 64
