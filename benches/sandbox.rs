@@ -5,7 +5,8 @@
 //! - one whole `command.run`-shaped run of `true` (spawn, exit, reap), unconfined and
 //!   sandboxed: the per-run overhead;
 //! - `workers/create` → first output through the real runtime (create, `worker.start`
-//!   execution, sandboxed spawn, journalled output), with the authorizing rule in place.
+//!   execution, spawn, journalled output), with the authorizing rule in place, sandboxed and
+//!   with the trusted policy's `sandbox: off`.
 //!
 //! `cargo bench --bench sandbox` (ROUNDS=N to change the sample count).
 
@@ -47,12 +48,13 @@ fn command(ws: &std::path::Path, argv: &[&str], sandboxed: bool) -> Command {
         .stderr(Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
-    if sandboxed {
-        let spec = gaffer::sandbox::Spec::new(ws).with_timeout_ms(Some(60_000));
-        gaffer::sandbox::confine(&mut cmd, &spec).expect("the sandbox is available");
+    let setting = if sandboxed {
+        gaffer::sandbox::Setting::Required
     } else {
-        gaffer::sandbox::unconfined(&mut cmd);
-    }
+        gaffer::sandbox::Setting::Off
+    };
+    let spec = gaffer::sandbox::Spec::new(ws).with_timeout_ms(Some(60_000));
+    gaffer::sandbox::confine(&mut cmd, &spec, setting).expect("the sandbox is available");
     cmd
 }
 
@@ -82,6 +84,11 @@ async fn whole_run(ws: &std::path::Path, sandboxed: bool) -> Duration {
 }
 
 fn main() {
+    let cfg = tempfile::tempdir().expect("cfg");
+    let key = cfg.path().join("operator.key");
+    gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
+    // SAFETY: set before any other thread exists.
+    unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(dir.path().join(".gaffer")).expect(".gaffer");
@@ -120,24 +127,33 @@ fn main() {
             (b.as_secs_f64() - a.as_secs_f64()) * 1e6
         );
     });
-    runtime_create(&rt, n.min(50));
+    let a = runtime_create(&rt, &key, n.min(50), false);
+    let b = runtime_create(&rt, &key, n.min(50), true);
+    println!(
+        "{:<44} {:>+8.0} µs (difference of the medians above)",
+        "  sandbox adds",
+        (b.as_secs_f64() - a.as_secs_f64()) * 1e6
+    );
 }
 
 /// `workers/create` → first journalled output, through the library as a serving gaffer runs it.
-fn runtime_create(rt: &tokio::runtime::Runtime, n: usize) {
+fn runtime_create(
+    rt: &tokio::runtime::Runtime,
+    key: &std::path::Path,
+    n: usize,
+    sandboxed: bool,
+) -> Duration {
     use gaffer::methods::{App, AppConfig, call_local};
     use gaffer::rpc::Role;
     use serde_json::json;
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = tempfile::tempdir().expect("cfg");
-    let key = cfg.path().join("operator.key");
-    gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
-    // SAFETY: set before any thread of this benchmark reads the environment.
-    unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
     std::fs::create_dir(dir.path().join(".gaffer")).expect(".gaffer");
     std::fs::write(
         dir.path().join(".gaffer/policy.yaml"),
-        "rules:\n  - id: b\n    effect: allow\n    clients: [anonymous]\n    operations: [\"worker.start\"]\n",
+        format!(
+            "sandbox: {}\nrules:\n  - id: b\n    effect: allow\n    clients: [anonymous]\n    operations: [\"worker.start\"]\n",
+            if sandboxed { "on" } else { "off" }
+        ),
     )
     .expect("policy");
     let gaffer = env!("CARGO_BIN_EXE_gaffer");
@@ -145,11 +161,11 @@ fn runtime_create(rt: &tokio::runtime::Runtime, n: usize) {
         .arg("--workspace")
         .arg(dir.path())
         .arg("trust")
-        .env("GAFFER_OPERATOR_KEY_FILE", &key)
+        .env("GAFFER_OPERATOR_KEY_FILE", key)
         .output()
         .expect("trust");
     assert!(st.status.success(), "{st:?}");
-    rt.block_on(async {
+    rt.block_on(async move {
         let app = App::open(dir.path(), AppConfig::default()).expect("open");
         gaffer::operations::start_runtime(&app.operations);
         let bundle = json!({"metadata": {"id": "bench", "revision": "r1", "created_at": "now", "provenance": {"source": "bench"}},
@@ -179,6 +195,11 @@ fn runtime_create(rt: &tokio::runtime::Runtime, n: usize) {
             v.push(t.elapsed());
             let _ = call_local(app.clone(), Role::Agent, "workers/stop", json!({"worker_id": id})).await;
         }
-        report("workers/create → first output (sandboxed)", v);
-    });
+        let what = if sandboxed {
+            "workers/create → first output, sandboxed"
+        } else {
+            "workers/create → first output, sandbox: off"
+        };
+        report(what, v)
+    })
 }

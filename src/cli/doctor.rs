@@ -57,7 +57,7 @@ pub fn run(root: &Path) -> Report {
     key_checks(root, &mut checks);
     trust_checks(root, &mut checks);
     checks.push(command_rules_check(root));
-    checks.push(sandbox_check());
+    checks.push(sandbox_check(root));
     let ok = checks.iter().all(|c| c.ok);
     Report {
         ok,
@@ -93,20 +93,54 @@ fn command_rules_check(root: &Path) -> Check {
     }
 }
 
-/// Whether processes can be started sandboxed here (without it, none are started).
-fn sandbox_check() -> Check {
+/// Whether processes are started sandboxed here: what the kernel offers and what the trusted
+/// policy says (`sandbox: off`; an untrusted file saying so is ignored).
+fn sandbox_check(root: &Path) -> Check {
+    use crate::sandbox::Setting;
     let s = crate::sandbox::probe();
-    let problem = s.problem();
-    Check {
-        name: "sandbox",
-        ok: problem.is_none(),
-        detail: match problem {
-            None => format!(
-                "Landlock ABI {} and user namespaces: every process gaffer starts is sandboxed",
+    let trusted = crate::workspace::Workspace::open(root)
+        .map(|ws| {
+            let key = crate::operator::current_public();
+            crate::operations::trust::effective_policy(&ws, key.as_ref()).sandbox
+        })
+        .unwrap_or_default();
+    let disk = crate::operations::policy::Policy::load(&root.join(".gaffer"))
+        .map(|p| p.sandbox)
+        .unwrap_or_default();
+    let ignored = if disk == Setting::Off && trusted == Setting::Required {
+        " (policy.yaml says `sandbox: off`, but that is not what the operator trusted: ignored)"
+    } else {
+        ""
+    };
+    let (ok, detail) = match (s.problem(), trusted) {
+        (None, Setting::Required) => (
+            true,
+            format!(
+                "Landlock ABI {} and user namespaces: every process gaffer starts is sandboxed{ignored}",
                 s.landlock_abi
             ),
-            Some(p) => format!("{p}: gaffer refuses to start workers, commands and providers"),
-        },
+        ),
+        (Some(p), Setting::Required) => (
+            false,
+            format!(
+                "{p}: gaffer refuses to start workers, commands and providers (a trusted policy with `sandbox: off` would start them unconfined){ignored}"
+            ),
+        ),
+        (problem, Setting::Off) => (
+            false,
+            format!(
+                "the trusted policy says `sandbox: off`: workers, commands and providers start unconfined (kernel: {})",
+                problem.unwrap_or_else(|| format!(
+                    "Landlock ABI {} and user namespaces available",
+                    s.landlock_abi
+                ))
+            ),
+        ),
+    };
+    Check {
+        name: "sandbox",
+        ok,
+        detail,
     }
 }
 

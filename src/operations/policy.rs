@@ -224,6 +224,18 @@ impl TryFrom<RawRule> for Rule {
 struct PolicyFile {
     #[serde(default)]
     rules: Vec<Rule>,
+    #[serde(default)]
+    sandbox: SandboxSwitch,
+}
+
+/// `sandbox: on` (the default) or `sandbox: off`: start processes unconfined, for kernels
+/// without Landlock or user namespaces (`gaffer doctor` says which).
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum SandboxSwitch {
+    #[default]
+    On,
+    Off,
 }
 
 /// A parse or validation failure, located in the file.
@@ -247,6 +259,8 @@ pub struct Policy {
     /// Set when the trusted policy cannot be had (its kept bytes are missing or unreadable):
     /// every operation is denied, so no trusted deny rule is ever lost.
     pub refuse_all: Option<String>,
+    /// `sandbox: off` in the file; counts only once the operator trusted it.
+    pub sandbox: crate::sandbox::Setting,
 }
 
 /// An approved, still usable approval that acts as an extra allow rule.
@@ -328,6 +342,10 @@ impl Policy {
             rules: Some(parsed.rules),
             untrusted: false,
             refuse_all: None,
+            sandbox: match parsed.sandbox {
+                SandboxSwitch::On => crate::sandbox::Setting::Required,
+                SandboxSwitch::Off => crate::sandbox::Setting::Off,
+            },
         })
     }
 
@@ -355,10 +373,12 @@ impl Policy {
             .into_iter()
             .filter(|r| r.effect == Effect::Deny)
             .collect();
+        // Turning the sandbox off is never a deny: an untrusted file cannot do it.
         Policy {
             rules: Some(denies),
             untrusted: true,
             refuse_all: None,
+            sandbox: crate::sandbox::Setting::Required,
         }
     }
 
@@ -368,6 +388,7 @@ impl Policy {
             rules: Some(vec![]),
             untrusted: false,
             refuse_all: Some(why.into()),
+            sandbox: crate::sandbox::Setting::Required,
         }
     }
 
@@ -839,6 +860,18 @@ rules:
         };
         assert!(covers(&approved));
         assert!(!covers(&command(&["git", "push"], &[])));
+    }
+
+    #[test]
+    fn sandbox_off_counts_only_in_a_trusted_policy() {
+        use crate::sandbox::Setting;
+        assert_eq!(parse("rules: []\n").unwrap().sandbox, Setting::Required);
+        assert_eq!(parse("sandbox: on\n").unwrap().sandbox, Setting::Required);
+        let off = parse("sandbox: off\nrules: []\n").unwrap();
+        assert_eq!(off.sandbox, Setting::Off);
+        assert_eq!(off.into_untrusted().sandbox, Setting::Required);
+        let e = parse("sandbox: maybe\n").unwrap_err();
+        assert_eq!(e.key, "sandbox", "{e}");
     }
 
     #[test]

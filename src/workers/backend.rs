@@ -58,6 +58,8 @@ pub struct SpawnRequest<'a> {
     pub workspace_root: &'a Path,
     /// Values of the declared secrets, read by the runtime (which also scrubs them).
     pub secrets: &'a [crate::secrets::Secret],
+    /// The trusted policy's word on the sandbox.
+    pub sandbox: crate::sandbox::Setting,
 }
 
 /// A started worker.

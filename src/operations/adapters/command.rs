@@ -313,7 +313,8 @@ impl Adapter for CommandAdapter {
                 .process_group(0)
                 .kill_on_drop(true);
             let spec = crate::sandbox::Spec::new(&ctx.workspace_root).with_timeout_ms(a.timeout_ms);
-            crate::sandbox::confine(&mut cmd, &spec).map_err(|e| not_started(&e.to_string()))?;
+            crate::sandbox::confine(&mut cmd, &spec, ctx.sandbox)
+                .map_err(|e| not_started(&e.to_string()))?;
             cmd.envs(FIXED_ENV.iter().copied());
             cmd.envs(&a.env);
             cmd.env("GAFFER_OPERATION_ID", &ctx.operation_id);
@@ -398,6 +399,7 @@ mod tests {
             workspace_root: root.to_path_buf(),
             operation_id: "op_cmd".into(),
             client_id: "agent".into(),
+            sandbox: Default::default(),
         }
     }
 

@@ -60,12 +60,14 @@ struct Launch {
     argv: Vec<String>,
     env: Vec<(String, String)>,
     spec: crate::sandbox::Spec,
+    /// The trusted policy's word on the sandbox when this process loaded its providers.
+    sandbox: crate::sandbox::Setting,
 }
 
 impl ProviderDecl {
     /// Checks the declaration and fixes what the process gets; nothing else of gaffer's
     /// environment or filesystem reaches it.
-    fn launch(&self, root: &Path) -> Result<Launch, String> {
+    fn launch(&self, root: &Path, sandbox: crate::sandbox::Setting) -> Result<Launch, String> {
         let name = &self.name;
         let mut argv = self.command.clone();
         match argv.first() {
@@ -109,7 +111,12 @@ impl ProviderDecl {
             });
         }
         spec.tcp_connect = self.tcp_connect.clone();
-        Ok(Launch { argv, env, spec })
+        Ok(Launch {
+            argv,
+            env,
+            spec,
+            sandbox,
+        })
     }
 }
 
@@ -153,7 +160,7 @@ impl Conn {
             .stderr(Stdio::inherit())
             .process_group(0)
             .kill_on_drop(true);
-        crate::sandbox::confine(&mut cmd, &l.spec)
+        crate::sandbox::confine(&mut cmd, &l.spec, l.sandbox)
             .map_err(|e| CallError::Transport(format!("cannot start provider: {e}")))?;
         let mut child = cmd
             .spawn()
@@ -456,13 +463,18 @@ fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
 
 /// Starts each provider declared in `text` (the content of `file`, which the caller has
 /// checked is operator-trusted) and asks for its catalog. Blocking: called once at start.
-pub fn load_text(text: &str, file: &Path, root: &Path) -> Result<Loaded, String> {
+pub fn load_text(
+    text: &str,
+    file: &Path,
+    root: &Path,
+    sandbox: crate::sandbox::Setting,
+) -> Result<Loaded, String> {
     let decl = parse_file(text, file)?;
     let mut catalogs = vec![];
     let mut adapters: Vec<Arc<dyn Adapter>> = vec![];
     for p in decl.providers {
         let launch = p
-            .launch(root)
+            .launch(root, sandbox)
             .map_err(|e| format!("{}: {e}", file.display()))?;
         let conn = Arc::new(Conn {
             launch,

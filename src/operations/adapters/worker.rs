@@ -282,6 +282,7 @@ impl Adapter for WorkerStartAdapter {
                 profile: p.profile,
                 declarations: p.declarations,
                 argument_input: p.argument_input,
+                sandbox: ctx.sandbox,
             };
             match self.workers.start_worker(spec).await {
                 Ok(w) => Ok(Outcome {

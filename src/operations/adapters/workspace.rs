@@ -471,6 +471,7 @@ mod tests {
             workspace_root: root.to_path_buf(),
             operation_id: "op_test".into(),
             client_id: "agent".into(),
+            sandbox: Default::default(),
         }
     }
 

@@ -80,6 +80,7 @@ fn spawn(
         initial_input: initial,
         workspace_root: ws,
         secrets: &secrets,
+        sandbox: Default::default(),
     };
     (backend.spawn(req, tx), rx)
 }

@@ -21,6 +21,8 @@ pub struct StartSpec {
     pub declarations: Vec<Declaration>,
     /// The initial input, for profiles that take it as an argument.
     pub argument_input: Option<Vec<Segment>>,
+    /// The trusted policy's word on the sandbox.
+    pub sandbox: crate::sandbox::Setting,
 }
 
 impl WorkerRuntime {
@@ -150,6 +152,7 @@ impl WorkerRuntime {
                 initial_input: spec.argument_input.as_deref(),
                 workspace_root: self.workspace.root(),
                 secrets,
+                sandbox: spec.sandbox,
             },
             self.events_tx.clone(),
         );

@@ -54,6 +54,7 @@ async fn create_started(rt: &Arc<WorkerRuntime>, b: &Bundle, req: CreateRequest)
         profile,
         declarations: b.declarations.clone(),
         argument_input: None,
+        sandbox: Default::default(),
     })
     .await
     .unwrap()
