@@ -35,6 +35,10 @@ step "3. agent session: demo/session.jsonl through gaffer serve (one JSON reply 
 gaffer serve < "$demo/session.jsonl" | tee "$keys/session.out"
 
 op=$(grep '"id":5,' "$keys/session.out" | grep -o '"id":"op_[^"]*"' | head -n 1 | cut -d '"' -f 4)
+if [ -z "$op" ]; then
+    echo "demo: the session did not submit the file.write (see its replies above)" >&2
+    exit 1
+fi
 step "4. operator: the file.write is pending; approve it (gaffer approve $op)"
 gaffer approvals
 gaffer approve "$op"
