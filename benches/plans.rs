@@ -148,7 +148,7 @@ fn main() {
                     .stdin(std::process::Stdio::piped())
                     .kill_on_drop(true);
                 let spec = gaffer::sandbox::Spec::new(dir.path());
-                gaffer::sandbox::confine(&mut cmd, &spec).expect("sandbox");
+                gaffer::sandbox::confine(&mut cmd, &spec, gaffer::sandbox::Setting::Required).expect("sandbox");
                 children.push(cmd.spawn().expect("spawn"));
             }
             spawns.push(t.elapsed());

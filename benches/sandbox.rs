@@ -5,7 +5,8 @@
 //! - one whole `command.run`-shaped run of `true` (spawn, exit, reap), unconfined and
 //!   sandboxed: the per-run overhead;
 //! - `workers/create` → first output through the real runtime (create, `worker.start`
-//!   execution, sandboxed spawn, journalled output), with the authorizing rule in place.
+//!   execution, spawn, journalled output), with the authorizing rule in place, sandboxed and
+//!   with the trusted policy's `sandbox: off`.
 //!
 //! `cargo bench --bench sandbox` (ROUNDS=N to change the sample count).
 
@@ -47,12 +48,13 @@ fn command(ws: &std::path::Path, argv: &[&str], sandboxed: bool) -> Command {
         .stderr(Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
-    if sandboxed {
-        let spec = gaffer::sandbox::Spec::new(ws).with_timeout_ms(Some(60_000));
-        gaffer::sandbox::confine(&mut cmd, &spec).expect("the sandbox is available");
+    let setting = if sandboxed {
+        gaffer::sandbox::Setting::Required
     } else {
-        gaffer::sandbox::unconfined(&mut cmd);
-    }
+        gaffer::sandbox::Setting::Off
+    };
+    let spec = gaffer::sandbox::Spec::new(ws).with_timeout_ms(Some(60_000));
+    gaffer::sandbox::confine(&mut cmd, &spec, setting).expect("the sandbox is available");
     cmd
 }
 
@@ -82,6 +84,11 @@ async fn whole_run(ws: &std::path::Path, sandboxed: bool) -> Duration {
 }
 
 fn main() {
+    let cfg = tempfile::tempdir().expect("cfg");
+    let key = cfg.path().join("operator.key");
+    gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
+    // SAFETY: set before any other thread exists.
+    unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(dir.path().join(".gaffer")).expect(".gaffer");
@@ -120,65 +127,106 @@ fn main() {
             (b.as_secs_f64() - a.as_secs_f64()) * 1e6
         );
     });
-    runtime_create(&rt, n.min(50));
+    runtime_create(&rt, &key, n.min(50));
 }
 
-/// `workers/create` → first journalled output, through the library as a serving gaffer runs it.
-fn runtime_create(rt: &tokio::runtime::Runtime, n: usize) {
-    use gaffer::methods::{App, AppConfig, call_local};
-    use gaffer::rpc::Role;
-    use serde_json::json;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = tempfile::tempdir().expect("cfg");
-    let key = cfg.path().join("operator.key");
-    gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
-    // SAFETY: set before any thread of this benchmark reads the environment.
-    unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
-    std::fs::create_dir(dir.path().join(".gaffer")).expect(".gaffer");
+/// A workspace whose trusted policy lets the bench worker start, sandboxed or `sandbox: off`,
+/// served by the library as a serving gaffer runs it.
+fn runtime_app(
+    dir: &std::path::Path,
+    key: &std::path::Path,
+    sandboxed: bool,
+) -> std::sync::Arc<gaffer::methods::App> {
+    use gaffer::methods::{App, AppConfig};
+    std::fs::create_dir(dir.join(".gaffer")).expect(".gaffer");
     std::fs::write(
-        dir.path().join(".gaffer/policy.yaml"),
-        "rules:\n  - id: b\n    effect: allow\n    clients: [anonymous]\n    operations: [\"worker.start\"]\n",
+        dir.join(".gaffer/policy.yaml"),
+        format!(
+            "sandbox: {}\nrules:\n  - id: b\n    effect: allow\n    clients: [anonymous]\n    operations: [\"worker.start\"]\n",
+            if sandboxed { "on" } else { "off" }
+        ),
     )
     .expect("policy");
-    let gaffer = env!("CARGO_BIN_EXE_gaffer");
-    let st = std::process::Command::new(gaffer)
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
         .arg("--workspace")
-        .arg(dir.path())
+        .arg(dir)
         .arg("trust")
-        .env("GAFFER_OPERATOR_KEY_FILE", &key)
+        .env("GAFFER_OPERATOR_KEY_FILE", key)
         .output()
         .expect("trust");
     assert!(st.status.success(), "{st:?}");
-    rt.block_on(async {
-        let app = App::open(dir.path(), AppConfig::default()).expect("open");
-        gaffer::operations::start_runtime(&app.operations);
-        let bundle = json!({"metadata": {"id": "bench", "revision": "r1", "created_at": "now", "provenance": {"source": "bench"}},
-            "profiles": [{"selector": {"kind": "named", "value": "echo"}, "command": ["sh", "-c", "echo ready; cat"]}]});
-        let r = call_local(app.clone(), Role::Agent, "bundles/sync", json!({"bundle": bundle}))
-            .await
-            .expect("sync");
-        let mut v = Vec::new();
-        for _ in 0..n {
-            let mut notices = app.workspace.subscribe();
-            let t = Instant::now();
-            let w = call_local(
-                app.clone(),
-                Role::Agent,
-                "workers/create",
-                json!({"profile": {"kind": "named", "value": "echo"}, "config_bundle": r["reference"]}),
-            )
-            .await
-            .expect("create");
-            let id = w["worker"]["id"].as_str().expect("id").to_string();
-            loop {
-                let n = notices.recv().await.expect("notice");
-                if n.method == "workers/output" && n.params["worker_id"] == id.as_str() {
-                    break;
-                }
-            }
-            v.push(t.elapsed());
-            let _ = call_local(app.clone(), Role::Agent, "workers/stop", json!({"worker_id": id})).await;
+    App::open(dir, AppConfig::default()).expect("open")
+}
+
+/// One `workers/create` → its first journalled output.
+async fn create_once(
+    app: &std::sync::Arc<gaffer::methods::App>,
+    reference: &serde_json::Value,
+) -> Duration {
+    use gaffer::methods::call_local;
+    use gaffer::rpc::Role;
+    use serde_json::json;
+    let mut notices = app.workspace.subscribe();
+    let t = Instant::now();
+    let w = call_local(
+        app.clone(),
+        Role::Agent,
+        "workers/create",
+        json!({"profile": {"kind": "named", "value": "echo"}, "config_bundle": reference}),
+    )
+    .await
+    .expect("create");
+    let id = w["worker"]["id"].as_str().expect("id").to_string();
+    loop {
+        let n = notices.recv().await.expect("notice");
+        if n.method == "workers/output" && n.params["worker_id"] == id.as_str() {
+            break;
         }
-        report("workers/create → first output (sandboxed)", v);
+    }
+    let d = t.elapsed();
+    let _ = call_local(
+        app.clone(),
+        Role::Agent,
+        "workers/stop",
+        json!({"worker_id": id}),
+    )
+    .await;
+    d
+}
+
+/// `workers/create` → first output through the runtime, `sandbox: off` and sandboxed rounds
+/// interleaved so both see the same machine.
+fn runtime_create(rt: &tokio::runtime::Runtime, key: &std::path::Path, n: usize) {
+    use gaffer::methods::call_local;
+    use gaffer::rpc::Role;
+    use serde_json::json;
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    rt.block_on(async {
+        let mut apps = Vec::new();
+        for (dir, sandboxed) in dirs.iter().zip([false, true]) {
+            let app = runtime_app(dir.path(), key, sandboxed);
+            gaffer::operations::start_runtime(&app.operations);
+            let bundle = json!({"metadata": {"id": "bench", "revision": "r1", "created_at": "now", "provenance": {"source": "bench"}},
+                "profiles": [{"selector": {"kind": "named", "value": "echo"}, "command": ["sh", "-c", "echo ready; cat"]}]});
+            let r = call_local(app.clone(), Role::Agent, "bundles/sync", json!({"bundle": bundle}))
+                .await
+                .expect("sync");
+            apps.push((app, r["reference"].clone()));
+        }
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            off.push(create_once(&apps[0].0, &apps[0].1).await);
+            on.push(create_once(&apps[1].0, &apps[1].1).await);
+        }
+        let a = report("workers/create → first output, sandbox: off", off);
+        let b = report("workers/create → first output, sandboxed", on);
+        println!(
+            "{:<44} {:>+8.0} µs (difference of the medians above)",
+            "  sandbox adds",
+            (b.as_secs_f64() - a.as_secs_f64()) * 1e6
+        );
     });
 }

@@ -58,36 +58,91 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// The quick start's output split at its `== N. label` lines: (label, lines under it).
+fn steps(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(label) = line.strip_prefix("== ") {
+            out.push((label.to_string(), Vec::new()));
+        } else if let Some((_, lines)) = out.last_mut()
+            && !line.is_empty()
+        {
+            lines.push(line.to_string());
+        }
+    }
+    out
+}
+
+/// Every protocol line of a session step matches schema/ (replies by the method sent).
+fn check_session(lines: &[String], script: &str) {
+    let mut sent = HashMap::new();
+    for line in script.lines() {
+        let req: Value = serde_json::from_str(line).expect("script line is JSON");
+        let method = req["method"].as_str().unwrap_or("").to_string();
+        sent.insert(req["id"].clone(), Sent::Method(method));
+    }
+    for line in lines {
+        let msg: Value = serde_json::from_str(line).expect("a session step prints protocol only");
+        schemas().check_message(&msg, msg.get("id").and_then(|id| sent.get(id)));
+    }
+}
+
 #[test]
 fn the_quick_start_shows_the_worker_echo_and_cleans_up_presence() {
     let tmp = common::workspace();
     let demo = tmp.path().join("demo");
     copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("demo"), &demo);
-    let script = std::fs::read(demo.join("session.jsonl")).expect("session script");
-    let out = Command::new(BIN)
-        .arg("--workspace")
-        .arg(&demo)
-        .arg("serve")
-        .stdin(std::fs::File::open(demo.join("session.jsonl")).expect("open script"))
+    // Exactly the README's command (on a copy of demo/), with the binary already built.
+    let out = Command::new("sh")
+        .arg(demo.join("run.sh"))
+        .env("GAFFER_BIN", BIN)
+        .env_remove("GAFFER_OPERATOR_KEY_FILE")
+        .env_remove("GAFFER_OPERATOR_PUBLIC_KEY_FILE")
         .output()
         .expect("run the quick start");
-    assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{err}");
+    let steps = steps(&text);
+    let step = |n: &str| -> &[String] {
+        let found = steps.iter().find(|(label, _)| label.starts_with(n));
+        &found
+            .unwrap_or_else(|| panic!("step {n} is missing:\n{text}"))
+            .1
+    };
+    let script = std::fs::read_to_string(demo.join("session.jsonl")).expect("session script");
+    let session = step("3.");
+    check_session(session, &script);
+    let session = session.join("\n");
     assert!(
-        text.contains("worker heard: hello from the demo"),
-        "the worker's echo is missing:\n{text}"
+        session.contains("worker heard: hello from the demo"),
+        "the worker's echo is missing:\n{session}"
     );
-    // Every reply and notification of the quick start matches schema/.
-    let mut sent = HashMap::new();
-    for line in String::from_utf8_lossy(&script).lines() {
-        let req: Value = serde_json::from_str(line).expect("script line is JSON");
-        let method = req["method"].as_str().unwrap_or("").to_string();
-        sent.insert(req["id"].clone(), Sent::Method(method));
-    }
-    for line in text.lines() {
-        let msg: Value = serde_json::from_str(line).expect("stdout is protocol");
-        schemas().check_message(&msg, msg.get("id").and_then(|id| sent.get(id)));
-    }
+    assert!(session.contains(r#""state":"pending""#), "{session}");
+    assert!(session.contains(r#""field":"cwd""#), "{session}");
+    assert!(session.contains("method_not_found"), "{session}");
+    let executed = step("5.");
+    check_session(
+        executed,
+        r#"{"jsonrpc":"2.0","id":1,"method":"operations/wait"}"#,
+    );
+    let reply: Value = executed
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|m| m["id"] == 1)
+        .expect("the wait's reply");
+    assert_eq!(reply["result"]["state"], "succeeded", "{reply}");
+    assert_eq!(
+        std::fs::read_to_string(demo.join("notes/hello.txt")).expect("the approved write"),
+        "written by gaffer\n"
+    );
+    let verified = step("6.").join("\n");
+    assert!(verified.contains(r#""ok": true"#), "{verified}");
+    // The operator key was a throwaway one, outside the workspace, and is gone.
+    let key: Value = serde_json::from_str(&step("1.").join("\n")).expect("operator init JSON");
+    let private = Path::new(key["private_key"].as_str().expect("private_key"));
+    assert!(!private.starts_with(&demo), "{}", private.display());
+    assert!(!private.exists(), "the demo key outlived the demo");
     let peers = demo.join(".gaffer").join("peers");
     let left = |peers: &Path| -> Vec<_> {
         std::fs::read_dir(peers)

@@ -23,6 +23,7 @@ fn forged_write(id: &str, client: &str, path: &str, claimed_path: &str, content:
         fields: [("path".to_string(), [claimed_path.to_string()].into())].into(),
         attrs: Default::default(),
         must_name: Default::default(),
+        argv: None,
     };
     let plan = Plan {
         schema: PLAN_SCHEMA.into(),
@@ -220,6 +221,7 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
         fields: [("path".to_string(), ["src/evil.rs".to_string()].into())].into(),
         attrs: Default::default(),
         must_name: Default::default(),
+        argv: None,
     };
     assert_eq!(
         payload["classification_digest"],
@@ -256,6 +258,7 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
         fields: [("path".to_string(), ["src/a.rs".to_string()].into())].into(),
         attrs: Default::default(),
         must_name: Default::default(),
+        argv: None,
     };
     let payload = gaffer::operations::decision::DecisionPayload {
         domain: "gaffer/decision/v1".into(),

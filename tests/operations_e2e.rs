@@ -1343,17 +1343,19 @@ fn untrusted_deny_rules_still_deny() {
 #[test]
 fn untrusted_providers_yaml_starts_nothing() {
     let env = Env::untrusted(None);
-    let marker = env._cfg.path().join("provider-started");
-    let provider = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/providers/kv_provider.py");
+    // Inside the workspace: the only place outside its own directory a provider may write.
+    let marker = env.root().join("provider-started");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/providers");
     std::fs::write(
         env.root().join(".gaffer/providers.yaml"),
         format!(
-            "providers:\n  - name: kv\n    command: [sh, -c, {:?}]\n",
+            "providers:\n  - name: kv\n    command: [sh, -c, {:?}]\n    read: [{:?}]\n",
             format!(
                 "touch '{}'; exec python3 '{}'",
                 marker.display(),
-                provider.display()
-            )
+                dir.join("kv_provider.py").display()
+            ),
+            dir.display().to_string()
         ),
     )
     .unwrap();

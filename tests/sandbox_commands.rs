@@ -24,6 +24,13 @@ fn env() -> Env {
     env
 }
 
+/// Writes the shell's pid as gaffer's namespace numbers it (`$$` is the sandbox's own number):
+/// `/proc` is gaffer's, and a builtin redirect is opened by the shell itself.
+const SELF_PID: &str = "read -r pid rest < /proc/self/stat; echo $pid";
+/// A sleeping grandchild that writes its own pid first, then ignores the shell's end.
+const GRANDCHILD: &str =
+    "sh -c 'read -r pid rest < /proc/self/stat; echo $pid > grandchild.pid; exec sleep 30' & wait";
+
 fn alive(pid: u32) -> bool {
     // A zombie is as good as gone: nothing runs.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -69,7 +76,7 @@ fn a_timed_out_command_takes_its_whole_process_group_with_it() {
     let env = env();
     let mut s = env.agent("agent");
     // The grandchild ignores the shell's end; only a group kill reaches it.
-    let script = "sleep 30 & echo $! > grandchild.pid; wait";
+    let script = GRANDCHILD;
     let r = submit(
         &mut s,
         "command.run",
@@ -88,24 +95,32 @@ fn a_timed_out_command_takes_its_whole_process_group_with_it() {
 }
 
 #[test]
-fn a_command_dies_with_a_sigkilled_gaffer() {
+fn a_command_and_its_grandchild_die_with_a_sigkilled_gaffer() {
     let env = env();
     let mut s = env.agent("agent");
+    // The grandchild is not the process gaffer started: only the sandbox's PID namespace,
+    // which ends with that process, takes it along.
+    let script = format!("{SELF_PID} > child.pid; {GRANDCHILD}");
     let r = submit(
         &mut s,
         "command.run",
-        json!({"argv": ["sh", "-c", "echo $$ > child.pid; exec sleep 30"]}),
+        json!({"argv": ["sh", "-c", script]}),
         json!({"timeout_ms": 60000}),
         "lifetime-1",
     );
     assert!(r.get("result").is_some(), "{r}");
-    let pid = read_pid(&env.root().join("child.pid"));
-    assert!(alive(pid));
+    let child = read_pid(&env.root().join("child.pid"));
+    let grandchild = read_pid(&env.root().join("grandchild.pid"));
+    assert!(alive(child) && alive(grandchild));
     s.child.kill().unwrap();
     s.child.wait().unwrap();
     assert!(
-        gone_soon(pid),
-        "command {pid} outlived its SIGKILLed gaffer"
+        gone_soon(child),
+        "command {child} outlived its SIGKILLed gaffer"
+    );
+    assert!(
+        gone_soon(grandchild),
+        "grandchild {grandchild} outlived the SIGKILLed gaffer"
     );
 }
 

@@ -56,7 +56,8 @@ pub fn run(root: &Path) -> Report {
     }
     key_checks(root, &mut checks);
     trust_checks(root, &mut checks);
-    checks.push(sandbox_check());
+    checks.push(command_rules_check(root));
+    checks.push(sandbox_check(root));
     let ok = checks.iter().all(|c| c.ok);
     Report {
         ok,
@@ -65,24 +66,85 @@ pub fn run(root: &Path) -> Report {
     }
 }
 
-/// The private key must sit outside the workspace; serving processes need only the public one.
-/// Whether processes can be started sandboxed here (without it, none are started).
-fn sandbox_check() -> Check {
-    let s = crate::sandbox::probe();
-    let problem = s.problem();
+/// Allow rules for `command.run` that name no arguments, in the policy on disk (what the
+/// operator would trust) and the one in force.
+fn command_rules_check(root: &Path) -> Check {
+    use crate::operations::policy::Policy;
+    let disk = Policy::load(&root.join(".gaffer")).unwrap_or_default();
+    let mut broad = disk.broad_command_rules();
+    if let Ok(ws) = crate::workspace::Workspace::open(root) {
+        let key = crate::operator::current_public();
+        let trusted = crate::operations::trust::effective_policy(&ws, key.as_ref());
+        broad.extend(trusted.broad_command_rules());
+    }
+    broad.sort();
+    broad.dedup();
     Check {
-        name: "sandbox",
-        ok: problem.is_none(),
-        detail: match problem {
-            None => format!(
-                "Landlock ABI {} and user namespaces: every process gaffer starts is sandboxed",
-                s.landlock_abi
-            ),
-            Some(p) => format!("{p}: gaffer refuses to start workers, commands and providers"),
+        name: "command_rules",
+        ok: broad.is_empty(),
+        detail: if broad.is_empty() {
+            "every allow rule for command.run names its arguments (argv)".into()
+        } else {
+            format!(
+                "broad: allow rule(s) {} let command.run run a program with any arguments (`program: [git]` is arbitrary code); name them with `argv` patterns",
+                broad.join(", ")
+            )
         },
     }
 }
 
+/// Whether processes are started sandboxed here: what the kernel offers and what the trusted
+/// policy says (`sandbox: off`; an untrusted file saying so is ignored).
+fn sandbox_check(root: &Path) -> Check {
+    use crate::sandbox::Setting;
+    let s = crate::sandbox::probe();
+    let trusted = crate::workspace::Workspace::open(root)
+        .map(|ws| {
+            let key = crate::operator::current_public();
+            crate::operations::trust::effective_policy(&ws, key.as_ref()).sandbox
+        })
+        .unwrap_or_default();
+    let disk = crate::operations::policy::Policy::load(&root.join(".gaffer"))
+        .map(|p| p.sandbox)
+        .unwrap_or_default();
+    let ignored = if disk == Setting::Off && trusted == Setting::Required {
+        " (policy.yaml says `sandbox: off`, but that is not what the operator trusted: ignored)"
+    } else {
+        ""
+    };
+    let (ok, detail) = match (s.problem(), trusted) {
+        (None, Setting::Required) => (
+            true,
+            format!(
+                "Landlock ABI {} and user namespaces: every process gaffer starts is sandboxed{ignored}",
+                s.landlock_abi
+            ),
+        ),
+        (Some(p), Setting::Required) => (
+            false,
+            format!(
+                "{p}: gaffer refuses to start workers, commands and providers (a trusted policy with `sandbox: off` would start them unconfined){ignored}"
+            ),
+        ),
+        (problem, Setting::Off) => (
+            false,
+            format!(
+                "the trusted policy says `sandbox: off`: workers, commands and providers start unconfined (kernel: {})",
+                problem.unwrap_or_else(|| format!(
+                    "Landlock ABI {} and user namespaces available",
+                    s.landlock_abi
+                ))
+            ),
+        ),
+    };
+    Check {
+        name: "sandbox",
+        ok,
+        detail,
+    }
+}
+
+/// The private key must sit outside the workspace; serving processes need only the public one.
 fn key_checks(root: &Path, checks: &mut Vec<Check>) {
     use crate::operator::{OperatorPublic, OperatorSigner, key_path, public_key_path};
     let (Ok(private), Ok(public)) = (key_path(), public_key_path()) else {

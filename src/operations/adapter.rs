@@ -216,6 +216,8 @@ pub struct AdapterCtx {
     pub workspace_root: PathBuf,
     pub operation_id: String,
     pub client_id: String,
+    /// Whether processes this execution starts are sandboxed (the trusted policy's word).
+    pub sandbox: crate::sandbox::Setting,
 }
 
 /// A provider's implementation of one catalog operation.

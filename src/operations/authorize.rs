@@ -225,6 +225,7 @@ rules:
             fields: BTreeMap::from([("path".to_string(), BTreeSet::from([path.to_string()]))]),
             attrs: BTreeMap::new(),
             must_name: Default::default(),
+            argv: None,
         }
     }
 

@@ -107,8 +107,11 @@ pub struct CommandShown {
     pub cwd: String,
     /// Names of the variables the plan sets (values are in `arguments`).
     pub env_names: Vec<String>,
-    /// Variables passed through from gaffer's environment; nothing else is.
+    /// Names of the variables the run gets besides `env_names`: fixed values (`fixed_env`),
+    /// never taken from gaffer's own environment.
     pub inherited_env: Vec<String>,
+    /// Those variables with their fixed values, `NAME=value`.
+    pub fixed_env: Vec<String>,
     pub timeout_ms: u64,
 }
 
@@ -295,6 +298,7 @@ fn file_change(root: &Path, plan: &Plan) -> FileChange {
 }
 
 fn command(plan: &Plan) -> CommandShown {
+    use super::adapters::command::FIXED_ENV;
     let strings = |v: Option<&Value>| -> Vec<String> {
         v.and_then(Value::as_array)
             .map(|a| {
@@ -319,10 +323,8 @@ fn command(plan: &Plan) -> CommandShown {
             .and_then(Value::as_object)
             .map(|m| m.keys().cloned().collect())
             .unwrap_or_default(),
-        inherited_env: super::adapters::command::INHERITED_ENV
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        inherited_env: FIXED_ENV.iter().map(|(k, _)| k.to_string()).collect(),
+        fixed_env: FIXED_ENV.iter().map(|(k, v)| format!("{k}={v}")).collect(),
         timeout_ms: plan
             .arguments
             .get("timeout_ms")

@@ -65,8 +65,9 @@ pub fn open_runtime(
             let file = gaffer_dir.join(adapters::external::PROVIDERS_FILE);
             let text =
                 std::str::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", file.display()))?;
+            let sandbox = trust::effective_policy(&ws, key.as_ref()).sandbox;
             let (ext_catalogs, ext_adapters) =
-                adapters::external::load_text(text, &file, ws.root())?;
+                adapters::external::load_text(text, &file, ws.root(), sandbox)?;
             catalogs.extend(ext_catalogs);
             all.extend(ext_adapters);
         }

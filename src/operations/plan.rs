@@ -143,6 +143,7 @@ mod tests {
                     fields,
                     attrs: BTreeMap::new(),
                     must_name: Default::default(),
+                    argv: None,
                 },
                 policy_effect: DecisionEffect::Allow,
                 rule_ids: vec!["r".into()],

@@ -21,6 +21,9 @@ pub struct Classification {
     /// covers them by omission.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub must_name: BTreeSet<String>,
+    /// A command's argv in order, for rules that match arguments by position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +123,9 @@ pub struct TargetMatcher {
     pub kind: String,
     #[serde(default)]
     pub fields: BTreeMap<String, Vec<String>>,
+    /// A command's arguments by position (see [`argv_match`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,6 +219,12 @@ impl TryFrom<RawRule> for Rule {
             if t.kind.is_empty() {
                 return Err(format!("rule {:?}: targets[].kind must not be empty", r.id));
             }
+            if t.argv.as_ref().is_some_and(Vec::is_empty) {
+                return Err(format!(
+                    "rule {:?}: targets[].argv needs at least the program's pattern",
+                    r.id
+                ));
+            }
             if t.fields.values().any(|v| v.is_empty()) {
                 return Err(format!(
                     "rule {:?}: target field matchers need at least one pattern",
@@ -245,6 +257,18 @@ impl TryFrom<RawRule> for Rule {
 struct PolicyFile {
     #[serde(default)]
     rules: Vec<Rule>,
+    #[serde(default)]
+    sandbox: SandboxSwitch,
+}
+
+/// `sandbox: on` (the default) or `sandbox: off`: start processes unconfined, for kernels
+/// without Landlock or user namespaces (`gaffer doctor` says which).
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum SandboxSwitch {
+    #[default]
+    On,
+    Off,
 }
 
 /// A parse or validation failure, located in the file.
@@ -268,6 +292,8 @@ pub struct Policy {
     /// Set when the trusted policy cannot be had (its kept bytes are missing or unreadable):
     /// every operation is denied, so no trusted deny rule is ever lost.
     pub refuse_all: Option<String>,
+    /// `sandbox: off` in the file; counts only once the operator trusted it.
+    pub sandbox: crate::sandbox::Setting,
 }
 
 /// An approved, still usable approval that acts as an extra allow rule.
@@ -349,7 +375,25 @@ impl Policy {
             rules: Some(parsed.rules),
             untrusted: false,
             refuse_all: None,
+            sandbox: match parsed.sandbox {
+                SandboxSwitch::On => crate::sandbox::Setting::Required,
+                SandboxSwitch::Off => crate::sandbox::Setting::Off,
+            },
         })
+    }
+
+    /// Allow rules that let `command.run` run a program with any arguments: no target, or a
+    /// `command` target without `argv` patterns (`program: [git]` is arbitrary code).
+    pub fn broad_command_rules(&self) -> Vec<String> {
+        let runs = |r: &Rule| r.operations.iter().any(|o| glob_match(o, "command.run"));
+        let open = |t: &TargetMatcher| glob_match(&t.kind, "command") && t.argv.is_none();
+        self.rules
+            .iter()
+            .flatten()
+            .filter(|r| r.effect == Effect::Allow && runs(r))
+            .filter(|r| r.targets.is_empty() || r.targets.iter().any(open))
+            .map(|r| r.id.clone())
+            .collect()
     }
 
     /// What a policy the operator has not trusted may still do: deny rules only restrict, so
@@ -362,10 +406,12 @@ impl Policy {
             .into_iter()
             .filter(|r| r.effect == Effect::Deny)
             .collect();
+        // Turning the sandbox off is never a deny: an untrusted file cannot do it.
         Policy {
             rules: Some(denies),
             untrusted: true,
             refuse_all: None,
+            sandbox: crate::sandbox::Setting::Required,
         }
     }
 
@@ -375,6 +421,7 @@ impl Policy {
             rules: Some(vec![]),
             untrusted: false,
             refuse_all: Some(why.into()),
+            sandbox: crate::sandbox::Setting::Required,
         }
     }
 
@@ -546,18 +593,29 @@ fn rule_matches(rule: &Rule, req: &PolicyRequest<'_>) -> bool {
             Some(vs) => vs.iter().any(|v| any_of(patterns, v)),
         }
     };
-    // An allow rule covers a plan's `must_name` fields only by naming them; a request rule
-    // needs not, as the operator then decides from a plan that names them.
+    // An allow rule covers a plan's `must_name` fields (or attrs) only by naming them; a
+    // request rule needs not, as the operator then decides from a plan that names them.
     let allow = rule.effect == Effect::Allow;
-    let named =
-        |t: &TargetMatcher| !allow || req.class.must_name.iter().all(|n| t.fields.contains_key(n));
-    if allow && rule.targets.is_empty() && !req.class.must_name.is_empty() {
+    let names =
+        |t: Option<&TargetMatcher>| {
+            !allow
+                || req.class.must_name.iter().all(|n| {
+                    rule.attrs.contains_key(n) || t.is_some_and(|t| t.fields.contains_key(n))
+                })
+        };
+    if rule.targets.is_empty() && !names(None) {
         return false;
     }
+    let argv_ok = |t: &TargetMatcher| match (&t.argv, &req.class.argv) {
+        (None, _) => true,
+        (Some(p), Some(argv)) => argv_match(p, argv),
+        (Some(_), None) => false,
+    };
     if !rule.targets.is_empty() {
         let target_ok = rule.targets.iter().any(|t| {
             glob_match(&t.kind, &req.class.target_kind)
-                && named(t)
+                && names(Some(t))
+                && argv_ok(t)
                 && t.fields
                     .iter()
                     .all(|(name, pats)| values_match(pats, req.class.fields.get(name)))
@@ -579,6 +637,24 @@ fn grant_covers(g: &ActiveGrant, req: &PolicyRequest<'_>, now_ms: u64) -> bool {
         && g.class.target_kind == req.class.target_kind
         && subset(&req.class.fields, &g.class.fields)
         && subset(&req.class.attrs, &g.class.attrs)
+        && req.class.argv == g.class.argv
+}
+
+/// A command's argv against a rule's per-position patterns: pattern `i` globs argument `i`
+/// (`argv[0]` is the program as written); a last pattern `**` also matches any number of
+/// further arguments, none included; otherwise the argv has exactly as many entries as there
+/// are patterns.
+pub fn argv_match(patterns: &[String], argv: &[String]) -> bool {
+    let (fixed, open) = match patterns.split_last() {
+        Some((last, init)) if last == "**" => (init, true),
+        _ => (patterns, false),
+    };
+    let len_ok = if open {
+        argv.len() >= fixed.len()
+    } else {
+        argv.len() == fixed.len()
+    };
+    len_ok && fixed.iter().zip(argv).all(|(p, a)| glob_match(p, a))
 }
 
 /// Every requested value must be one the grant was approved for.
@@ -652,6 +728,7 @@ mod tests {
             fields: conv(fields),
             attrs: conv(attrs),
             must_name: Default::default(),
+            argv: None,
         }
     }
 
@@ -734,6 +811,116 @@ rules:
                 .rule_ids
                 .contains(&"broad".to_string())
         );
+    }
+
+    fn command(argv: &[&str], env: &[&str]) -> Classification {
+        let mut c = class("command", &[("program", &argv[..1])], &[]);
+        c.argv = Some(argv.iter().map(|a| a.to_string()).collect());
+        if !env.is_empty() {
+            c.attrs
+                .insert("env".into(), env.iter().map(|e| e.to_string()).collect());
+            c.must_name.insert("env".into());
+        }
+        c
+    }
+
+    #[test]
+    fn argv_patterns_match_by_position_and_env_only_when_named() {
+        let p = parse(
+            r#"
+rules:
+  - id: status
+    effect: allow
+    operations: ["command.run"]
+    targets: [{kind: command, argv: ["git", "status", "**"]}]
+  - id: test-one
+    effect: allow
+    operations: ["command.run"]
+    targets: [{kind: command, argv: ["cargo", "test", "*"]}]
+    attrs: {env: ["RUST_LOG"]}
+  - id: no-push
+    effect: deny
+    operations: ["command.run"]
+    targets: [{kind: command, argv: ["git", "push", "**"]}]
+"#,
+        )
+        .unwrap();
+        let ids = |c: &Classification| {
+            let req = PolicyRequest {
+                client: "agent",
+                operation: "command.run",
+                class: c,
+                lane_scope: None,
+            };
+            p.decide(&req, &[], 0).rule_ids
+        };
+        assert_eq!(ids(&command(&["git", "status"], &[])), vec!["status"]);
+        assert_eq!(
+            ids(&command(&["git", "status", "-s", "src/a b"], &[])),
+            vec!["status"]
+        );
+        assert!(ids(&command(&["git", "log"], &[])).is_empty());
+        assert!(ids(&command(&["git"], &[])).is_empty(), "too short");
+        assert_eq!(
+            ids(&command(&["git", "push", "origin"], &[])),
+            vec!["no-push"]
+        );
+        // `*` is one argument without `/`; the length is exact without a last `**`.
+        assert_eq!(
+            ids(&command(&["cargo", "test", "x"], &["RUST_LOG"])),
+            vec!["test-one"]
+        );
+        assert!(ids(&command(&["cargo", "test", "a/b"], &["RUST_LOG"])).is_empty());
+        assert!(ids(&command(&["cargo", "test", "x", "y"], &["RUST_LOG"])).is_empty());
+        // A variable reaches the program only under a rule naming it.
+        assert!(ids(&command(&["git", "status"], &["GIT_DIR"])).is_empty());
+        assert!(ids(&command(&["cargo", "test", "x"], &["RUST_LOG", "GIT_DIR"])).is_empty());
+        assert!(argv_match(&["**".into()], &[]));
+        let broad = parse(
+            "rules:\n  - id: git\n    effect: allow\n    operations: [\"command.*\"]\n    targets: [{kind: command, fields: {program: [git]}}]\n",
+        )
+        .unwrap();
+        assert_eq!(broad.broad_command_rules(), vec!["git"]);
+        assert!(p.broad_command_rules().is_empty());
+    }
+
+    #[test]
+    fn a_window_grant_covers_only_the_argv_it_was_approved_for() {
+        let approved = command(&["git", "status"], &[]);
+        let g = ActiveGrant {
+            id: "ap".into(),
+            client: "agent".into(),
+            operation: "command.run".into(),
+            class: approved.clone(),
+            expires_at_ms: 10,
+            uses_left: None,
+        };
+        let covers = |c: &Classification| {
+            grant_covers(
+                &g,
+                &PolicyRequest {
+                    client: "agent",
+                    operation: "command.run",
+                    class: c,
+                    lane_scope: None,
+                },
+                0,
+            )
+        };
+        assert!(covers(&approved));
+        assert!(!covers(&command(&["git", "push"], &[])));
+    }
+
+    #[test]
+    fn sandbox_off_counts_only_in_a_trusted_policy() {
+        use crate::sandbox::Setting;
+        assert_eq!(parse("rules: []\n").unwrap().sandbox, Setting::Required);
+        assert_eq!(parse("sandbox: on\n").unwrap().sandbox, Setting::Required);
+        let off = parse("sandbox: off\nrules: []\n").unwrap();
+        assert_eq!(off.sandbox, Setting::Off);
+        assert_eq!(off.into_untrusted().sandbox, Setting::Required);
+        let e = parse("sandbox: maybe\n").unwrap_err();
+        assert_eq!(e.key, "sandbox", "{e}");
     }
 
     #[test]

@@ -126,6 +126,7 @@ impl PlanRuntime {
         self: &Arc<Self>,
         operation_id: &str,
         spec: LaunchSpec,
+        sandbox: crate::sandbox::Setting,
     ) -> Result<(), PlanError> {
         if self.server.get().is_none() {
             return Err(PlanError::Refused(
@@ -164,7 +165,7 @@ impl PlanRuntime {
         let me = Arc::clone(self);
         let op = operation_id.to_string();
         tokio::spawn(async move {
-            me.drive(op, spec, token).await;
+            me.drive(op, spec, sandbox, token).await;
         });
         Ok(())
     }
@@ -290,6 +291,7 @@ impl PlanRuntime {
         self: Arc<Self>,
         operation_id: String,
         spec: LaunchSpec,
+        sandbox: crate::sandbox::Setting,
         stop: CancellationToken,
     ) {
         let mut notices = self.ws.subscribe();
@@ -299,7 +301,7 @@ impl PlanRuntime {
                 self.stop_lanes(&spec).await;
                 break;
             }
-            match self.step(&operation_id, &spec, mechanism).await {
+            match self.step(&operation_id, &spec, mechanism, sandbox).await {
                 Ok(true) => break,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(plan = %spec.plan_id, error = %e, "plan step failed"),
@@ -366,6 +368,7 @@ impl PlanRuntime {
         operation_id: &str,
         spec: &LaunchSpec,
         mechanism: Mechanism,
+        sandbox: crate::sandbox::Setting,
     ) -> Result<bool, PlanError> {
         let runs = self.settle(spec).await?;
         let next = schedule(mechanism, spec, &runs);
@@ -392,7 +395,7 @@ impl PlanRuntime {
                     .await?;
                 }
                 _ => {
-                    self.start_lane(operation_id, spec, i, mechanism, &runs)
+                    self.start_lane(operation_id, spec, i, mechanism, sandbox, &runs)
                         .await?
                 }
             }
@@ -493,6 +496,7 @@ impl PlanRuntime {
         spec: &LaunchSpec,
         i: usize,
         mechanism: Mechanism,
+        sandbox: crate::sandbox::Setting,
         runs: &LaneRuns,
     ) -> Result<(), PlanError> {
         let lane = &spec.lanes[i];
@@ -504,7 +508,7 @@ impl PlanRuntime {
         };
         let input = lane_input(self, lane, mechanism, runs);
         match self
-            .spawn_lane(operation_id, spec, lane, &identity, input)
+            .spawn_lane(operation_id, spec, lane, &identity, input, sandbox)
             .await
         {
             Ok(worker_id) => {
@@ -526,6 +530,7 @@ impl PlanRuntime {
         lane: &LaneSpec,
         identity: &LaneIdentity,
         input: String,
+        sandbox: crate::sandbox::Setting,
     ) -> Result<String, (Option<String>, String)> {
         let fail = |w: Option<&str>, e: String| (w.map(str::to_string), e);
         let argument_input =
@@ -574,6 +579,7 @@ impl PlanRuntime {
                 ("GAFFER_LANE_ID".into(), lane.lane_id.clone()),
                 ("GAFFER_LANE_CLIENT".into(), identity.client_id.clone()),
             ],
+            sandbox,
         };
         let started = self
             .workers

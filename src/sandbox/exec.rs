@@ -76,7 +76,7 @@ fn set_limit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> 
 
 impl ChildSetup {
     fn namespaces(&self) -> io::Result<()> {
-        let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
+        let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID;
         if self.new_net {
             flags |= libc::CLONE_NEWNET;
         }
@@ -142,7 +142,8 @@ pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup, ruleset: Ru
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
             rs.restrict_self()
                 .map_err(|_| io::Error::from_raw_os_error(libc::EPERM))?;
-            Ok(())
+            // Last: returns only in the program, PID 2 of its own PID namespace.
+            super::pidns::enter()
         });
     }
 }

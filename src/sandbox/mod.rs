@@ -1,8 +1,10 @@
 //! What every process gaffer starts runs inside (workers, `command.run`, external providers).
 //!
 //! On Linux, between fork and exec the child
-//! 1. enters new user and mount namespaces (and a new network namespace unless a declaration
-//!    grants TCP ports), mapping its own uid/gid;
+//! 1. enters new user, mount and PID namespaces (and a new network namespace unless a
+//!    declaration grants TCP ports), mapping its own uid/gid; the program runs as PID 2 under
+//!    an init that ends the namespace, and every process in it, when the program ends
+//!    ([`pidns`]);
 //! 2. covers `<workspace>/.gaffer/` with an empty read-only tmpfs, so the store can be neither
 //!    read nor written;
 //! 3. gets rlimits (CPU time from its timeout, file size, process count), its own process
@@ -16,6 +18,7 @@
 
 mod declare;
 mod exec;
+mod pidns;
 mod rules;
 
 use std::path::{Path, PathBuf};
@@ -101,20 +104,82 @@ pub fn probe() -> Support {
     }
 }
 
-/// Confines `cmd` to `spec`. Fails (and the caller starts nothing) when the kernel lacks what
-/// the sandbox needs.
-pub fn confine(cmd: &mut tokio::process::Command, spec: &Spec) -> Result<(), SandboxError> {
-    if let Some(p) = probe().problem() {
-        return Err(SandboxError::Unavailable(p));
-    }
-    let ruleset = rules::build(spec)?;
-    let child = exec::ChildSetup::new(spec)?;
-    exec::install(cmd, child, ruleset);
-    Ok(())
+/// What the operator's trusted policy says about the sandbox (`sandbox: off`); an untrusted
+/// policy never turns it off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Setting {
+    #[default]
+    Required,
+    /// The operator's trusted policy says `sandbox: off`.
+    Off,
 }
 
-/// Only makes the child die with gaffer (process group set by the caller): what a process
-/// gets when the trusted policy turned the sandbox off.
-pub fn unconfined(cmd: &mut tokio::process::Command) {
-    exec::install_lifetime_only(cmd);
+/// How a process is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confinement {
+    Sandboxed,
+    /// Only its own process group and death with gaffer: the trusted policy turned it off.
+    Unconfined,
+}
+
+/// Whether a process may start and how, given what the kernel offers: sandboxed unless the
+/// trusted policy turned the sandbox off; refused when it is required and cannot be had.
+pub fn decide(setting: Setting, support: &Support) -> Result<Confinement, SandboxError> {
+    match (setting, support.problem()) {
+        (Setting::Off, _) => Ok(Confinement::Unconfined),
+        (Setting::Required, None) => Ok(Confinement::Sandboxed),
+        (Setting::Required, Some(p)) => Err(SandboxError::Unavailable(format!(
+            "{p}; gaffer starts no process without it unless the operator's trusted policy says `sandbox: off`"
+        ))),
+    }
+}
+
+/// Confines `cmd` to `spec` as [`decide`] says for this kernel. Fails (and the caller starts
+/// nothing) when the sandbox is required and the kernel lacks what it needs.
+pub fn confine(
+    cmd: &mut tokio::process::Command,
+    spec: &Spec,
+    setting: Setting,
+) -> Result<Confinement, SandboxError> {
+    let how = decide(setting, &probe())?;
+    match how {
+        Confinement::Sandboxed => {
+            let ruleset = rules::build(spec)?;
+            let child = exec::ChildSetup::new(spec)?;
+            exec::install(cmd, child, ruleset);
+        }
+        Confinement::Unconfined => exec::install_lifetime_only(cmd),
+    }
+    Ok(how)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(landlock_abi: i32, user_namespaces: bool) -> Support {
+        Support {
+            landlock_abi,
+            user_namespaces,
+        }
+    }
+
+    #[test]
+    fn without_the_sandbox_nothing_starts_unless_the_trusted_policy_turned_it_off() {
+        let full = kernel(MIN_ABI, true);
+        assert_eq!(decide(Setting::Required, &full), Ok(Confinement::Sandboxed));
+        for lacking in [
+            kernel(0, true),
+            kernel(MIN_ABI - 1, true),
+            kernel(MIN_ABI, false),
+        ] {
+            let refused = decide(Setting::Required, &lacking);
+            let Err(SandboxError::Unavailable(why)) = refused else {
+                panic!("{lacking:?} started a process: {refused:?}");
+            };
+            assert!(why.contains("sandbox: off"), "{why}");
+            assert_eq!(decide(Setting::Off, &lacking), Ok(Confinement::Unconfined));
+        }
+        assert_eq!(decide(Setting::Off, &full), Ok(Confinement::Unconfined));
+    }
 }

@@ -62,6 +62,8 @@ pub struct SpawnRequest<'a> {
     pub channel: Option<&'a std::os::fd::OwnedFd>,
     /// Extra variables (lane names).
     pub env: &'a [(String, String)],
+    /// The trusted policy's word on the sandbox.
+    pub sandbox: crate::sandbox::Setting,
 }
 
 /// A started worker.

@@ -158,7 +158,7 @@ impl ExecutionBackend for ProcessBackend {
         let spec = crate::sandbox::from_declarations(req.workspace_root, req.declarations)
             .map_err(|e| e.to_string())?
             .with_timeout_ms(req.profile.timeout_ms);
-        crate::sandbox::confine(&mut cmd, &spec).map_err(|e| e.to_string())?;
+        crate::sandbox::confine(&mut cmd, &spec, req.sandbox).map_err(|e| e.to_string())?;
 
         let mut child = cmd
             .spawn()

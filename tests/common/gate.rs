@@ -50,6 +50,17 @@ rules:
     grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 2, max_uses: 2}
 "#;
 
+/// The tests' Python provider, sandboxed like every process gaffer starts: it may read its
+/// own directory (outside the workspace) and nothing else outside.
+pub fn kv_providers_yaml() -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/providers");
+    format!(
+        "providers:\n  - name: kv\n    command: [python3, {:?}]\n    read: [{:?}]\n",
+        dir.join("kv_provider.py").display().to_string(),
+        dir.display().to_string()
+    )
+}
+
 pub static LOGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 pub struct Env {
@@ -80,13 +91,9 @@ impl Env {
         if let Some(p) = policy {
             std::fs::write(ws.path().join(".gaffer/policy.yaml"), p).unwrap();
         }
-        let provider = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/providers/kv_provider.py");
         std::fs::write(
             ws.path().join(".gaffer/providers.yaml"),
-            format!(
-                "providers:\n  - name: kv\n    command: [python3, {:?}]\n",
-                provider.display().to_string()
-            ),
+            kv_providers_yaml(),
         )
         .unwrap();
         Env {

@@ -10,6 +10,8 @@ Arguments carry a `mode` so tests can drive every outcome class:
   definitive         refuse without writing
   empty              write, report proven with no result
   huge               write, report proven with a result larger than gaffer stores
+  probe              write nothing; report the provider's environment and what reading the
+                     path in `value` gave (the sandbox tests)
 Every execute call appends one line to kv-exec.log, so tests can count executions.
 """
 import json
@@ -45,6 +47,15 @@ def descriptor(name, request_ttl):
         "requires_approval": False,
         "implemented": True,
     }
+
+
+def probe(path):
+    try:
+        with open(path) as f:
+            read = {"ok": len(f.read())}
+    except OSError as e:
+        read = {"error": type(e).__name__}
+    return {"env": dict(os.environ), "read": read}
 
 
 def load():
@@ -100,6 +111,8 @@ def handle(method, p):
         with open(EXEC_LOG, "a") as f:
             f.write(p.get("operation_id", "?") + "\n")
         mode = args.get("mode", "ok")
+        if mode == "probe":
+            return {"proven": True, "result": probe(args["value"])}
         if mode == "definitive":
             raise Refusal("kv_refused", "the store refused the value", "definitive")
         if mode == "partial_unproven":

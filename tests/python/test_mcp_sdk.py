@@ -91,6 +91,9 @@ def test_full_agent_flow_through_every_tool(workspace, wire_log, operator_env, m
                 "profile": {"kind": "named", "value": "echo"},
                 "config_bundle": ref, "initial_input": "hello"})
             wid = made["worker"]["id"]
+            # Starting a worker is a gated operation: with no trusted rule, the operator decides.
+            assert made["worker"]["status"] == "pending_approval", made
+            operator_approves(workspace, made["worker"]["operation_id"], operator_env)
             await wait_transcript(client, wid, "worker heard: hello")
             sent = await use(client, "send_worker_input", {"worker_id": wid, "input": "again"})
             page = await wait_transcript(client, wid, "worker heard: again")

@@ -1,5 +1,5 @@
 //! The `command` provider: run one program with explicit argv, a workspace-relative working
-//! directory, an allowlisted environment and a timeout. A run that completes is proven by its
+//! directory, a fixed minimal environment plus the variables its plan names, and a timeout. A run that completes is proven by its
 //! exit status; a run that was interrupted (timeout, crash) cannot be proven afterwards.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,9 +22,14 @@ use super::common::{decode_closed, ready, schema_of, to_value};
 use super::paths::{inside_workspace, normalize_relative};
 
 pub const PROVIDER: &str = "command";
-/// Variables passed through from gaffer's own environment; everything else is dropped.
-pub const INHERITED_ENV: &[&str] = &[
-    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "USER",
+/// The environment every run starts with; nothing comes from gaffer's own environment, and
+/// any other variable only from the plan's `env`, which an allow rule must name. `HOME` is a
+/// directory that does not exist: the workspace is agent-writable, so a `HOME` there would let
+/// a planted `.gitconfig` or `.npmrc` run code inside an allowed program.
+pub const FIXED_ENV: &[(&str, &str)] = &[
+    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ("LANG", "C.UTF-8"),
+    ("HOME", "/nonexistent"),
 ];
 /// Names an operation may never set: they change how every program loads.
 const FORBIDDEN_ENV_PREFIXES: &[&str] = &["LD_", "DYLD_", "GAFFER_"];
@@ -98,7 +103,9 @@ pub fn adapters() -> Vec<std::sync::Arc<dyn Adapter>> {
     vec![std::sync::Arc::new(CommandAdapter { desc: descriptor() })]
 }
 
-fn env_name_ok(name: &str) -> bool {
+/// A variable name a plan (or a provider declaration) may set: upper snake case, no loader
+/// variables.
+pub(super) fn env_name_ok(name: &str) -> bool {
     let b = name.as_bytes();
     !b.is_empty()
         && b.len() <= 64
@@ -233,14 +240,18 @@ impl Adapter for CommandAdapter {
                 "cwd".to_string(),
                 BTreeSet::from([a.cwd.unwrap_or_default()]),
             );
+            // A variable reaches the program only under a rule that names it (or an approval).
+            let mut must_name = BTreeSet::new();
             if !a.env.is_empty() {
                 attrs.insert("env".to_string(), a.env.keys().cloned().collect());
+                must_name.insert("env".to_string());
             }
             Classification {
                 target_kind: "command".into(),
                 fields,
                 attrs,
-                must_name: Default::default(),
+                must_name,
+                argv: Some(t.argv),
             }
         }))
     }
@@ -302,12 +313,9 @@ impl Adapter for CommandAdapter {
                 .process_group(0)
                 .kill_on_drop(true);
             let spec = crate::sandbox::Spec::new(&ctx.workspace_root).with_timeout_ms(a.timeout_ms);
-            crate::sandbox::confine(&mut cmd, &spec).map_err(|e| not_started(&e.to_string()))?;
-            for k in INHERITED_ENV {
-                if let Some(v) = std::env::var_os(k) {
-                    cmd.env(k, v);
-                }
-            }
+            crate::sandbox::confine(&mut cmd, &spec, ctx.sandbox)
+                .map_err(|e| not_started(&e.to_string()))?;
+            cmd.envs(FIXED_ENV.iter().copied());
             cmd.envs(&a.env);
             cmd.env("GAFFER_OPERATION_ID", &ctx.operation_id);
             let mut child = cmd
@@ -391,6 +399,7 @@ mod tests {
             workspace_root: root.to_path_buf(),
             operation_id: "op_cmd".into(),
             client_id: "agent".into(),
+            sandbox: Default::default(),
         }
     }
 
@@ -407,7 +416,7 @@ mod tests {
         let ad = CommandAdapter { desc: descriptor() };
         let p = plan(
             ws.path(),
-            serde_json::json!({"argv": ["sh", "-c", "printf '%s:%s:%s' \"$FOO\" \"$CARGO_MANIFEST_DIR\" \"$(basename $PWD)\"; exit 3"]}),
+            serde_json::json!({"argv": ["sh", "-c", "printf '%s:%s:%s:%s' \"$FOO\" \"$CARGO_MANIFEST_DIR\" \"$(basename $PWD)\" \"$HOME\"; exit 3"]}),
             serde_json::json!({"cwd": "sub", "env": {"FOO": "bar"}}),
         )
         .await
@@ -419,11 +428,16 @@ mod tests {
         let r = out.result.unwrap();
         assert_eq!(r["exit_code"], 3);
         assert_eq!(r["success"], false);
-        assert_eq!(r["stdout_sha256"], crate::util::sha256_hex(b"bar::sub"));
-        assert_eq!(r["stdout_bytes"], 8);
+        assert_eq!(
+            r["stdout_sha256"],
+            crate::util::sha256_hex(b"bar::sub:/nonexistent")
+        );
+        assert_eq!(r["stdout_bytes"], 21);
         let class = ad.authorize(&p).await.unwrap();
         assert_eq!(class.fields["program"], BTreeSet::from(["sh".to_string()]));
         assert_eq!(class.attrs["env"], BTreeSet::from(["FOO".to_string()]));
+        assert!(class.must_name.contains("env"), "a rule must name FOO");
+        assert_eq!(class.argv.as_deref().map(<[String]>::len), Some(3));
     }
 
     #[tokio::test]

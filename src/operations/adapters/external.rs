@@ -40,12 +40,90 @@ struct ProviderDecl {
     /// (catalog drift is refused at start).
     #[serde(default)]
     catalog_sha256: Option<String>,
+    /// Variables set to these values (besides the fixed `PATH`, `LANG`, `HOME`).
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    /// Variables copied from gaffer's environment, when set there, as the provider starts
+    /// (tokens that should not sit in a workspace file).
+    #[serde(default)]
+    pass_env: Vec<String>,
+    /// Absolute paths outside the workspace the provider may read and execute (its own code).
+    #[serde(default)]
+    read: Vec<PathBuf>,
+    /// TCP ports it may connect to; without any it has no network at all.
+    #[serde(default)]
+    tcp_connect: Vec<u16>,
+}
+
+/// How one provider process is started: argv, its whole environment, its sandbox.
+struct Launch {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    spec: crate::sandbox::Spec,
+    /// The trusted policy's word on the sandbox when this process loaded its providers.
+    sandbox: crate::sandbox::Setting,
+}
+
+impl ProviderDecl {
+    /// Checks the declaration and fixes what the process gets; nothing else of gaffer's
+    /// environment or filesystem reaches it.
+    fn launch(&self, root: &Path, sandbox: crate::sandbox::Setting) -> Result<Launch, String> {
+        let name = &self.name;
+        let mut argv = self.command.clone();
+        match argv.first() {
+            None => return Err(format!("provider {name} has an empty command")),
+            Some(p) if p.contains('/') && !Path::new(p).is_absolute() => {
+                argv[0] = root.join(p).to_string_lossy().into_owned();
+            }
+            Some(_) => {}
+        }
+        let mut env: Vec<(String, String)> = super::command::FIXED_ENV
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for (k, v) in &self.env {
+            if !super::command::env_name_ok(k) || v.contains('\0') {
+                return Err(format!("provider {name}: env.{k} is not allowed"));
+            }
+            env.push((k.clone(), v.clone()));
+        }
+        for k in &self.pass_env {
+            if !super::command::env_name_ok(k) {
+                return Err(format!("provider {name}: pass_env {k} is not allowed"));
+            }
+            // Unset here (a one-shot operator command, say): the provider goes without it.
+            match std::env::var(k) {
+                Ok(v) => env.push((k.clone(), v)),
+                Err(_) => tracing::debug!(provider = %name, variable = %k, "pass_env not set"),
+            }
+        }
+        let mut spec = crate::sandbox::Spec::new(root);
+        for p in &self.read {
+            if !p.is_absolute() {
+                return Err(format!(
+                    "provider {name}: read path {} is not absolute",
+                    p.display()
+                ));
+            }
+            spec.grants.push(crate::sandbox::Grant {
+                path: p.clone(),
+                write: false,
+            });
+        }
+        spec.tcp_connect = self.tcp_connect.clone();
+        Ok(Launch {
+            argv,
+            env,
+            spec,
+            sandbox,
+        })
+    }
 }
 
 /// One provider process, started on demand and restarted after it dies. Calls to one
 /// provider are serialised.
 struct Conn {
-    argv: Vec<String>,
+    launch: Launch,
     cwd: PathBuf,
     io: tokio::sync::Mutex<Option<Proc>>,
 }
@@ -71,13 +149,19 @@ enum CallError {
 
 impl Conn {
     async fn spawn(&self) -> Result<Proc, CallError> {
-        let mut cmd = tokio::process::Command::new(&self.argv[0]);
-        cmd.args(&self.argv[1..])
+        let l = &self.launch;
+        let mut cmd = tokio::process::Command::new(&l.argv[0]);
+        cmd.args(&l.argv[1..])
             .current_dir(&self.cwd)
+            .env_clear()
+            .envs(l.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .process_group(0)
             .kill_on_drop(true);
+        crate::sandbox::confine(&mut cmd, &l.spec, l.sandbox)
+            .map_err(|e| CallError::Transport(format!("cannot start provider: {e}")))?;
         let mut child = cmd
             .spawn()
             .map_err(|e| CallError::Transport(format!("cannot start provider: {e}")))?;
@@ -379,24 +463,21 @@ fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
 
 /// Starts each provider declared in `text` (the content of `file`, which the caller has
 /// checked is operator-trusted) and asks for its catalog. Blocking: called once at start.
-pub fn load_text(text: &str, file: &Path, root: &Path) -> Result<Loaded, String> {
+pub fn load_text(
+    text: &str,
+    file: &Path,
+    root: &Path,
+    sandbox: crate::sandbox::Setting,
+) -> Result<Loaded, String> {
     let decl = parse_file(text, file)?;
     let mut catalogs = vec![];
     let mut adapters: Vec<Arc<dyn Adapter>> = vec![];
     for p in decl.providers {
-        if p.command.is_empty() {
-            return Err(format!(
-                "{}: provider {} has an empty command",
-                file.display(),
-                p.name
-            ));
-        }
-        let mut argv = p.command.clone();
-        if argv[0].contains('/') && !Path::new(&argv[0]).is_absolute() {
-            argv[0] = root.join(&argv[0]).to_string_lossy().into_owned();
-        }
+        let launch = p
+            .launch(root, sandbox)
+            .map_err(|e| format!("{}: {e}", file.display()))?;
         let conn = Arc::new(Conn {
-            argv,
+            launch,
             cwd: root.to_path_buf(),
             io: tokio::sync::Mutex::new(None),
         });

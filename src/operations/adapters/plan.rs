@@ -120,6 +120,7 @@ pub fn classify(s: &LaunchSpec) -> Classification {
         fields,
         attrs: BTreeMap::new(),
         must_name,
+        argv: None,
     }
 }
 
@@ -215,7 +216,7 @@ impl Adapter for PlanLaunchAdapter {
                 .map_err(|e| ExecError::new(FailureKind::NotStarted, &e.code, e.message))?;
             let plan_id = spec.plan_id.clone();
             let lanes = spec.lanes.len();
-            match self.plans.launch(&ctx.operation_id, spec).await {
+            match self.plans.launch(&ctx.operation_id, spec, ctx.sandbox).await {
                 Ok(()) => Ok(Outcome {
                     proven: true,
                     result: Some(serde_json::json!({ "plan_id": plan_id, "lanes": lanes })),

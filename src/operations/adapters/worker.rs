@@ -183,6 +183,7 @@ fn classify(t: &StartTarget, p: &StartPlan) -> Classification {
         fields,
         attrs: BTreeMap::new(),
         must_name,
+        argv: None,
     }
 }
 
@@ -270,6 +271,7 @@ impl Adapter for WorkerStartAdapter {
                 argument_input: p.argument_input,
                 channel: None,
                 env: Vec::new(),
+                sandbox: ctx.sandbox,
             };
             match self.workers.start_worker(spec).await {
                 Ok(w) => Ok(Outcome {

@@ -380,6 +380,7 @@ impl Adapter for FileAdapter {
             fields,
             attrs: BTreeMap::new(),
             must_name: Default::default(),
+            argv: None,
         }))
     }
 
@@ -470,6 +471,7 @@ mod tests {
             workspace_root: root.to_path_buf(),
             operation_id: "op_test".into(),
             client_id: "agent".into(),
+            sandbox: Default::default(),
         }
     }
 

@@ -320,6 +320,7 @@ impl OperationRuntime {
             workspace_root: self.ws.root().to_path_buf(),
             operation_id: op_id.to_string(),
             client_id: client.to_string(),
+            sandbox: self.policy().sandbox,
         }
     }
 

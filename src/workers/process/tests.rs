@@ -82,6 +82,7 @@ fn spawn(
         secrets: &secrets,
         channel: None,
         env: &[],
+        sandbox: Default::default(),
     };
     (backend.spawn(req, tx), rx)
 }

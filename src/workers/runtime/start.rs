@@ -25,6 +25,8 @@ pub struct StartSpec {
     pub channel: Option<Arc<std::os::fd::OwnedFd>>,
     /// Variables set besides the base environment (lane names; never secrets).
     pub env: Vec<(String, String)>,
+    /// The trusted policy's word on the sandbox.
+    pub sandbox: crate::sandbox::Setting,
 }
 
 impl WorkerRuntime {
@@ -156,6 +158,7 @@ impl WorkerRuntime {
                 secrets,
                 channel: spec.channel.as_deref(),
                 env: &spec.env,
+                sandbox: spec.sandbox,
             },
             self.events_tx.clone(),
         );

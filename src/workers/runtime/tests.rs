@@ -56,6 +56,7 @@ async fn create_started(rt: &Arc<WorkerRuntime>, b: &Bundle, req: CreateRequest)
         argument_input: None,
         channel: None,
         env: Vec::new(),
+        sandbox: Default::default(),
     })
     .await
     .unwrap()

@@ -1,0 +1,55 @@
+#!/bin/sh
+# The quick start: gaffer's main job against this demo workspace, every step labelled.
+# From the repository root: demo/run.sh
+#
+# It uses a throwaway operator key in a temporary directory (never yours; gaffer refuses a key
+# inside the workspace, where an agent could read it) that is deleted at exit, starts the demo
+# store afresh, and leaves demo/.gaffer/ and demo/notes/ behind to look at (both ignored by
+# git). GAFFER_BIN=path/to/gaffer skips the build.
+set -eu
+
+demo=$(cd "$(dirname "$0")" && pwd)
+if [ -z "${GAFFER_BIN:-}" ]; then
+    cargo build --quiet --manifest-path "$demo/../Cargo.toml"
+    GAFFER_BIN="${CARGO_TARGET_DIR:-$demo/../target}/debug/gaffer"
+fi
+gaffer() { "$GAFFER_BIN" --workspace "$demo" "$@"; }
+step() { printf '\n== %s\n' "$*"; }
+
+rm -rf "$demo/.gaffer" "$demo/notes"
+keys=$(mktemp -d "${TMPDIR:-/tmp}/gaffer-demo-key.XXXXXX")
+trap 'rm -rf "$keys"' EXIT
+GAFFER_OPERATOR_KEY_FILE="$keys/operator.key"
+GAFFER_OPERATOR_PUBLIC_KEY_FILE="$keys/operator.pub"
+export GAFFER_OPERATOR_KEY_FILE GAFFER_OPERATOR_PUBLIC_KEY_FILE
+
+step "1. operator: a throwaway key pair for this demo (gaffer operator init)"
+gaffer operator init
+
+step "2. operator: trust demo/policy.yaml (the echo worker may start; notes/** waits for a human)"
+mkdir -p "$demo/.gaffer"
+cp "$demo/policy.yaml" "$demo/.gaffer/policy.yaml"
+gaffer trust
+
+step "3. agent session: demo/session.jsonl through gaffer serve (one JSON reply or notification per line)"
+gaffer serve < "$demo/session.jsonl" | tee "$keys/session.out"
+
+op=$(grep '"id":5,' "$keys/session.out" | grep -o '"id":"op_[^"]*"' | head -n 1 | cut -d '"' -f 4)
+if [ -z "$op" ]; then
+    echo "demo: the session did not submit the file.write (see its replies above)" >&2
+    exit 1
+fi
+step "4. operator: the file.write is pending; approve it (gaffer approve $op)"
+gaffer approvals
+gaffer approve "$op"
+
+# Approved is one revision; the wait returns once the operation has moved past executing.
+approved=$(gaffer op get "$op" | grep '"revision":' | grep -o '[0-9][0-9]*')
+step "5. agent session: a serving gaffer executes the approved write (operations/wait)"
+printf '{"jsonrpc":"2.0","id":1,"method":"operations/wait","params":{"id":"%s","after_revision":%s}}\n' \
+    "$op" "$((approved + 1))" | gaffer serve
+
+step "6. the write happened once: demo/notes/hello.txt, and the journal verifies"
+cat "$demo/notes/hello.txt"
+gaffer op get "$op"
+gaffer store verify

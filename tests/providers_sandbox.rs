@@ -1,0 +1,86 @@
+//! Finding 5: an external provider starts with a cleared environment plus only what
+//! `providers.yaml` declares, inside the same sandbox as every process gaffer starts. Played
+//! with the tests' Python provider, whose `probe` mode reports its environment and what
+//! reading a path gave.
+
+mod common;
+
+use common::gate::{Env, ok, submit, wait_state};
+use serde_json::{Value, json};
+
+const POLICY: &str = "rules:\n  - id: kv\n    effect: allow\n    operations: [\"kv.*\"]\n";
+
+fn probe(s: &mut common::Server, path: &str, key: &str) -> Value {
+    let r = submit(
+        s,
+        "kv.set",
+        json!({"key": "probe"}),
+        json!({"value": path, "mode": "probe"}),
+        key,
+    );
+    let id = ok(&r)["id"].as_str().expect("operation id").to_string();
+    let v = wait_state(s, &id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    v["result"].clone()
+}
+
+#[test]
+fn a_provider_gets_only_its_declared_environment_and_stays_in_the_sandbox() {
+    let env = Env::untrusted(Some(POLICY));
+    let declared = format!(
+        "{}    env: {{KV_LABEL: declared}}\n    pass_env: [KV_PASSED, KV_UNSET]\n",
+        common::gate::kv_providers_yaml()
+    );
+    std::fs::write(env.root().join(".gaffer/providers.yaml"), declared).expect("providers");
+    let (code, out, err) = env.cli(&["trust"]);
+    assert_eq!(code, 0, "{out} {err}");
+    // KV_UNSET is declared but gaffer does not have it: the provider goes without.
+    let leaky = [
+        ("KV_PASSED", "passed-on"),
+        ("HOME", "/home/operator-leak"),
+        ("GIT_DIR", "/leak/git"),
+        ("LEAKED_TOKEN", "do-not-pass"),
+    ];
+    let mut s = env.agent_env("agent", &leaky);
+    // The operator's key file lies outside the workspace: the sandbox keeps the provider out.
+    let key = env.key_file.display().to_string();
+    let got = probe(&mut s, &key, "key");
+    let seen = got["env"].as_object().expect("the provider's env");
+    let mut names: Vec<&str> = seen.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    // Python itself may add LC_CTYPE when it coerces the locale; nothing else is allowed.
+    names.retain(|n| *n != "LC_CTYPE");
+    assert_eq!(
+        names,
+        ["HOME", "KV_LABEL", "KV_PASSED", "LANG", "PATH"],
+        "{got}"
+    );
+    assert_eq!(seen["KV_LABEL"], "declared");
+    assert_eq!(seen["KV_PASSED"], "passed-on");
+    assert_eq!(seen["HOME"], "/nonexistent");
+    assert_eq!(got["read"]["error"], "PermissionError", "{got}");
+    // The control: a file in the workspace reads, and so does the provider's own directory.
+    std::fs::write(env.root().join("inside.txt"), "12345").expect("inside");
+    let inside = env.root().join("inside.txt").display().to_string();
+    assert_eq!(probe(&mut s, &inside, "inside")["read"]["ok"], 5);
+    let own = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/providers/kv_provider.py"
+    );
+    assert!(
+        probe(&mut s, own, "own")["read"]["ok"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+    );
+    // `.gaffer/` is covered even for a provider.
+    let store = env
+        .root()
+        .join(".gaffer/providers.yaml")
+        .display()
+        .to_string();
+    assert!(
+        probe(&mut s, &store, "store")["read"].get("ok").is_none(),
+        "the provider read the store"
+    );
+}
