@@ -503,8 +503,13 @@ fn only_verified_evidence_completes_a_plan_and_forged_records_do_not_verify() {
     for i in 1..=n {
         let status = op.call("gaffer/status", json!({}));
         let head = status["store"]["chain"]["head"].clone();
+        let text = lane(&p, "lane-4-reviewer")["expectations"][i - 1]["text"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let payload = json!({"domain": "gaffer/plan-waive/v1", "workspace_id": ws_id, "plan_id": id,
             "lane_id": "lane-4-reviewer", "expectation": format!("e{i}"), "reason": "reviewed by hand",
+            "expectation_sha256": gaffer::util::sha256_hex(text.as_bytes()),
             "waived_at_ms": 1, "head": head});
         let text = gaffer::jcs::canonicalize(&payload);
         let text = String::from_utf8(text).unwrap();
@@ -512,8 +517,9 @@ fn only_verified_evidence_completes_a_plan_and_forged_records_do_not_verify() {
         let r = op.request("plans/waive", json!({"payload": text, "signature": sig}));
         assert!(r.get("result").is_some(), "{r:#}");
     }
-    // A waiver signed by a key the agent made for itself counts for nothing.
-    let p = plan(&mut op, &id);
+    // The process that ran the plan vouches for its lanes' evidence; the waivers do the rest.
+    let p = plan(&mut s.planner, &id);
+    assert_eq!(p["attested"], true, "{p:#}");
     assert_eq!(p["status"], "completed", "{p:#}");
     assert_eq!(
         lane(&p, "lane-4-reviewer")["expectations"][0]["status"],
@@ -596,8 +602,24 @@ fn under_a_request_rule_the_operator_approves_the_launch_once_for_all_its_lanes(
         &mut op,
         json!({"id": approval, "decision": "approve", "expected_revision": detail["revision"]}),
     );
-    let p = wait_plan(&mut other, &plan_id, &["completed", "incomplete"]);
-    assert_eq!(p["status"], "completed", "{p:#}");
+    // Whichever serving process executed the approved launch runs the lanes and vouches for
+    // them; the other sees the same journal and says nobody here observed the run.
+    wait_plan(
+        &mut other,
+        &plan_id,
+        &["completed", "unattested", "incomplete"],
+    );
+    let seen = [plan(&mut other, &plan_id), plan(&mut op, &plan_id)];
+    let ran = seen
+        .iter()
+        .find(|p| p["attested"] == true)
+        .expect("one process ran it");
+    assert_eq!(ran["status"], "completed", "{ran:#}");
+    let watched = seen
+        .iter()
+        .find(|p| p["attested"] == false)
+        .expect("one only watched");
+    assert_eq!(watched["status"], "unattested", "{watched:#}");
     let approvals = op.call("approvals/list", json!({"all": true}));
     assert_eq!(
         approvals["approvals"].as_array().unwrap().len(),
@@ -721,10 +743,17 @@ fn the_cli_runs_an_allowed_launch_to_its_end_and_waives_with_the_operator_key() 
         ]);
         assert_eq!(code, 0, "{out}\n{err}");
     }
+    // The process that ran the plan is gone: another one sees every lane done in the
+    // journal, but nobody who observed the run vouches for it, so it says so.
     let (code, out, _) = cli(&["plan", "show", &id]);
     assert_eq!(code, 0);
     let shown: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(shown["plan"]["status"], "completed", "{shown:#}");
+    assert_eq!(shown["plan"]["status"], "unattested", "{shown:#}");
+    assert_eq!(shown["plan"]["attested"], false);
+    assert!(
+        shown["plan"]["missing"].as_array().unwrap().is_empty(),
+        "{shown:#}"
+    );
     let (code, out, _) = cli(&["plan", "list"]);
     assert_eq!(code, 0);
     assert!(out.contains(&id));
@@ -739,8 +768,14 @@ fn a_waiver_signed_with_any_other_key_waives_nothing() {
     wait_plan(&mut s.planner, &id, &["incomplete"]);
     let ws_id = workspace_id(s.env.root());
     let head = s.planner.call("gaffer/status", json!({}))["store"]["chain"]["head"].clone();
+    let p = plan(&mut s.planner, &id);
+    let e1 = lane(&p, "lane-4-reviewer")["expectations"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let payload = json!({"domain": "gaffer/plan-waive/v1", "workspace_id": ws_id, "plan_id": id,
-        "lane_id": "lane-4-reviewer", "expectation": "e1", "reason": "trust me", "waived_at_ms": 1, "head": head});
+        "lane_id": "lane-4-reviewer", "expectation": "e1", "reason": "trust me", "waived_at_ms": 1,
+        "expectation_sha256": gaffer::util::sha256_hex(e1.as_bytes()), "head": head});
     let text = String::from_utf8(gaffer::jcs::canonicalize(&payload)).unwrap();
     let forged = common::gate::agent_signer(&s.env).sign(text.as_bytes());
     let r = s

@@ -343,12 +343,25 @@ async fn waive(
         eprintln!("gaffer: the workspace has no store yet");
         ExitCode::FAILURE
     })?;
+    let text = app
+        .workspace
+        .read(|s| {
+            let n: usize = expectation.strip_prefix('e')?.parse().ok()?;
+            let p = s.plans.get(&plan_id)?;
+            let l = p.spec.lanes.iter().find(|l| l.lane_id == lane_id)?;
+            l.expectations.get(n.checked_sub(1)?).cloned()
+        })
+        .ok_or_else(|| {
+            eprintln!("gaffer: no expectation {expectation} of lane {lane_id} in plan {plan_id}");
+            ExitCode::from(2)
+        })?;
     let payload = WaivePayload {
         domain: <WaivePayload as crate::operator::signed::Payload>::DOMAIN.into(),
         workspace_id,
         plan_id,
         lane_id,
         expectation,
+        expectation_sha256: crate::util::sha256_hex(text.as_bytes()),
         reason,
         waived_at_ms: crate::util::now_ms(),
         head: app.workspace.journal_head(),

@@ -17,7 +17,7 @@ use crate::operations::adapters::plan::{OPERATION, classify};
 use crate::operations::engine::SubmitInput;
 use crate::operations::policy::DecisionEffect;
 use crate::operator::signed::OperatorSignature;
-use crate::plans::evidence::{WaivePayload, file_digests};
+use crate::plans::evidence::{Facts, WaivePayload, file_digests};
 use crate::plans::spec::{self, LaunchError, LaunchSpec, LaunchTarget, codes};
 use crate::plans::state::{Created, EvidenceRecord, EvidenceRef, PlanEntry, kinds, lane_client};
 use crate::plans::view::{PlanView, ViewCtx, plan_view};
@@ -130,7 +130,8 @@ pub struct Verdict {
 pub struct LaunchResult {
     pub dry_run: bool,
     /// The launch plan: every lane with its profile, argv, prompt, dependencies and
-    /// expectations (what would start, on a dry run).
+    /// expectations (what would start, on a dry run, where `plan_id` is still empty: a plan's
+    /// id is its launch operation's).
     pub launch: LaunchSpec,
     pub verdict: Verdict,
     /// The plan as recorded (absent on a dry run).
@@ -257,7 +258,6 @@ async fn launch(app: Arc<App>, ctx: CallCtx, p: LaunchParams) -> Result<LaunchRe
         }
     };
     let target = LaunchTarget {
-        plan_id: spec::plan_id(&client, &key),
         request,
         config_bundle: p.config_bundle.clone(),
         lane_profiles: p.lane_profiles.clone(),
@@ -265,7 +265,8 @@ async fn launch(app: Arc<App>, ctx: CallCtx, p: LaunchParams) -> Result<LaunchRe
     };
     let ws = Arc::clone(&app.workspace);
     let t = target.clone();
-    let launch = tokio::task::spawn_blocking(move || spec::derive(&ws, &t))
+    // The plan's id is its operation's, known once submitted; the checks here need none.
+    let launch = tokio::task::spawn_blocking(move || spec::derive(&ws, &t, ""))
         .await
         .map_err(|_| RpcError::internal("deriving the launch plan"))?
         .map_err(launch_refusal)?;
@@ -303,7 +304,10 @@ async fn launch(app: Arc<App>, ctx: CallCtx, p: LaunchParams) -> Result<LaunchRe
     let plan = submit_launch(&app, &client, &key, &target, &launch).await?;
     Ok(LaunchResult {
         dry_run: false,
-        launch,
+        launch: LaunchSpec {
+            plan_id: plan.plan_id.clone(),
+            ..launch
+        },
         verdict,
         plan: Some(plan),
     })
@@ -354,16 +358,20 @@ async fn submit_launch(
         .submit(client, input)
         .await
         .map_err(super::operations::rpc_error)?;
+    let plan_id = spec::plan_id(&op.id);
     let created = Created {
-        plan_id: target.plan_id.clone(),
+        plan_id: plan_id.clone(),
         operation_id: op.id.clone(),
         client_id: client.to_string(),
         request: target.request.clone(),
-        spec: launch.clone(),
+        spec: LaunchSpec {
+            plan_id: plan_id.clone(),
+            ..launch.clone()
+        },
     };
     let rec = NewRecord::new(kinds::CREATED, &created)
         .map_err(|e| store_error("recording a plan", &e))?;
-    let id = target.plan_id.clone();
+    let id = plan_id.clone();
     app.workspace
         .commit(move |s: &State| {
             // Absent, or started already by an allowed launch that the record completes.
@@ -372,9 +380,9 @@ async fn submit_launch(
         })
         .await
         .map_err(commit_error)?;
-    view_one(app, &target.plan_id)
+    view_one(app, &plan_id)
         .await?
-        .ok_or_else(|| not_found(&target.plan_id))
+        .ok_or_else(|| not_found(&plan_id))
 }
 
 fn commit_error(e: CommitError<RpcError>) -> RpcError {
@@ -396,14 +404,32 @@ async fn views(app: &Arc<App>, entries: Vec<PlanEntry>) -> Result<Vec<PlanView>,
     .map_err(|_| RpcError::internal("reading evidence files"))?;
     let key = crate::operator::current_public();
     let ws_id = app.workspace.workspace_id();
-    let cx = ViewCtx {
-        files: &files,
-        key: key.as_ref(),
-        workspace_id: ws_id.as_deref(),
-    };
-    Ok(app
-        .workspace
-        .read(|s| entries.iter().map(|p| plan_view(s, &cx, p)).collect()))
+    let executed = |id: &str| app.operations.executed_here(id);
+    let accounts: Vec<Option<crate::plans::runner::RunState>> = entries
+        .iter()
+        .map(|p| app.plans.attested(&p.plan_id))
+        .collect();
+    Ok(app.workspace.read(|s| {
+        entries
+            .iter()
+            .zip(&accounts)
+            .map(|(p, account)| {
+                let cx = ViewCtx {
+                    files: &files,
+                    key: key.as_ref(),
+                    workspace_id: ws_id.as_deref(),
+                    facts: match account {
+                        Some(run) => Facts::Attested {
+                            run,
+                            executed: &executed,
+                        },
+                        None => Facts::Journal,
+                    },
+                };
+                plan_view(s, &cx, p)
+            })
+            .collect()
+    }))
 }
 
 async fn view_one(app: &Arc<App>, plan_id: &str) -> Result<Option<PlanView>, RpcError> {
@@ -494,12 +520,27 @@ async fn evidence(app: Arc<App>, ctx: CallCtx, p: EvidenceParams) -> Result<Plan
         evidence,
         recorded_by: ctx.client.id.clone(),
     };
+    let evidence_id = rec.evidence_id.clone();
     let rec =
         NewRecord::new(kinds::EVIDENCE, &rec).map_err(|e| store_error("recording evidence", &e))?;
+    let id = p.plan_id.clone();
     app.workspace
-        .commit(move |_: &State| Ok::<_, RpcError>((vec![rec], ())))
+        .commit(move |s: &State| {
+            let n = s.plans.get(&id).map(|p| p.evidence.len()).unwrap_or(0);
+            if n >= crate::plans::state::MAX_EVIDENCE {
+                return Err(RpcError::app(
+                    AppCode::Conflict,
+                    "evidence_full",
+                    "the plan holds as much evidence as it can",
+                ));
+            }
+            Ok((vec![rec], ()))
+        })
         .await
         .map_err(commit_error)?;
+    // Recorded through this process: its attested view counts it (a journal record alone
+    // never is).
+    app.plans.attest_evidence(&p.plan_id, &evidence_id);
     let plan = view_one(&app, &p.plan_id)
         .await?
         .ok_or_else(|| not_found(&p.plan_id))?;
@@ -606,8 +647,19 @@ async fn waive(app: Arc<App>, _ctx: CallCtx, p: WaiveParams) -> Result<PlanResul
     };
     let rec =
         NewRecord::new(kinds::WAIVED, &rec).map_err(|e| store_error("recording a waiver", &e))?;
+    let id = payload.plan_id.clone();
     app.workspace
-        .commit(move |_: &State| Ok::<_, RpcError>((vec![rec], ())))
+        .commit(move |s: &State| {
+            let n = s.plans.get(&id).map(|p| p.waivers.len()).unwrap_or(0);
+            if n >= crate::plans::state::MAX_WAIVERS {
+                return Err(RpcError::app(
+                    AppCode::Conflict,
+                    "waivers_full",
+                    "the plan holds as many waivers as it can",
+                ));
+            }
+            Ok((vec![rec], ()))
+        })
         .await
         .map_err(commit_error)?;
     let plan = view_one(&app, &payload.plan_id)

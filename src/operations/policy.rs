@@ -205,7 +205,8 @@ impl TryFrom<RawRule> for Rule {
                 ));
             }
         }
-        let clients = r.clients.unwrap_or_else(|| vec!["*".into()]);
+        // No `clients` means everyone, plan lanes (`plan/lane`) included.
+        let clients = r.clients.unwrap_or_else(|| vec!["**".into()]);
         let operations = r.operations.unwrap_or_else(|| vec!["*".into()]);
         for (what, list) in [("clients", &clients), ("operations", &operations)] {
             if list.is_empty() || list.iter().any(|p| p.is_empty()) {

@@ -9,7 +9,6 @@ use super::state::{EvidenceRef, PlanEntry, lane_client};
 use crate::operations::lifecycle::OpState;
 use crate::operator::OperatorPublic;
 use crate::operator::signed::{Head, OperatorSignature};
-use crate::workers::Stream;
 use crate::workspace::State;
 
 /// What the operator signs to waive one expectation of one lane.
@@ -23,6 +22,8 @@ pub struct WaivePayload {
     pub lane_id: String,
     /// `e1`, `e2`, …
     pub expectation: String,
+    /// sha256 (hex) of the expectation's text: the waiver covers exactly what the operator read.
+    pub expectation_sha256: String,
     pub reason: String,
     pub waived_at_ms: u64,
     pub head: Head,
@@ -52,75 +53,88 @@ fn no(why: impl Into<String>) -> Verdict {
     }
 }
 
-/// Checks evidence for `lane_id` of `plan` against the journal and the workspace as they are.
+/// Where a view takes its facts: this process's own account of the run (what it executed,
+/// what its lane connections recorded), or, for a plan another process ran, the journal.
+pub enum Facts<'a> {
+    Attested {
+        run: &'a super::runner::RunState,
+        executed: &'a dyn Fn(&str) -> Option<crate::operations::engine::ExecutedHere>,
+    },
+    Journal,
+}
+
+/// Checks one evidence record for `lane_id` of `plan`.
 pub fn verify(
     s: &State,
+    facts: &Facts<'_>,
     files: &FileDigests,
     plan: &PlanEntry,
     lane_id: &str,
-    ev: &EvidenceRef,
+    rec: &super::state::EvidenceRecord,
 ) -> Verdict {
-    match ev {
-        EvidenceRef::Operation { operation_id } => {
-            verify_operation(s, &lane_client(&plan.plan_id, lane_id), operation_id)
-        }
+    let lane = lane_client(&plan.plan_id, lane_id);
+    if let Facts::Attested { run, .. } = facts
+        && !run.evidence.contains(&rec.evidence_id)
+    {
+        return no("not recorded through this plan's lane connections");
+    }
+    match &rec.evidence {
+        EvidenceRef::Operation { operation_id } => match facts {
+            Facts::Attested { executed, .. } => match executed(operation_id) {
+                Some(e) => {
+                    judge_operation(&lane, &e.client, &e.operation, e.succeeded, e.exit_code)
+                }
+                None => no("this process did not execute that operation"),
+            },
+            Facts::Journal => match s.operations.get(operation_id) {
+                Some(op) => judge_operation(
+                    &lane,
+                    &op.client_id,
+                    &op.operation,
+                    op.state == OpState::Succeeded,
+                    op.result
+                        .as_ref()
+                        .and_then(|r| r.get("exit_code"))
+                        .and_then(|c| c.as_i64()),
+                ),
+                None => no("no such operation in this workspace"),
+            },
+        },
         EvidenceRef::File { path, sha256 } => verify_file(files, path, sha256),
-        EvidenceRef::WorkerOutput {
-            worker_id,
-            from_seq,
-            to_seq,
-        } => {
-            let lane_worker = plan.lanes.get(lane_id).and_then(|l| l.worker_id.as_deref());
-            if lane_worker != Some(worker_id.as_str()) {
-                return no("the transcript is not this lane's worker's");
-            }
-            let (entries, _) = s
-                .workers
-                .transcript(worker_id, from_seq.saturating_sub(1), 1000);
-            let output = entries
-                .iter()
-                .take_while(|e| e.seq <= *to_seq)
-                .filter(|e| matches!(e.stream, Stream::Stdout | Stream::Stderr))
-                .count();
-            if output == 0 {
-                no("the lane worker printed nothing in that range")
-            } else {
-                yes(format!("{output} output entries of the lane worker"))
-            }
+        EvidenceRef::WorkerOutput { .. } => {
+            no("a transcript range shows what the lane said, not that it was done")
         }
         EvidenceRef::Note { .. } => no("a note is a claim; gaffer cannot verify it"),
     }
 }
 
-fn verify_operation(s: &State, lane: &str, operation_id: &str) -> Verdict {
-    let Some(op) = s.operations.get(operation_id) else {
-        return no("no such operation in this workspace");
-    };
-    if op.client_id != lane {
+fn judge_operation(
+    lane: &str,
+    client: &str,
+    operation: &str,
+    succeeded: bool,
+    exit_code: Option<i64>,
+) -> Verdict {
+    if client != lane {
         return no(format!(
-            "the operation was submitted by {}, not by this lane",
-            op.client_id
+            "the operation was submitted by {client}, not by this lane"
         ));
     }
-    if op.state != OpState::Succeeded {
-        return no(format!("the operation is {}", op.state.as_str()));
+    if !succeeded {
+        return no("the operation did not succeed");
     }
-    if op.operation == "command.run" {
-        let code = op
-            .result
-            .as_ref()
-            .and_then(|r| r.get("exit_code"))
-            .and_then(|c| c.as_i64());
-        if code != Some(0) {
+    if operation == "command.run" {
+        if exit_code != Some(0) {
             return no(format!(
                 "the command exited with {}",
-                code.map(|c| c.to_string())
+                exit_code
+                    .map(|c| c.to_string())
                     .unwrap_or_else(|| "no status".into())
             ));
         }
         return yes("the lane's command ran and exited 0");
     }
-    yes(format!("the lane's {} succeeded", op.operation))
+    yes(format!("the lane's {operation} succeeded"))
 }
 
 /// Digests of the files evidence names, computed before a view is built (file reads never
@@ -154,20 +168,29 @@ fn verify_file(files: &FileDigests, path: &str, sha256: &str) -> Verdict {
     }
 }
 
-/// The expectations of `lane_id` a valid operator signature waives.
-pub fn waived(
+/// Every (lane, expectation) → reason a valid operator signature waives, checked once per
+/// view: signed for this workspace and plan, over the expectation's current text.
+pub fn waivers(
     plan: &PlanEntry,
-    lane_id: &str,
     key: Option<&OperatorPublic>,
     workspace_id: Option<&str>,
-) -> Vec<(String, String)> {
+) -> std::collections::HashMap<(String, String), String> {
     let (Some(key), Some(ws)) = (key, workspace_id) else {
-        return Vec::new();
+        return Default::default();
+    };
+    let text_of = |lane: &str, exp: &str| -> Option<&String> {
+        let n: usize = exp.strip_prefix('e')?.parse().ok()?;
+        let l = plan.spec.lanes.iter().find(|l| l.lane_id == lane)?;
+        l.expectations.get(n.checked_sub(1)?)
     };
     plan.waivers
         .iter()
         .filter_map(|sig: &OperatorSignature| sig.open::<WaivePayload>(key).ok())
-        .filter(|p| p.workspace_id == ws && p.plan_id == plan.plan_id && p.lane_id == lane_id)
-        .map(|p| (p.expectation, p.reason))
+        .filter(|p| p.workspace_id == ws && p.plan_id == plan.plan_id)
+        .filter(|p| {
+            text_of(&p.lane_id, &p.expectation)
+                .is_some_and(|t| crate::util::sha256_hex(t.as_bytes()) == p.expectation_sha256)
+        })
+        .map(|p| ((p.lane_id, p.expectation), p.reason))
         .collect()
 }

@@ -4,8 +4,10 @@
 //! chosen mechanism with a connection each whose identity is the lane. An evidence ledger,
 //! verified from gaffer's own facts, decides when a plan is done.
 
+mod drive;
 pub mod evidence;
 pub mod runner;
+pub mod schedule;
 pub mod spec;
 pub mod state;
 pub mod view;

@@ -16,11 +16,10 @@ use crate::patterns::runtime::Mechanism;
 use crate::patterns::{self, Plan, SelectContext};
 
 /// What `plan.launch` is asked to run: the selection request and how its lanes map onto a
-/// pinned bundle. The plan id is derived from the submitting client and idempotency key.
+/// pinned bundle. The plan's id is its operation's (see [`plan_id`]), never the caller's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LaunchTarget {
-    pub plan_id: String,
     /// The selection request, in the vocabulary `patterns/select` takes.
     #[schemars(with = "serde_json::Map<String, Value>")]
     pub request: Value,
@@ -104,6 +103,7 @@ fn refuse(code: &'static str, field: Option<&str>, message: impl Into<String>) -
 pub fn derive(
     ws: &crate::workspace::Workspace,
     t: &LaunchTarget,
+    plan_id: &str,
 ) -> Result<LaunchSpec, LaunchError> {
     let root = ws.root();
     let parsed = patterns::parse_params(&t.request).map_err(|e| {
@@ -150,7 +150,7 @@ pub fn derive(
         Mechanism::PersistentWorkers | Mechanism::TaskGraph => lanes.len().max(1) as u32,
     };
     Ok(LaunchSpec {
-        plan_id: t.plan_id.clone(),
+        plan_id: plan_id.to_string(),
         selection_digest,
         objective: parsed.request.objective.clone(),
         pattern: plan.selection.selected_pattern.as_str().to_string(),
@@ -241,12 +241,42 @@ fn profile_for<'b>(
         })
 }
 
+/// Most lanes one plan runs.
+pub const MAX_LANES: usize = 32;
+
+/// A lane's scope entries are workspace paths (a directory or file and what lies beneath);
+/// they feed `lane_scope` rules, so no glob, no `..`, no absolute path and never `.gaffer`.
+fn check_scopes(plan: &Plan<'_>) -> Result<(), LaunchError> {
+    for scope in plan.lanes.iter().flat_map(|l| &l.scope) {
+        let bad = |why: String| refuse(codes::REQUEST_INVALID, Some("request.scopes"), why);
+        if scope.contains(['*', '?', '[', ']', '{', '}']) {
+            return Err(bad(format!(
+                "scope {scope:?}: a lane scope names a path, not a pattern"
+            )));
+        }
+        crate::operations::adapters::paths::normalize_relative("scopes", scope)
+            .map_err(|e| bad(format!("scope {scope:?}: {}", e.message)))?;
+    }
+    if plan.lanes.len() > MAX_LANES {
+        return Err(refuse(
+            codes::REQUEST_INVALID,
+            Some("request"),
+            format!(
+                "the plan has {} lanes; gaffer runs at most {MAX_LANES}",
+                plan.lanes.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn map_lanes(
     plan: &Plan<'_>,
     mechanism: Mechanism,
     bundle: &Bundle,
     mapping: &BTreeMap<String, String>,
 ) -> Result<Vec<LaneSpec>, LaunchError> {
+    check_scopes(plan)?;
     let first = plan.lanes.first().ok_or_else(|| {
         refuse(
             codes::LANE_UNMAPPED,
@@ -302,8 +332,8 @@ fn map_lanes(
     Ok(out)
 }
 
-/// The plan id a client's launch under `idempotency_key` gets: replays land on the same plan.
-pub fn plan_id(client: &str, idempotency_key: &str) -> String {
-    let digest = crate::util::sha256_hex(format!("{client}\n{idempotency_key}").as_bytes());
-    format!("pl_{}", &digest[..24])
+/// A plan's id: its `plan.launch` operation's, so no caller can name (and take over) another
+/// plan, and replays of one launch land on the same plan.
+pub fn plan_id(operation_id: &str) -> String {
+    format!("pl_{}", operation_id.trim_start_matches("op_"))
 }

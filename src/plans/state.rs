@@ -159,8 +159,11 @@ pub struct PlanEntry {
     pub last_seq: u64,
 }
 
-/// Evidence and waiver records kept per plan (a flood cannot grow memory without bound).
-const MAX_EVIDENCE: usize = 4096;
+/// Evidence records kept per plan (a flood cannot grow memory without bound; the method
+/// refuses more, so nothing recorded is dropped silently).
+pub const MAX_EVIDENCE: usize = 4096;
+/// Waiver records kept per plan (each is verified when a view is built).
+pub const MAX_WAIVERS: usize = 256;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PlanState {
@@ -215,7 +218,7 @@ impl PlanState {
             }),
             kinds::WAIVED => decode::<Waived>(rec).and_then(|w| {
                 let p = self.plans.get_mut(&w.plan_id)?;
-                (p.waivers.len() < MAX_EVIDENCE).then_some(())?;
+                (p.waivers.len() < MAX_WAIVERS).then_some(())?;
                 p.waivers.push(w.operator_signature);
                 Some(w.plan_id)
             }),
@@ -283,7 +286,8 @@ impl PlanState {
             self.plans.insert(id.clone(), entry(rec, created));
         }
         let p = self.plans.get_mut(&id)?;
-        if p.executor.is_some() {
+        // A plan runs once, under the operation that created it.
+        if p.executor.is_some() || p.operation_id != s.operation_id {
             return None;
         }
         p.executor = Some(s.executor);

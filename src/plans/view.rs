@@ -23,6 +23,9 @@ pub enum PlanStatus {
     Completed,
     /// Every lane ended, but something is missing (see `missing`).
     Incomplete,
+    /// The journal says every lane is done, but no process that ran the plan vouches for it
+    /// here (the journal alone proves nothing); an operator's waivers can complete it.
+    Unattested,
     Stopped,
     /// The launch was denied, expired, cancelled or failed; nothing ran.
     Refused,
@@ -93,6 +96,8 @@ pub struct LaneView {
 pub struct PlanView {
     pub plan_id: String,
     pub status: PlanStatus,
+    /// This process ran the plan and shows its own account of it.
+    pub attested: bool,
     pub operation_id: String,
     pub operation_state: Option<OpState>,
     pub objective: String,
@@ -116,16 +121,24 @@ pub struct ViewCtx<'a> {
     pub files: &'a evidence::FileDigests,
     pub key: Option<&'a OperatorPublic>,
     pub workspace_id: Option<&'a str>,
+    pub facts: evidence::Facts<'a>,
 }
 
 pub fn plan_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry) -> PlanView {
     let op = s.operations.get(&p.operation_id);
+    let waivers = evidence::waivers(p, cx.key, cx.workspace_id);
     let lanes: Vec<LaneView> = p
         .spec
         .lanes
         .iter()
-        .map(|l| lane_view(s, cx, p, l))
+        .map(|l| lane_view(s, cx, p, l, &waivers))
         .collect();
+    let attested = matches!(cx.facts, evidence::Facts::Attested { .. });
+    let all_waived = lanes.iter().all(|l| {
+        l.expectations
+            .iter()
+            .all(|e| e.status == ExpectationStatus::Waived)
+    });
     let mut missing = Vec::new();
     for l in &lanes {
         match l.status {
@@ -150,10 +163,16 @@ pub fn plan_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry) -> PlanView {
         .iter()
         .all(|l| !matches!(l.status, LaneStatus::Waiting | LaneStatus::Running));
     let (status, reason) = match (&p.ended, &p.executor, op.map(|o| o.state)) {
+        (Some(e), _, _) if !e.stopped && missing.is_empty() && !attested && !all_waived => (
+            PlanStatus::Unattested,
+            Some("the process that ran this plan does not vouch for it here; its journal records alone prove nothing".into()),
+        ),
         (Some(e), _, _) if e.stopped => (PlanStatus::Stopped, Some(e.reason.clone())),
         (Some(_), _, _) if missing.is_empty() => (PlanStatus::Completed, None),
         (Some(e), _, _) => (PlanStatus::Incomplete, Some(e.reason.clone())),
-        (None, Some(_), _) if all_ended && missing.is_empty() => (PlanStatus::Completed, None),
+        (None, Some(_), _) if all_ended && missing.is_empty() && (attested || all_waived) => {
+            (PlanStatus::Completed, None)
+        }
         (None, Some(_), _) => (PlanStatus::Running, None),
         (None, None, Some(OpState::Pending)) | (None, None, None) => {
             (PlanStatus::PendingApproval, None)
@@ -171,6 +190,7 @@ pub fn plan_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry) -> PlanView {
     PlanView {
         plan_id: p.plan_id.clone(),
         status,
+        attested,
         operation_id: p.operation_id.clone(),
         operation_state: op.map(|o| o.state),
         objective: p.spec.objective.clone(),
@@ -200,10 +220,23 @@ fn lane_status_word(s: LaneStatus) -> &'static str {
     }
 }
 
-fn lane_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry, l: &super::spec::LaneSpec) -> LaneView {
-    let entry = p.lanes.get(&l.lane_id);
-    let run = entry.map(|e| e.run).unwrap_or_default();
-    let waivers = evidence::waived(p, &l.lane_id, cx.key, cx.workspace_id);
+fn lane_view(
+    s: &State,
+    cx: &ViewCtx<'_>,
+    p: &PlanEntry,
+    l: &super::spec::LaneSpec,
+    waivers: &std::collections::HashMap<(String, String), String>,
+) -> LaneView {
+    // A run this process observed is its own account; otherwise the journal's.
+    let seen = match &cx.facts {
+        evidence::Facts::Attested { run, .. } => run.lanes.get(&l.lane_id).cloned(),
+        evidence::Facts::Journal => p.lanes.get(&l.lane_id).map(|e| super::runner::LaneSeen {
+            run: e.run,
+            worker_id: e.worker_id.clone(),
+            detail: e.detail.clone(),
+        }),
+    };
+    let run = seen.as_ref().map(|e| e.run).unwrap_or_default();
     let expectations: Vec<ExpectationView> = l
         .expectations
         .iter()
@@ -218,13 +251,10 @@ fn lane_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry, l: &super::spec::LaneSp
                     evidence_id: e.evidence_id.clone(),
                     evidence: e.evidence.clone(),
                     recorded_by: e.recorded_by.clone(),
-                    verdict: evidence::verify(s, cx.files, p, &l.lane_id, &e.evidence),
+                    verdict: evidence::verify(s, &cx.facts, cx.files, p, &l.lane_id, e),
                 })
                 .collect();
-            let waiver = waivers
-                .iter()
-                .find(|(e, _)| *e == id)
-                .map(|(_, r)| r.clone());
+            let waiver = waivers.get(&(l.lane_id.clone(), id.clone())).cloned();
             let status = if evidence.iter().any(|e| e.verdict.verified) {
                 ExpectationStatus::Verified
             } else if waiver.is_some() {
@@ -267,8 +297,8 @@ fn lane_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry, l: &super::spec::LaneSp
         argv: l.argv.clone(),
         depends_on: l.depends_on.clone(),
         status,
-        worker_id: entry.and_then(|e| e.worker_id.clone()),
-        detail: entry.and_then(|e| e.detail.clone()),
+        worker_id: seen.as_ref().and_then(|e| e.worker_id.clone()),
+        detail: seen.and_then(|e| e.detail),
         expectations,
     }
 }

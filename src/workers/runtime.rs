@@ -69,6 +69,9 @@ impl LiveWorker {
 #[derive(Default)]
 struct Inner {
     live: HashMap<String, LiveWorker>,
+    /// How workers this process ran ended, as its own backend saw it (a plan's runner trusts
+    /// this, not the journal).
+    ended: HashMap<String, (WorkerStatus, Option<super::types::ExitInfo>)>,
     started: bool,
 }
 
@@ -136,6 +139,12 @@ impl WorkerRuntime {
             restored: tokio::sync::watch::Sender::new(false),
             flush_now: Arc::new(tokio::sync::Notify::new()),
         })
+    }
+
+    /// How a worker this process ran ended, once its end is durable; `None` while it runs or
+    /// when another process ran it.
+    pub fn observed_end(&self, id: &str) -> Option<(WorkerStatus, Option<super::types::ExitInfo>)> {
+        self.lock().ended.get(id).cloned()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -677,7 +686,9 @@ impl WorkerRuntime {
             Ok(()) => {
                 let mut inner = self.lock();
                 for id in &finished {
-                    inner.live.remove(id);
+                    if let Some(change) = inner.live.remove(id).and_then(|l| l.ended) {
+                        inner.ended.insert(id.clone(), (change.status, change.exit));
+                    }
                 }
                 false
             }

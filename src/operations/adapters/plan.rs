@@ -177,13 +177,14 @@ impl Adapter for PlanLaunchAdapter {
 
     fn resolve<'a>(
         &'a self,
-        _ctx: &'a AdapterCtx,
+        ctx: &'a AdapterCtx,
         input: Decoded,
     ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
         ready((|| {
             let t: LaunchTarget = decode_closed("target", &input.target)?;
-            let spec =
-                crate::plans::spec::derive(self.plans.workspace(), &t).map_err(launch_error)?;
+            let plan_id = crate::plans::spec::plan_id(&ctx.operation_id);
+            let spec = crate::plans::spec::derive(self.plans.workspace(), &t, &plan_id)
+                .map_err(launch_error)?;
             Ok(Resolved {
                 target: input.target,
                 arguments: input.arguments,
@@ -216,7 +217,11 @@ impl Adapter for PlanLaunchAdapter {
                 .map_err(|e| ExecError::new(FailureKind::NotStarted, &e.code, e.message))?;
             let plan_id = spec.plan_id.clone();
             let lanes = spec.lanes.len();
-            match self.plans.launch(&ctx.operation_id, spec, ctx.sandbox).await {
+            match self
+                .plans
+                .launch(&ctx.operation_id, spec, ctx.sandbox)
+                .await
+            {
                 Ok(()) => Ok(Outcome {
                     proven: true,
                     result: Some(serde_json::json!({ "plan_id": plan_id, "lanes": lanes })),

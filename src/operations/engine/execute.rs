@@ -311,6 +311,25 @@ impl OperationRuntime {
                 }
             },
         };
+        let (succeeded, exit_code) = match &settle {
+            Settle::Succeeded(o) => (
+                true,
+                o.result
+                    .as_ref()
+                    .and_then(|r| r.get("exit_code"))
+                    .and_then(|c| c.as_i64()),
+            ),
+            Settle::Failed { .. } => (false, None),
+        };
+        self.remember_execution(
+            &op.id,
+            super::ExecutedHere {
+                client: op.client_id.clone(),
+                operation: op.operation.clone(),
+                succeeded,
+                exit_code,
+            },
+        );
         self.finish(&op, approval_id, settle).await?;
         adapter.cleanup(&ctx, &resolved).await;
         Ok(())

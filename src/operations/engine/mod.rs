@@ -222,7 +222,20 @@ pub struct OperationRuntime {
     autorun: std::sync::atomic::AtomicBool,
     /// The plan lanes this process runs (their scopes feed `lane_scope` rules).
     lanes: std::sync::OnceLock<Arc<crate::plans::LaneRegistry>>,
+    /// Outcomes of the operations this process executed itself, as it saw them (evidence a
+    /// plan's ledger accepts; journal records of an outcome are claims).
+    executed: Mutex<HashMap<String, ExecutedHere>>,
     me: Weak<OperationRuntime>,
+}
+
+/// An execution this process ran and settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutedHere {
+    pub client: String,
+    pub operation: String,
+    pub succeeded: bool,
+    /// `exit_code` of the result (command.run).
+    pub exit_code: Option<i64>,
 }
 
 impl std::fmt::Debug for OperationRuntime {
@@ -256,6 +269,7 @@ impl OperationRuntime {
             providers_trust: std::sync::OnceLock::new(),
             autorun: std::sync::atomic::AtomicBool::new(false),
             lanes: std::sync::OnceLock::new(),
+            executed: Mutex::new(HashMap::new()),
             me: me.clone(),
         })
     }
@@ -295,6 +309,22 @@ impl OperationRuntime {
             &grants,
             now,
         )
+    }
+
+    /// How an operation this process executed itself ended, if it did.
+    pub fn executed_here(&self, id: &str) -> Option<ExecutedHere> {
+        self.executed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub(super) fn remember_execution(&self, id: &str, e: ExecutedHere) {
+        self.executed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), e);
     }
 
     /// Connects the plan lanes this process runs (set once, by the app).

@@ -50,6 +50,14 @@ impl OperationRuntime {
         input: SubmitInput,
     ) -> Result<(OperationView, bool), OpError> {
         let (key, reason, submitted) = check_input(&input)?;
+        // A plan lane is an identity only while this process runs its plan.
+        if client.contains('/') && self.lane_scope(client).is_none() {
+            return Err(OpError::new(
+                ErrorKind::Forbidden,
+                "lane_ended",
+                "this plan lane's plan is no longer running here",
+            ));
+        }
         // Replays never resolve, decide or write anything.
         if let Some(v) = self.replay(client, &key, &submitted)? {
             return Ok((v, false));
