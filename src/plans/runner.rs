@@ -163,6 +163,7 @@ impl PlanRuntime {
     pub async fn launch(
         self: &Arc<Self>,
         operation_id: &str,
+        client_id: &str,
         spec: LaunchSpec,
         sandbox: crate::sandbox::Setting,
     ) -> Result<(), PlanError> {
@@ -209,6 +210,7 @@ impl PlanRuntime {
         let started = Started {
             plan_id: spec.plan_id.clone(),
             operation_id: operation_id.to_string(),
+            client_id: client_id.to_string(),
             executor: self.executor.clone(),
             spec: spec.clone(),
         };

@@ -60,6 +60,9 @@ pub struct Created {
 pub struct Started {
     pub plan_id: String,
     pub operation_id: String,
+    /// Who submitted the launch (the operation's client, as the executing process has it).
+    #[serde(default)]
+    pub client_id: String,
     /// The process (`pid:started_ms`) that runs the lanes.
     pub executor: String,
     /// The plan as authorized and executed.
@@ -278,7 +281,7 @@ impl PlanState {
             let created = Created {
                 plan_id: id.clone(),
                 operation_id: s.operation_id.clone(),
-                client_id: String::new(),
+                client_id: s.client_id.clone(),
                 request: Value::Null,
                 spec: s.spec.clone(),
             };

@@ -378,3 +378,4 @@ pub fn forge_frame(body: &[u8]) -> Vec<u8> {
 }
 
 pub mod gate;
+pub mod plans;

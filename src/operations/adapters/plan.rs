@@ -219,7 +219,7 @@ impl Adapter for PlanLaunchAdapter {
             let lanes = spec.lanes.len();
             match self
                 .plans
-                .launch(&ctx.operation_id, spec, ctx.sandbox)
+                .launch(&ctx.operation_id, &ctx.client_id, spec, ctx.sandbox)
                 .await
             {
                 Ok(()) => Ok(Outcome {

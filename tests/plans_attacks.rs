@@ -1,0 +1,229 @@
+//! Plans against a hostile agent, on the real binary. The agent writes journal records with the
+//! store's own writer (valid framing and chain), talks to gaffer as a client, and runs lane
+//! workers. None of it makes a plan look done, starts a lane early, takes over another plan,
+//! widens a lane's scope or slips past a deny rule.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Server;
+use common::gate::append_as_agent;
+use common::plans::*;
+use serde_json::{Value, json};
+
+fn plan_id(r: &Value) -> String {
+    r["result"]["plan"]["plan_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r:#}"))
+        .to_string()
+}
+
+fn wait_running(s: &mut Server, id: &str, n: usize) -> Value {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = plan(s, id);
+        let running = p["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["status"] == "running")
+            .count();
+        if running >= n {
+            return p;
+        }
+        assert!(Instant::now() < until, "never {n} running: {p:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn forged_lane_and_evidence_records_do_not_complete_a_plan_whose_lanes_did_nothing() {
+    let mut s = setup();
+    let profiles = json!({"builder": "sleep", "integrator": "sleep", "reviewer": "sleep"});
+    let r = launch(&mut s, swarm(), profiles, json!({}), "forge-complete");
+    let id = plan_id(&r);
+    let p = wait_running(&mut s.planner, &id, 2);
+    std::fs::write(s.env.root().join("proof.txt"), "anything").unwrap();
+    let sha = gaffer::util::sha256_hex(b"anything");
+    let mut recs = Vec::new();
+    for (n, l) in p["lanes"].as_array().unwrap().iter().enumerate() {
+        let lane_id = l["lane_id"].as_str().unwrap().to_string();
+        let mut change = json!({"plan_id": id, "lane_id": lane_id, "run": "succeeded"});
+        if !l["worker_id"].is_null() {
+            change["worker_id"] = l["worker_id"].clone();
+        }
+        recs.push(("plan.lane", change));
+        for e in l["expectations"].as_array().unwrap() {
+            recs.push((
+                "plan.evidence",
+                json!({"evidence_id": format!("ev_f{n}{}", e["id"].as_str().unwrap()), "plan_id": id,
+                       "lane_id": lane_id, "expectation": e["id"], "recorded_by": format!("{id}/{lane_id}"),
+                       "evidence": {"kind": "file", "path": "proof.txt", "sha256": sha}}),
+            ));
+        }
+    }
+    append_as_agent(s.env.root(), recs);
+    std::thread::sleep(Duration::from_secs(2));
+    // The process running the plan goes by what it observed: two lanes still run, two wait.
+    let p = plan(&mut s.planner, &id);
+    assert_eq!(p["attested"], true);
+    assert_eq!(p["status"], "running", "{p:#}");
+    let running = p["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["status"] == "running")
+        .count();
+    assert_eq!(running, 2, "{p:#}");
+    for e in p["lanes"][0]["expectations"].as_array().unwrap() {
+        assert_ne!(e["status"], "verified", "{e:#}");
+    }
+    // Another process sees only the journal, and will not call it completed either.
+    let mut op = s.env.operator();
+    let seen = plan(&mut op, &id);
+    assert_eq!(seen["attested"], false);
+    assert_ne!(seen["status"], "completed", "{seen:#}");
+}
+
+#[test]
+fn a_forged_lane_success_does_not_start_its_dependent() {
+    let mut s = setup();
+    let profiles = json!({"phase-worker": "sleep", "reviewer": "sleep"});
+    let r = launch(&mut s, phased(), profiles, json!({}), "dep-bypass");
+    let id = plan_id(&r);
+    let p = wait_running(&mut s.planner, &id, 1);
+    let l1 = lane(&p, "lane-1-phase-worker").clone();
+    append_as_agent(
+        s.env.root(),
+        vec![(
+            "plan.lane",
+            json!({"plan_id": id, "lane_id": "lane-1-phase-worker", "run": "succeeded", "worker_id": l1["worker_id"]}),
+        )],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let p = plan(&mut s.planner, &id);
+    assert_eq!(
+        lane(&p, "lane-1-phase-worker")["status"],
+        "running",
+        "{p:#}"
+    );
+    assert_eq!(
+        lane(&p, "lane-2-phase-worker")["status"],
+        "waiting",
+        "{p:#}"
+    );
+    assert!(lane(&p, "lane-2-phase-worker").get("worker_id").is_none());
+}
+
+#[test]
+fn a_deny_rule_without_clients_reaches_lanes() {
+    let policy = format!(
+        r#"{POLICY}  - id: nobody-writes-router-ok
+    effect: deny
+    operations: ["file.write"]
+    targets: [{{kind: file, fields: {{path: ["router/ok.txt"]}}}}]
+"#
+    );
+    let mut s = setup_with(&policy);
+    let profiles = json!({"builder": "write", "integrator": "note", "reviewer": "note"});
+    let r = launch(&mut s, swarm(), profiles, json!({}), "deny");
+    let id = plan_id(&r);
+    let p = wait_plan(&mut s.planner, &id, &["completed", "incomplete", "stopped"]);
+    let said = transcript(&mut s.planner, &lane(&p, "lane-1-builder")["worker_id"]);
+    assert!(!s.env.root().join("router/ok.txt").exists(), "{said}");
+}
+
+#[test]
+fn an_agent_chosen_scope_cannot_be_a_pattern_or_leave_the_workspace() {
+    let mut s = setup();
+    for scopes in [
+        json!(["**", "billing"]),
+        json!(["*", "billing"]),
+        json!(["../outside", "billing"]),
+        json!([".gaffer", "billing"]),
+    ] {
+        let request = json!({"objective": SWARM, "scopes": scopes, "tests_required": true});
+        let profiles = json!({"builder": "write", "integrator": "note", "reviewer": "note"});
+        let r = launch(
+            &mut s,
+            request,
+            profiles,
+            json!({}),
+            &format!("scope-{scopes}"),
+        );
+        assert_eq!(
+            r["error"]["data"]["field"], "request.scopes",
+            "{scopes}: {r:#}"
+        );
+    }
+    assert!(!s.env.root().join("elsewhere").exists());
+}
+
+#[test]
+fn no_caller_names_a_plan_id_and_a_pending_plan_cannot_be_taken_over() {
+    let mut s = setup();
+    let mut other = s.env.agent("other");
+    other.call("bundles/sync", json!({"bundle": bundle()}));
+    let r = other.call(
+        "plans/launch",
+        json!({"request": swarm(), "config_bundle": s.bundle, "idempotency_key": "victim",
+               "lane_profiles": {"builder": "good", "integrator": "good", "reviewer": "good"}}),
+    );
+    let victim = r["plan"]["plan_id"].as_str().unwrap().to_string();
+    // Submitting plan.launch directly with the victim's plan id: the target has no such field.
+    let sub = s.planner.request(
+        "operations/submit",
+        json!({"operation": "plan.launch",
+               "target": {"plan_id": victim, "request": swarm(), "config_bundle": s.bundle,
+                          "lane_profiles": {"builder": "sleep", "integrator": "sleep", "reviewer": "sleep"}},
+               "arguments": {}, "reason": "squat", "idempotency_key": "squat"}),
+    );
+    assert_eq!(sub["error"]["code"], -32602, "{sub:#}");
+    // A direct, well-formed submission gets a plan of its own.
+    let sub = s.planner.call(
+        "operations/submit",
+        json!({"operation": "plan.launch",
+               "target": {"request": swarm(), "config_bundle": s.bundle,
+                          "lane_profiles": {"builder": "sleep", "integrator": "sleep", "reviewer": "sleep"}},
+               "arguments": {}, "reason": "mine", "idempotency_key": "mine"}),
+    );
+    let mine = format!(
+        "pl_{}",
+        sub["id"].as_str().unwrap().trim_start_matches("op_")
+    );
+    assert_ne!(mine, victim);
+    wait_running(&mut s.planner, &mine, 1);
+    let p = plan(&mut other, &victim);
+    assert_eq!(p["status"], "pending_approval", "{p:#}");
+    assert_eq!(p["operation_id"], r["plan"]["operation_id"]);
+    s.planner
+        .call("plans/stop", json!({"plan_id": mine, "reason": "done"}));
+}
+
+#[test]
+fn a_worker_made_to_look_like_a_lane_worker_is_not_reused_by_the_lane() {
+    let mut s = setup();
+    let profiles = json!({"builder": "good", "integrator": "good", "reviewer": "good"});
+    let dry = launch(
+        &mut s,
+        swarm(),
+        profiles.clone(),
+        json!({"dry_run": true}),
+        "dry",
+    );
+    let prompt = dry["result"]["launch"]["lanes"][0]["prompt"].clone();
+    let squat = s.planner.call(
+        "workers/create",
+        json!({"profile": {"kind": "named", "value": "sleep"}, "config_bundle": s.bundle,
+               "initial_input": prompt, "idempotency_key": "lane-1-builder"}),
+    );
+    let r = launch(&mut s, swarm(), profiles, json!({}), "real");
+    let id = plan_id(&r);
+    let p = wait_plan(&mut s.planner, &id, &["completed", "incomplete"]);
+    assert_eq!(p["status"], "completed", "{p:#}");
+    assert_ne!(
+        lane(&p, "lane-1-builder")["worker_id"],
+        squat["worker"]["id"]
+    );
+}
