@@ -98,6 +98,9 @@ impl OperationRuntime {
             );
             return Ok(());
         }
+        if self.belongs_to_its_submitter(&op) {
+            return Ok(());
+        }
         let now = crate::util::now_ms();
         let derived = self.rederive(&op, now, true).await;
         let claim = self.claim(&op, &derived, now).await?;
@@ -110,6 +113,25 @@ impl OperationRuntime {
         failpoint("after_claim");
         self.execute_claimed(id, Box::new(d.plan), approval_id)
             .await
+    }
+
+    /// An operation whose authority depends on who submitted it (a policy rule, or a window
+    /// grant over another operation) is executed by the process that accepted it. While another
+    /// gaffer process lives, this one leaves it alone instead of failing it for want of a vouch
+    /// that is not its to give. (The stored approval fields only steer this choice; the claim
+    /// re-checks everything.)
+    fn belongs_to_its_submitter(&self, op: &Operation) -> bool {
+        if self.vouched(&op.id) {
+            return false;
+        }
+        let needs_vouch = match self.ws.read(|s| s.operations.approval_of(op).cloned()) {
+            None => true,
+            Some(a) => a.mode == super::super::policy::GrantMode::Window && a.operation_id != op.id,
+        };
+        needs_vouch && {
+            let peers = super::super::live_executors(&self.ws.gaffer_dir().join("peers"));
+            peers.iter().any(|e| *e != self.executor)
+        }
     }
 
     /// Reads the plan back from its text and has its adapter check it as if it were new:
