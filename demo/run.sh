@@ -49,7 +49,17 @@ step "5. agent session: a serving gaffer executes the approved write (operations
 printf '{"jsonrpc":"2.0","id":1,"method":"operations/wait","params":{"id":"%s","after_revision":%s}}\n' \
     "$op" "$((approved + 1))" | gaffer serve
 
-step "6. the write happened once: demo/notes/hello.txt, and the journal verifies"
+step "6. the write happened once: demo/notes/hello.txt"
 cat "$demo/notes/hello.txt"
 gaffer op get "$op"
+
+step "7. a plan as running lanes: gaffer plan launch (one gated plan.launch; the lane records verified evidence)"
+gaffer plan launch --objective "Fix the typo in the README" --bundle-file "$demo/lanes-bundle.json" \
+    --lane builder=lane --key demo-plan | tee "$keys/plan.out" | grep -E '^\{"lanes"|"status": "(completed|incomplete)"' || true
+grep -q '"status": "completed"' "$keys/plan.out" || { echo "demo: the plan did not complete" >&2; cat "$keys/plan.out" >&2; exit 1; }
+plan=$(grep -o '"plan_id": "pl_[^"]*"' "$keys/plan.out" | head -n 1 | cut -d '"' -f 4)
+worker=$(grep -o '"worker_id": "[^"]*"' "$keys/plan.out" | tail -n 1 | cut -d '"' -f 4)
+gaffer worker logs "$worker" | grep '"stream":"stdout"' | grep -o '"text":"[^"]*"'
+
+step "8. the journal verifies"
 gaffer store verify

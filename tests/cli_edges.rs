@@ -136,7 +136,13 @@ fn the_quick_start_shows_the_worker_echo_and_cleans_up_presence() {
         std::fs::read_to_string(demo.join("notes/hello.txt")).expect("the approved write"),
         "written by gaffer\n"
     );
-    let verified = step("6.").join("\n");
+    // The plan ran its lane, which read its prompt, spoke as itself and proved its work.
+    let planned = step("7.").join("\n");
+    assert!(planned.contains(r#""status":"completed""#), "{planned}");
+    assert!(planned.contains("lane read its prompt"), "{planned}");
+    assert!(planned.contains("/lane-1-builder"), "{planned}");
+    assert!(planned.contains("checks: succeeded"), "{planned}");
+    let verified = step("8.").join("\n");
     assert!(verified.contains(r#""ok": true"#), "{verified}");
     // The operator key was a throwaway one, outside the workspace, and is gone.
     let key: Value = serde_json::from_str(&step("1.").join("\n")).expect("operator init JSON");
