@@ -227,3 +227,33 @@ fn a_worker_made_to_look_like_a_lane_worker_is_not_reused_by_the_lane() {
         squat["worker"]["id"]
     );
 }
+
+#[test]
+fn a_lane_cannot_take_another_lanes_connection_through_proc() {
+    // persistent_workers starts every lane at once: the spoofing lane runs beside the others.
+    let mut s = setup();
+    let request = json!({"objective": "Refactor the auth module", "persistent_workers": true});
+    let profiles = json!({"builder": "sleep", "integrator": "spoof", "reviewer": "sleep"});
+    let r = launch(&mut s, request, profiles, json!({}), "proc");
+    let id = plan_id(&r);
+    let until = Instant::now() + Duration::from_secs(60);
+    let said = loop {
+        let p = plan(&mut s.planner, &id);
+        let spoof = lane(&p, "lane-3-integrator").clone();
+        if spoof["worker_id"].is_null() {
+            assert!(Instant::now() < until, "{p:#}");
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let said = transcript(&mut s.planner, &spoof["worker_id"]);
+        if said.contains("lane finished") {
+            break said;
+        }
+        assert!(Instant::now() < until, "{said}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!said.contains("TOOK"), "{said}");
+    assert!(said.matches("refused /proc/fd/3").count() >= 2, "{said}");
+    s.planner
+        .call("plans/stop", json!({"plan_id": id, "reason": "done"}));
+}

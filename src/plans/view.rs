@@ -162,30 +162,13 @@ pub fn plan_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry) -> PlanView {
     let all_ended = lanes
         .iter()
         .all(|l| !matches!(l.status, LaneStatus::Waiting | LaneStatus::Running));
-    let (status, reason) = match (&p.ended, &p.executor, op.map(|o| o.state)) {
-        (Some(e), _, _) if !e.stopped && missing.is_empty() && !attested && !all_waived => (
-            PlanStatus::Unattested,
-            Some("the process that ran this plan does not vouch for it here; its journal records alone prove nothing".into()),
-        ),
-        (Some(e), _, _) if e.stopped => (PlanStatus::Stopped, Some(e.reason.clone())),
-        (Some(_), _, _) if missing.is_empty() => (PlanStatus::Completed, None),
-        (Some(e), _, _) => (PlanStatus::Incomplete, Some(e.reason.clone())),
-        (None, Some(_), _) if all_ended && missing.is_empty() && (attested || all_waived) => {
-            (PlanStatus::Completed, None)
+    let (status, reason) = match &cx.facts {
+        evidence::Facts::Attested { run, .. } => {
+            attested_status(run, p, &lanes, missing.is_empty())
         }
-        (None, Some(_), _) => (PlanStatus::Running, None),
-        (None, None, Some(OpState::Pending)) | (None, None, None) => {
-            (PlanStatus::PendingApproval, None)
+        evidence::Facts::Journal => {
+            journal_status(p, op, all_ended, missing.is_empty(), all_waived)
         }
-        (None, None, Some(OpState::Approved | OpState::Executing)) => (PlanStatus::Starting, None),
-        (None, None, Some(st)) => (
-            if st == OpState::Succeeded {
-                PlanStatus::Starting
-            } else {
-                PlanStatus::Refused
-            },
-            op.and_then(|o| o.error.as_ref().map(|e| e.message.clone())),
-        ),
     };
     PlanView {
         plan_id: p.plan_id.clone(),
@@ -205,6 +188,63 @@ pub fn plan_view(s: &State, cx: &ViewCtx<'_>, p: &PlanEntry) -> PlanView {
         reason,
         created_ms: p.created_ms,
         updated_ms: p.updated_ms,
+    }
+}
+
+/// A plan this process runs or ran: its own account says whether it ended and how.
+fn attested_status(
+    run: &super::runner::RunState,
+    p: &PlanEntry,
+    lanes: &[LaneView],
+    nothing_missing: bool,
+) -> (PlanStatus, Option<String>) {
+    let reason = p.ended.as_ref().map(|e| e.reason.clone());
+    if !run.ended {
+        return (PlanStatus::Running, None);
+    }
+    if lanes.iter().any(|l| l.status == LaneStatus::Stopped) {
+        (PlanStatus::Stopped, reason)
+    } else if nothing_missing {
+        (PlanStatus::Completed, None)
+    } else {
+        (PlanStatus::Incomplete, reason)
+    }
+}
+
+/// A plan another process ran: the journal's account, which never completes a plan on its
+/// own (only the operator's waivers of every expectation do).
+fn journal_status(
+    p: &PlanEntry,
+    op: Option<&crate::operations::state::Operation>,
+    all_ended: bool,
+    nothing_missing: bool,
+    all_waived: bool,
+) -> (PlanStatus, Option<String>) {
+    let unattested = || {
+        (
+            PlanStatus::Unattested,
+            Some("the process that ran this plan does not vouch for it here; its journal records alone prove nothing".into()),
+        )
+    };
+    match (&p.ended, &p.executor, op.map(|o| o.state)) {
+        (Some(e), _, _) if e.stopped => (PlanStatus::Stopped, Some(e.reason.clone())),
+        (Some(_), _, _) if nothing_missing && all_waived => (PlanStatus::Completed, None),
+        (Some(_), _, _) if nothing_missing => unattested(),
+        (Some(e), _, _) => (PlanStatus::Incomplete, Some(e.reason.clone())),
+        (None, Some(_), _) if all_ended && nothing_missing && all_waived => {
+            (PlanStatus::Completed, None)
+        }
+        (None, Some(_), _) => (PlanStatus::Running, None),
+        (None, None, Some(OpState::Pending)) | (None, None, None) => {
+            (PlanStatus::PendingApproval, None)
+        }
+        (None, None, Some(OpState::Approved | OpState::Executing | OpState::Succeeded)) => {
+            (PlanStatus::Starting, None)
+        }
+        (None, None, Some(_)) => (
+            PlanStatus::Refused,
+            op.and_then(|o| o.error.as_ref().map(|e| e.message.clone())),
+        ),
     }
 }
 

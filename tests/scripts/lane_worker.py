@@ -113,6 +113,21 @@ elif mode == "spoof":
         dict(plan_id=plan, lane_id=other, expectation="e1", kind="note", text="not mine"),
     )
     call("operator/challenge", {})
+    # Another lane's connection is its descriptor 3: try to take it through /proc.
+    for other_lane in got["lanes"]:
+        if other_lane["lane_id"] == lane or not other_lane.get("worker_id"):
+            continue
+        w = call("workers/get", {"worker_id": other_lane["worker_id"]})
+        pid = ((w.get("result") or {}).get("worker") or {}).get("owner", {}).get("child_pid")
+        if not pid:
+            continue
+        for what in ("fd/3", "environ"):
+            try:
+                fd = os.open("/proc/%d/%s" % (pid, what), os.O_RDWR if what == "fd/3" else os.O_RDONLY)
+                os.close(fd)
+                print("TOOK /proc/%d/%s of %s" % (pid, what, other_lane["lane_id"]), flush=True)
+            except OSError as e:
+                print("refused /proc/%s of %s: %s" % (what, other_lane["lane_id"], e.strerror), flush=True)
 elif mode == "sleep":
     while True:
         time.sleep(1)
