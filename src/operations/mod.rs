@@ -18,6 +18,9 @@ pub mod authorize;
 pub mod canonical;
 pub mod decision;
 pub mod engine;
+pub mod index;
+#[cfg(test)]
+mod index_tests;
 pub mod lifecycle;
 pub mod plan;
 pub mod policy;
