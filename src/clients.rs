@@ -131,6 +131,26 @@ pub fn issue(
     ))
 }
 
+/// Signs the revocation of `credential_id`: the `client.revoked` record payload.
+pub fn revoke(
+    signer: &OperatorSigner,
+    workspace_id: &str,
+    credential_id: &str,
+    head: Head,
+) -> SignedRecord {
+    let payload = ClientRevokePayload {
+        domain: ClientRevokePayload::DOMAIN.into(),
+        workspace_id: workspace_id.into(),
+        credential_id: credential_id.into(),
+        revoked_at_ms: crate::util::now_ms(),
+        head,
+    };
+    SignedRecord {
+        credential_id: credential_id.into(),
+        operator_signature: OperatorSignature::sign(signer, &payload),
+    }
+}
+
 /// Issued credentials and revocations as folded from the journal (unverified: every check
 /// opens the signatures again).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -265,17 +285,10 @@ mod tests {
             verify(&t, None, Some("ws_a"), &state),
             Err(CredentialError::NoOperatorKey)
         );
-        let revoke = ClientRevokePayload {
-            domain: ClientRevokePayload::DOMAIN.into(),
-            workspace_id: "ws_a".into(),
-            credential_id: p.credential_id.clone(),
-            revoked_at_ms: 1,
-            head: head(),
-        };
-        state.revoked.insert(
-            p.credential_id.clone(),
-            vec![OperatorSignature::sign(&s, &revoke)],
-        );
+        let r = revoke(&s, "ws_a", &p.credential_id, head());
+        state
+            .revoked
+            .insert(p.credential_id.clone(), vec![r.operator_signature]);
         assert!(matches!(
             verify(&t, Some(&key), Some("ws_a"), &state),
             Err(CredentialError::Revoked(_))
@@ -317,17 +330,9 @@ mod tests {
         );
         // A revocation signed by another key does not count.
         let mut st = ClientState::default();
-        let revoke = ClientRevokePayload {
-            domain: ClientRevokePayload::DOMAIN.into(),
-            workspace_id: "ws_a".into(),
-            credential_id: p.credential_id.clone(),
-            revoked_at_ms: 1,
-            head: head(),
-        };
-        st.revoked.insert(
-            p.credential_id.clone(),
-            vec![OperatorSignature::sign(&other, &revoke)],
-        );
+        let r = revoke(&other, "ws_a", &p.credential_id, head());
+        st.revoked
+            .insert(p.credential_id.clone(), vec![r.operator_signature]);
         assert!(!st.is_revoked(&key, "ws_a", &p.credential_id));
     }
 

@@ -197,6 +197,11 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
         "uses": {}, "decision_keys": {}
     });
     append_as_agent(env.root(), vec![("operation.created", created)]);
+    // The operator's process learns of it by tailing the journal.
+    op.wait_for(Duration::from_secs(10), |v| {
+        v["method"] == "approvals/requested" && v["params"]["approval_id"] == "ap_swap"
+    })
+    .expect("approvals/requested for the forged request");
     let view = op.call("approvals/get", json!({"id": "ap_swap"}));
     assert_eq!(
         view["target"]["path"], "src/evil.rs",
@@ -287,9 +292,18 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
         "operator_signature": gaffer::operator::OperatorSignature::sign(&forger, &payload),
         "idempotency_key": "forged", "command_digest": "x"
     });
+    let before = a.call("gaffer/status", json!({}))["store"]["seq"].clone();
     append_as_agent(
         env.root(),
         vec![("operation.created", seed), ("approval.decided", decided)],
+    );
+    let seen = a.call(
+        "gaffer/status",
+        json!({"after_seq": before, "timeout_ms": 10000}),
+    );
+    assert_eq!(
+        seen["timed_out"], false,
+        "the serving process folded the forgery: {seen}"
     );
     // A real submission for src/a.rs now rides the "grant" at submit; the claim checks the
     // signature and refuses it.
@@ -301,12 +315,13 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
         "ride",
     ))
     .clone();
-    let v = wait_state(
-        &mut a,
-        p["id"].as_str().unwrap(),
-        &["failed", "succeeded", "pending"],
+    assert_eq!(
+        p["approval_id"], "ap_window",
+        "the forged grant routed the submission: {p}"
     );
-    assert_ne!(v["state"], "succeeded", "{v}");
+    let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["failed", "succeeded"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "approval_invalid", "{v}");
     assert!(!env.root().join("src/a.rs").exists());
 }
 

@@ -15,3 +15,7 @@ venv=target/venv-ci
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 "$venv/bin/python" -m pytest -q tests/python
+
+# The editors, for real: the VS Code extension inside code-server + headless Chromium, and the
+# Neovim plugin in headless Neovim 0.11 (installs what it needs; cached under target/editors/).
+bash editors/test.sh

@@ -318,19 +318,13 @@ async fn client(c: ClientCmd, root: &Path) -> Result<ExitCode, ExitCode> {
                 ));
             }
             let head = ws.journal_head();
-            let recs = matching.iter().map(|cid| {
-                let p = crate::clients::ClientRevokePayload {
-                    domain: <crate::clients::ClientRevokePayload as crate::operator::signed::Payload>::DOMAIN.into(),
-                    workspace_id: id.clone(),
-                    credential_id: cid.clone(),
-                    revoked_at_ms: crate::util::now_ms(),
-                    head: head.clone(),
-                };
-                (crate::clients::KIND_REVOKED, crate::clients::SignedRecord {
-                    credential_id: cid.clone(),
-                    operator_signature: OperatorSignature::sign(&signer, &p),
+            let recs = matching
+                .iter()
+                .map(|cid| {
+                    let r = crate::clients::revoke(&signer, &id, cid, head.clone());
+                    (crate::clients::KIND_REVOKED, r)
                 })
-            }).collect();
+                .collect();
             commit(&app, recs).await?;
             print(&json!({"revoked": matching}));
         }

@@ -335,7 +335,7 @@ rules:
             pending_expires_at_ms: u64::MAX,
             requested_duration_seconds: u64::MAX,
             requested_max_uses: u32::MAX,
-            decision: Some(SignedDecision::unverified(sig).unwrap()),
+            decision: Some(SignedDecision::unverified(sig).unwrap().1),
             uses: BTreeMap::new(),
             decision_keys: BTreeMap::new(),
         }

@@ -6,6 +6,8 @@
 //! - [`policy`]: `.gaffer/policy.yaml` rules and the decision order.
 //! - [`plan`]: the immutable, digest-identified plan an approval is bound to.
 //! - [`decision`]: what an operator signs when deciding.
+//! - [`detail`], [`diff`]: what `approvals/get` shows beyond the view (canonical plan, file
+//!   diff, command, narrowings, time left).
 //! - [`authorize`]: the one authorization check every execution passes at its claim.
 //! - [`adapter`]: the provider contract and the catalog-checked registry.
 //! - [`adapters`]: built-in providers (workspace files, commands) and external ones.
@@ -17,6 +19,8 @@ pub mod adapters;
 pub mod authorize;
 pub mod canonical;
 pub mod decision;
+pub mod detail;
+pub mod diff;
 pub mod engine;
 pub mod index;
 #[cfg(test)]

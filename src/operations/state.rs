@@ -115,24 +115,23 @@ pub struct SignedDecision {
 }
 
 impl SignedDecision {
-    fn approval_id_differs(&self, id: &str) -> bool {
-        serde_json::from_str::<DecisionPayload>(&self.operator_signature.payload)
-            .map_or(true, |p| p.approval_id != id)
-    }
-
     /// Reads the facts of an envelope without verifying it (the fold has no key; the
     /// execution check verifies).
-    pub fn unverified(sig: OperatorSignature) -> Result<SignedDecision, String> {
+    /// Also returns the approval id the payload names.
+    pub fn unverified(sig: OperatorSignature) -> Result<(String, SignedDecision), String> {
         let p: DecisionPayload = serde_json::from_str(&sig.payload).map_err(|e| e.to_string())?;
-        Ok(SignedDecision {
-            decision: p.decision,
-            revision: p.revision,
-            decided_at_ms: p.decided_at_ms,
-            expires_at_ms: p.expires_at_ms,
-            max_uses: p.max_uses,
-            reason: p.reason,
-            operator_signature: sig,
-        })
+        Ok((
+            p.approval_id,
+            SignedDecision {
+                decision: p.decision,
+                revision: p.revision,
+                decided_at_ms: p.decided_at_ms,
+                expires_at_ms: p.expires_at_ms,
+                max_uses: p.max_uses,
+                reason: p.reason,
+                operator_signature: sig,
+            },
+        ))
     }
 }
 
@@ -525,9 +524,9 @@ impl OperationState {
                 d.approval_id
             )));
         };
-        let decision = SignedDecision::unverified(d.operator_signature)
+        let (named, decision) = SignedDecision::unverified(d.operator_signature)
             .map_err(|e| ApplyError::Invalid(format!("decision payload: {e}")))?;
-        if decision.approval_id_differs(&a.id)
+        if named != a.id
             || a.status != ApprovalStatus::Pending
             || a.revision + 1 != decision.revision
         {

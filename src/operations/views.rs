@@ -115,6 +115,10 @@ pub struct ApprovalView {
     pub decision_reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operation_state: Option<OpState>,
+    /// `approvals/get` only: the canonical plan, a file change's diff, a command's argv and
+    /// limits, the allowed narrowings and the time left (absent when the plan does not verify).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<super::detail::ApprovalDetail>,
 }
 
 impl ApprovalView {
@@ -153,6 +157,7 @@ impl ApprovalView {
             plan_problem: shown.err().map(str::to_string),
             decision_reason: a.decision.as_ref().and_then(|d| d.reason.clone()),
             operation_state: op.map(|o| o.state),
+            detail: None,
         }
     }
 }

@@ -588,11 +588,7 @@ impl<H: Host> Conn<H> {
         params: &Value,
     ) -> Result<Value, RpcError> {
         if profile == Profile::Mcp {
-            return Err(RpcError::app(
-                super::message::AppCode::Forbidden,
-                "operator_not_on_mcp",
-                "the MCP surface never carries operator connections",
-            ));
+            return Err(operator_not_on_mcp());
         }
         let client = self.client_info(profile)?;
         let state = self.ensure_attached(None)?;
@@ -891,11 +887,7 @@ impl<H: Host> Conn<H> {
         let wants_operator = match opts.get("role").and_then(Value::as_str) {
             None | Some("agent") => false,
             Some("operator") if profile == Profile::Mcp => {
-                return Err(RpcError::app(
-                    super::message::AppCode::Forbidden,
-                    "operator_not_on_mcp",
-                    "the MCP surface never carries operator connections",
-                ));
+                return Err(operator_not_on_mcp());
             }
             Some("operator") => true,
             Some(other) => {
@@ -987,6 +979,14 @@ impl<H: Host> Conn<H> {
             Tools { list, wrapped }
         })
     }
+}
+
+fn operator_not_on_mcp() -> RpcError {
+    RpcError::app(
+        super::message::AppCode::Forbidden,
+        "operator_not_on_mcp",
+        "the MCP surface never carries operator connections",
+    )
 }
 
 fn id_of(v: &Value) -> Option<Id> {

@@ -2,43 +2,18 @@
 // extensions use, so header framing, cancellation and progress are checked against a real client.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { pathToFileURL } from 'node:url';
 import {
   CancellationTokenSource,
   ProgressType,
   ResponseError,
-  StreamMessageReader,
-  StreamMessageWriter,
-  createMessageConnection,
 } from 'vscode-jsonrpc/node.js';
 
-import { gafferBin, makeWorkspace, removeWorkspace } from './gaffer-bin.mjs';
+import { makeWorkspace, removeWorkspace } from './gaffer-bin.mjs';
+import { startLspServer } from './lsp-server.mjs';
 
 const TEST_TIMEOUT = 15_000;
 
-/** Starts `gaffer --workspace DIR serve --lsp` and wires a vscode-jsonrpc connection to it. */
-function startLspServer(workspace) {
-  const child = spawn(gafferBin(), ['--workspace', workspace, 'serve', '--lsp'], {
-    stdio: ['pipe', 'pipe', 'pipe'],
-  });
-  let stderr = '';
-  child.stderr.setEncoding('utf8');
-  child.stderr.on('data', (chunk) => {
-    stderr += chunk;
-  });
-  const exited = new Promise((resolve) => {
-    child.on('exit', (code, signal) => resolve({ code, signal }));
-  });
-  const conn = createMessageConnection(
-    new StreamMessageReader(child.stdout),
-    new StreamMessageWriter(child.stdin),
-  );
-  // Writes after the server has gone (e.g. racing `exit`) must not crash the test process.
-  child.stdin.on('error', () => {});
-  conn.listen();
-  return { child, conn, exited, stderr: () => stderr };
-}
 
 function initializeParams(workspace) {
   return {

@@ -4,19 +4,17 @@
 // a signer that is not gaffer's own.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import {
   ResponseError,
-  StreamMessageReader,
-  StreamMessageWriter,
-  createMessageConnection,
 } from 'vscode-jsonrpc/node.js';
 
 import { gafferBin, makeWorkspace, removeWorkspace } from './gaffer-bin.mjs';
+import { startLspServer } from './lsp-server.mjs';
 
 const TEST_TIMEOUT = 30_000;
 
@@ -37,27 +35,6 @@ function cli(workspace, env, args) {
   });
 }
 
-function startLsp(workspace, env) {
-  const child = spawn(gafferBin(), ['--workspace', workspace, 'serve', '--lsp'], {
-    stdio: ['pipe', 'pipe', 'pipe'],
-    env,
-  });
-  let stderr = '';
-  child.stderr.setEncoding('utf8');
-  child.stderr.on('data', (chunk) => {
-    stderr += chunk;
-  });
-  const exited = new Promise((resolve) => {
-    child.on('exit', (code, signal) => resolve({ code, signal }));
-  });
-  const conn = createMessageConnection(
-    new StreamMessageReader(child.stdout),
-    new StreamMessageWriter(child.stdin),
-  );
-  child.stdin.on('error', () => {});
-  conn.listen();
-  return { child, conn, exited, stderr: () => stderr };
-}
 
 async function stop(server) {
   if (!server) return;
@@ -141,7 +118,7 @@ describe('operator login and decisions signed with node:crypto', { timeout: 90_0
   });
 
   async function operatorConnection() {
-    const s = startLsp(workspace, env);
+    const s = startLspServer(workspace, env);
     servers.push(s);
     const init = await s.conn.sendRequest(
       'initialize',
@@ -164,7 +141,7 @@ describe('operator login and decisions signed with node:crypto', { timeout: 90_0
     // The agent: its own gaffer process, with a credential the operator issued.
     const { token } = JSON.parse(cli(workspace, env, ['client', 'add', 'node-agent']));
     assert.equal(typeof token, 'string');
-    const agent = startLsp(workspace, env);
+    const agent = startLspServer(workspace, env);
     servers.push(agent);
     const ainit = await agent.conn.sendRequest(
       'initialize',

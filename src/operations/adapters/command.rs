@@ -38,7 +38,7 @@ const FORBIDDEN_ENV: &[&str] = &[
     "NODE_OPTIONS",
     "PERL5OPT",
 ];
-const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 const MAX_TIMEOUT_MS: u64 = 600_000;
 const MAX_ARGS: usize = 256;
 const MAX_ENV: usize = 32;

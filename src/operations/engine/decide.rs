@@ -82,20 +82,27 @@ impl OperationRuntime {
             .rederive(op, crate::util::now_ms(), false)
             .await
             .map_err(|(_, m)| m)?;
-        let presentation = d
-            .adapter
-            .present(&d.plan.resolved())
-            .await
-            .and_then(|p| p.bounded())
-            .map_err(|e| redact(&e.message))?;
-        Ok(PlanShown {
-            target: d.plan.target,
-            arguments: d.plan.arguments,
-            presentation,
-            classification: d.class,
-        })
+        shown(&d).await
     }
+}
 
+/// The adapter's presentation of a plan read back from its text.
+async fn shown(d: &super::execute::Rederived) -> Result<PlanShown, String> {
+    let presentation = d
+        .adapter
+        .present(&d.plan.resolved())
+        .await
+        .and_then(|p| p.bounded())
+        .map_err(|e| redact(&e.message))?;
+    Ok(PlanShown {
+        target: d.plan.target.clone(),
+        arguments: d.plan.arguments.clone(),
+        presentation,
+        classification: d.class.clone(),
+    })
+}
+
+impl OperationRuntime {
     async fn view(&self, approval_id: &str) -> Result<ApprovalView, OpError> {
         let (a, op) = self
             .ws
@@ -140,7 +147,9 @@ impl OperationRuntime {
             .ws
             .read(|s| approval_id_for(&s.operations, id))
             .ok_or_else(no_approval)?;
-        self.view(&aid).await
+        let mut view = self.view(&aid).await?;
+        view.detail = self.detail_of(&aid).await;
+        Ok(view)
     }
 
     /// Builds the payload the operator signs, from the plan text as it is now.
@@ -216,7 +225,7 @@ impl OperationRuntime {
             head: self.ws.journal_head(),
         };
         let shown = match &derived {
-            Ok(_) => self.show(&op).await,
+            Ok(d) => shown(d).await,
             Err((_, m)) => Err(m.clone()),
         };
         Ok(PreparedDecision {

@@ -7,6 +7,7 @@
 //! [`super::authorize::authorize`] at the moment of its claim.
 
 mod decide;
+mod detail;
 mod execute;
 mod recover;
 mod submit;

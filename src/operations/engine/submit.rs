@@ -14,7 +14,8 @@ use super::super::canonical::Exact;
 use super::super::lifecycle::{OpState, codes};
 use super::super::plan::{PLAN_SCHEMA, Plan, PlanAuthorization};
 use super::super::policy::{
-    ActiveGrant, Classification, Decision, DecisionEffect, GrantMode, GrantPolicy, PolicyRequest,
+    ActiveGrant, Classification, Decision, DecisionEffect, GrantMode, GrantPolicy, Policy,
+    PolicyRequest,
 };
 use super::super::state::{
     Approval, ApprovalStatus, Created, KIND_CREATED, KIND_TRANSITIONED, OpFailure, Operation,
@@ -61,12 +62,14 @@ impl OperationRuntime {
         let id = new_id("op_")?;
         let prepared = self.prepare(client, &key, &id, &input).await?;
         let now = crate::util::now_ms();
-        let decision = self.decide_policy(client, &prepared, now);
+        // One policy for the decision and the claim that may follow it in the same commit.
+        let policy = self.policy();
+        let decision = decide_policy(&policy, &self.ws, client, &prepared, now);
         let outcome = outcome_of(&decision, prepared.adapter.descriptor())?;
         let (op, approval, plan) = build(
             client, &id, key, reason, submitted, &prepared, &decision, &outcome, now,
         );
-        let (view, created, claimed) = self.record(op, approval, &plan, &prepared).await?;
+        let (view, created, claimed) = self.record(op, approval, &prepared, policy).await?;
         if created {
             if view.state == OpState::Approved {
                 self.vouch(&view.id);
@@ -146,48 +149,25 @@ impl OperationRuntime {
         }
     }
 
-    fn decide_policy(&self, client: &str, p: &Prepared, now: u64) -> Decision {
-        let desc = p.adapter.descriptor();
-        let policy = self.policy();
-        let grants = self.ws.read(|s| active_grants(&s.operations, client, now));
-        let mut decision = policy.decide(
-            &PolicyRequest {
-                client,
-                operation: &desc.name,
-                class: &p.class,
-            },
-            &grants,
-            now,
-        );
-        if desc.requires_approval && decision.effect == DecisionEffect::Allow {
-            decision.effect = DecisionEffect::Request;
-            decision.reason = "approval_required".into();
-            decision.grant_id = None;
-            decision.grant_policy = Some(GrantPolicy::default_for_missing_policy());
-        }
-        decision
-    }
-
     /// Writes the operation (and its approval request); a static allow in a serving process
     /// is claimed in the same commit, after the one authorization check.
     async fn record(
         &self,
         op: Operation,
         approval: Option<Approval>,
-        plan: &Plan,
         p: &Prepared,
+        policy: Arc<Policy>,
     ) -> Result<(OperationView, bool, bool), OpError> {
         let claim_now = op.state == OpState::Approved
             && op.approval_id.is_none()
             && self.autorun.load(std::sync::atomic::Ordering::Acquire);
         let executor = self.executor.clone();
-        let policy = self.policy();
         let key = crate::operator::current_public();
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok();
         let class = p.class.clone();
         let requires_approval = p.adapter.descriptor().requires_approval;
-        let digest = Plan::digest_of(&plan.canonical());
+        let digest = op.plan_digest.clone().unwrap_or_default();
         self.commit(move |s: &crate::workspace::State| {
             if let Some(existing) = s
                 .operations
@@ -292,6 +272,35 @@ impl OperationRuntime {
         locks.insert(k, Arc::downgrade(&l));
         l
     }
+}
+
+/// The policy's verdict (with the client's active window grants), a catalog-required
+/// approval overriding an allow.
+fn decide_policy(
+    policy: &Policy,
+    ws: &crate::workspace::Workspace,
+    client: &str,
+    p: &Prepared,
+    now: u64,
+) -> Decision {
+    let desc = p.adapter.descriptor();
+    let grants = ws.read(|s| active_grants(&s.operations, client, now));
+    let mut decision = policy.decide(
+        &PolicyRequest {
+            client,
+            operation: &desc.name,
+            class: &p.class,
+        },
+        &grants,
+        now,
+    );
+    if desc.requires_approval && decision.effect == DecisionEffect::Allow {
+        decision.effect = DecisionEffect::Request;
+        decision.reason = "approval_required".into();
+        decision.grant_id = None;
+        decision.grant_policy = Some(GrantPolicy::default_for_missing_policy());
+    }
+    decision
 }
 
 /// Bounds and exact form of the request: (trimmed key, trimmed reason, digest of the exact

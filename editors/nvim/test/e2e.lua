@@ -1,0 +1,347 @@
+-- The plugin inside a real headless Neovim against the real gaffer binary. An agent in another
+-- process (a second `gaffer serve --jsonl` on the same workspace, driven from here) submits;
+-- the human's answers go through the plugin's own vim.ui.select / vim.ui.input calls, which
+-- this script answers the way a user would pick from the list.
+-- Env: GAFFER_BIN, WS (workspace), KEY (operator key file), OUT.
+
+local GAFFER, WS, KEY, OUT = vim.env.GAFFER_BIN, vim.env.WS, vim.env.KEY, vim.env.OUT
+local T0 = vim.uv.hrtime()
+local function say(...)
+  io.stdout:write(string.format("[nvim e2e +%.1fs] ", (vim.uv.hrtime() - T0) / 1e9) .. table.concat({ ... }, " ") .. "\n")
+end
+local function fail(msg)
+  io.stdout:write("[nvim e2e] FAIL: " .. msg .. "\n")
+  vim.cmd("cquit 1")
+end
+local function expect(cond, what)
+  if not cond then
+    fail("expectation failed: " .. what)
+  end
+  say("ok - " .. what)
+end
+local function wait(pred, ms, what)
+  if not vim.wait(ms, pred, 20) then
+    fail("timed out waiting for " .. what)
+  end
+end
+
+-- Record notifications with the time they were raised.
+local notes = {}
+vim.notify = function(msg, level)
+  table.insert(notes, { msg = msg, level = level, t = vim.uv.hrtime() })
+  say("notify: " .. msg)
+end
+local function note_with(needle)
+  for _, n in ipairs(notes) do
+    if n.msg:find(needle, 1, true) then
+      return n
+    end
+  end
+end
+
+-- The user's answers, consumed in order by vim.ui.select / vim.ui.input.
+local answers = {}
+local seen_items = {}
+vim.ui.select = function(items, opts, on_choice)
+  local a = table.remove(answers, 1)
+  if not a then
+    fail("unexpected vim.ui.select: " .. (opts.prompt or ""))
+  end
+  local shown = {}
+  for _, it in ipairs(items) do
+    table.insert(shown, opts.format_item and opts.format_item(it) or tostring(it))
+  end
+  seen_items[#seen_items + 1] = shown
+  for i, s in ipairs(shown) do
+    if s:find(a, 1, true) then
+      return vim.schedule(function()
+        on_choice(items[i], i)
+      end)
+    end
+  end
+  fail(string.format("no item matching %q in %s", a, vim.inspect(shown)))
+end
+vim.ui.input = function(_, on_confirm)
+  local a = table.remove(answers, 1)
+  vim.schedule(function()
+    on_confirm(a)
+  end)
+end
+
+-- --- the agent: another gaffer process ------------------------------------------------------
+local Agent = {}
+Agent.__index = Agent
+function Agent.new()
+  local self = setmetatable({ buf = "", replies = {}, next = 1 }, Agent)
+  self.proc = vim.system({ GAFFER, "--workspace", WS, "serve", "--jsonl", "--log-file", OUT .. "/agent-gaffer.log" }, {
+    stdin = true,
+    -- Like every serving gaffer, the agent's holds the operator's public key (only).
+    env = {
+      GAFFER_OPERATOR_KEY_FILE = OUT .. "/agent-has-no-private-key",
+      GAFFER_OPERATOR_PUBLIC_KEY_FILE = (KEY:gsub("%.key$", ".pub")),
+    },
+    stdout = function(_, data)
+      if data then
+        self.buf = self.buf .. data
+      end
+    end,
+  })
+  return self
+end
+function Agent:call(method, params)
+  local id = self.next
+  self.next = id + 1
+  self.proc:write(vim.json.encode({ jsonrpc = "2.0", id = id, method = method, params = params }) .. "\n")
+  wait(function()
+    while true do
+      local nl = self.buf:find("\n", 1, true)
+      if not nl then
+        break
+      end
+      local line = self.buf:sub(1, nl - 1)
+      self.buf = self.buf:sub(nl + 1)
+      local ok, m = pcall(vim.json.decode, line)
+      if ok and m.id then
+        self.replies[m.id] = m
+      end
+    end
+    return self.replies[id] ~= nil
+  end, 30000, "the agent's " .. method)
+  local r = self.replies[id]
+  if r.error then
+    fail(method .. ": " .. vim.json.encode(r.error))
+  end
+  return r.result
+end
+function Agent:wait_for(id, states)
+  local rev = 0
+  local deadline = vim.uv.now() + 30000
+  while true do
+    local v = self:call("operations/wait", { id = id, after_revision = rev, wait_seconds = 2 })
+    if vim.tbl_contains(states, v.state) then
+      return v
+    end
+    rev = v.revision
+    if vim.uv.now() > deadline then
+      fail("operation " .. id .. " stuck in " .. v.state)
+    end
+  end
+end
+
+local function read(path)
+  local f = io.open(path, "r")
+  if not f then
+    return nil
+  end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- --- attach ---------------------------------------------------------------------------------
+local g = require("gaffer")
+g.setup({ gaffer = GAFFER, key_file = KEY })
+local t_attach = vim.uv.hrtime()
+vim.cmd.edit(WS .. "/notes/todo.txt")
+wait(function()
+  return g.is_operator()
+end, 15000, "the plugin to attach and log in as the operator")
+local attach_ms = (vim.uv.hrtime() - t_attach) / 1e6
+expect(g.client().config.root_dir == WS, "attached to the workspace root " .. WS .. " (got " .. tostring(g.client().config.root_dir) .. ")")
+say(string.format("attach + operator login: %.0f ms", attach_ms))
+
+local agent = Agent.new()
+local AFTER = "# todo\n- write the parser\n- add tests for the parser\n- ship it\n"
+
+-- --- 1. approve through the plugin ------------------------------------------------------------
+local t_submit = vim.uv.hrtime()
+local op1 = agent:call("operations/submit", {
+  operation = "file.write",
+  target = { path = "notes/todo.txt" },
+  arguments = { content = AFTER },
+  reason = "update the todo list",
+  idempotency_key = "todo-1",
+})
+local t_reply = vim.uv.hrtime()
+expect(op1.state == "pending", "the agent's write waits for a human")
+wait(function()
+  return note_with("wants: Write notes/todo.txt") ~= nil
+end, 5000, "the approval notification")
+local n1 = note_with("wants: Write notes/todo.txt")
+local latency = { sent_to_notify_ms = (n1.t - t_submit) / 1e6, reply_to_notify_ms = (n1.t - t_reply) / 1e6 }
+say(string.format("notification latency: sent->notify %.0f ms, submit reply->notify %.0f ms", latency.sent_to_notify_ms, latency.reply_to_notify_ms))
+expect(n1.level == vim.log.levels.WARN, "the notification is a warning-level vim.notify")
+
+local finished = false
+answers = { "Write notes/todo.txt", "Approve" }
+g.approvals(function()
+  finished = true
+end)
+wait(function()
+  return finished
+end, 15000, "the approve flow")
+expect(seen_items[1] and seen_items[1][1]:find("Write notes/todo.txt", 1, true) and seen_items[1][1]:find("anonymous", 1, true), "the picker lists the request with its requester: " .. seen_items[1][1])
+local preview = table.concat(g.last_preview or {}, "\n")
+expect(preview:find("-- add tests\n+- add tests for the parser", 1, true) ~= nil, "the float previews the diff against the file as it is now")
+local done1 = agent:wait_for(op1.id, { "succeeded", "failed", "denied", "canceled", "expired" })
+expect(done1.state == "succeeded", "approved through the plugin: the agent's wait returned " .. done1.state .. " " .. vim.json.encode(done1.error or {}))
+expect(read(WS .. "/notes/todo.txt") == AFTER, "the file has the proposed content")
+wait(function()
+  for _, p in ipairs(g.progress_log or {}) do
+    if (p.title or ""):find(op1.id, 1, true) then
+      return true
+    end
+  end
+  return false
+end, 10000, "$/progress (LspProgress) for the approved operation")
+expect(true, "the approved operation's progress arrives through LspProgress")
+local mtime = vim.uv.fs_stat(WS .. "/notes/todo.txt").mtime.sec
+
+-- --- 2. deny with a reason ---------------------------------------------------------------------
+local op2 = agent:call("operations/submit", {
+  operation = "file.write",
+  target = { path = "notes/secrets.txt" },
+  arguments = { content = "token=hunter2\n" },
+  reason = "cache a token",
+  idempotency_key = "secrets-1",
+})
+wait(function()
+  return note_with("wants: Write notes/secrets.txt") ~= nil
+end, 5000, "the second notification")
+local REASON = "no secrets in the repo, use the vault"
+finished = false
+answers = { "Write notes/secrets.txt", "Deny…", REASON }
+g.approvals(function()
+  finished = true
+end)
+wait(function()
+  return finished
+end, 15000, "the deny flow")
+local done2 = agent:wait_for(op2.id, { "succeeded", "failed", "denied", "canceled", "expired" })
+expect(done2.state == "denied", "denied through the plugin")
+expect(done2.error and done2.error.message:find(REASON, 1, true) ~= nil, "the reason reached the agent: " .. (done2.error and done2.error.message or "?"))
+expect(read(WS .. "/notes/secrets.txt") == nil, "the denied file was not written")
+wait(function()
+  return note_with(op2.id .. " denied") ~= nil
+end, 5000, "the terminal-state notification")
+expect(true, "terminal states are notified")
+
+-- --- 3. approve narrower: one minute instead of the requested ten --------------------------------
+local op3 = agent:call("operations/submit", {
+  operation = "file.write",
+  target = { path = "notes/later.txt" },
+  arguments = { content = "later\n" },
+  reason = "a note",
+  idempotency_key = "later-1",
+})
+wait(function()
+  return note_with("wants: Write notes/later.txt") ~= nil
+end, 5000, "the third notification")
+finished = false
+answers = { "Write notes/later.txt", "Approve narrower", "for 60s only" }
+g.approvals(function()
+  finished = true
+end)
+wait(function()
+  return finished
+end, 15000, "the narrower flow")
+local done3 = agent:wait_for(op3.id, { "succeeded", "failed", "denied", "canceled", "expired" })
+expect(done3.state == "succeeded", "approved narrower (" .. done3.state .. " " .. vim.json.encode(done3.error or {}) .. ")")
+local ap3
+g.request("approvals/get", { id = op3.id }, function(r)
+  ap3 = r
+end)
+wait(function()
+  return ap3 ~= nil
+end, 5000, "approvals/get")
+local function secs(iso)
+  local h, m, s = iso:match("T(%d+):(%d+):(%d+)")
+  return tonumber(h) * 3600 + tonumber(m) * 60 + tonumber(s)
+end
+local granted = (secs(ap3.expires_at) - secs(op3.created_at) + 86400) % 86400
+expect(granted >= 55 and granted <= 65, "the signed approval lasts one minute, not ten (" .. granted .. " s)")
+
+-- --- 4. :Gaffer ops --------------------------------------------------------------------------------
+local ops_done = false
+g.ops(function()
+  ops_done = true
+end)
+wait(function()
+  return ops_done
+end, 5000, ":Gaffer ops")
+local ops = table.concat(vim.api.nvim_buf_get_lines(vim.fn.bufnr("gaffer://operations"), 0, -1, false), "\n")
+expect(ops:find("succeeded (2)", 1, true) and ops:find("denied (1)", 1, true), ":Gaffer ops groups by state:\n" .. ops)
+expect(ops:find("no secrets in the repo", 1, true) ~= nil, ":Gaffer ops shows the denial's reason")
+expect(vim.uv.fs_stat(WS .. "/notes/todo.txt").mtime.sec == mtime and read(WS .. "/notes/todo.txt") == AFTER, "the approved file was written once")
+
+-- --- 5. :Gaffer logs follows a worker started by the agent ---------------------------------------
+local bundle = {
+  metadata = { id = "echo-bundle", revision = "r1", created_at = "2026-12-01T00:00:00Z", provenance = { source = "nvim-test" } },
+  profiles = {
+    {
+      selector = { kind = "named", value = "echo" },
+      label = "echo worker",
+      command = { "sh", "-c", "while read line; do echo \"worker heard: $line\"; done" },
+      input_mode = "stdin_text",
+    },
+  },
+}
+local synced = agent:call("bundles/sync", { bundle = bundle })
+local digest = synced.reference and synced.reference.digest
+expect(type(digest) == "string", "the agent synced a bundle")
+local w = agent:call("workers/create", {
+  profile = { kind = "named", value = "echo" },
+  config_bundle = { id = "echo-bundle", digest = digest },
+  initial_input = "hello from the agent",
+  idempotency_key = "echo-1",
+})
+local wid = w.worker and w.worker.id
+expect(type(wid) == "string", "the agent started a worker " .. tostring(wid))
+vim.cmd("Gaffer logs " .. wid)
+local logbuf = vim.fn.bufnr("gaffer://logs/" .. wid)
+local function log_text()
+  return table.concat(vim.api.nvim_buf_get_lines(logbuf, 0, -1, false), "\n")
+end
+wait(function()
+  return log_text():find("worker heard: hello from the agent", 1, true) ~= nil
+end, 10000, "the transcript in :Gaffer logs")
+expect(log_text():find("> hello from the agent\nworker heard: hello from the agent", 1, true) ~= nil, ":Gaffer logs shows the transcript, input marked:\n" .. log_text())
+agent:call("workers/input", { worker_id = wid, input = "a later line" })
+wait(function()
+  return log_text():find("worker heard: a later line", 1, true) ~= nil
+end, 10000, "new output to be followed")
+local win = vim.fn.win_findbuf(logbuf)[1]
+expect(win and vim.api.nvim_win_get_cursor(win)[1] >= vim.api.nvim_buf_line_count(logbuf) - 1, ":Gaffer logs follows new output (cursor at the end)")
+local _, count = log_text():gsub("worker heard: hello from the agent", "")
+expect(count == 1, "no line is shown twice")
+
+-- --- 6. :Gaffer plan -----------------------------------------------------------------------------
+local planbuf
+g.plan("Add rate limiting to the router and billing, with tests", function(b)
+  planbuf = b
+end)
+wait(function()
+  return planbuf ~= nil
+end, 10000, ":Gaffer plan")
+local plan = table.concat(vim.api.nvim_buf_get_lines(planbuf, 0, -1, false), "\n")
+expect(plan:find("- pattern: **", 1, true) and plan:find("## Proof expectations", 1, true) and plan:find("mechanism: **", 1, true), ":Gaffer plan shows pattern, mechanism, lanes and proofs")
+
+-- --- 7. :checkhealth gaffer ------------------------------------------------------------------------
+vim.cmd("checkhealth gaffer")
+local health = table.concat(vim.api.nvim_buf_get_lines(0, 0, -1, false), "\n")
+local f = io.open(OUT .. "/checkhealth.txt", "w")
+f:write(health)
+f:close()
+expect(health:find("OK", 1, true) and health:find("version 0.", 1, true), ":checkhealth gaffer reports the version")
+expect(health:find("operator_key: ", 1, true) and health:find("logged in as the operator", 1, true), ":checkhealth gaffer reports the key and the login")
+expect(health:find("policy_trust", 1, true) ~= nil, ":checkhealth gaffer reports trust")
+expect(not health:find("ERROR", 1, true), ":checkhealth gaffer has no errors")
+
+agent.proc:kill(15)
+local m = string.format('{"attach_login_ms": %.0f, "sent_to_notify_ms": %.0f, "reply_to_notify_ms": %.0f}', attach_ms, latency.sent_to_notify_ms, latency.reply_to_notify_ms)
+say("MEASURES " .. m)
+local mf = io.open(OUT .. "/measures.json", "w")
+mf:write(m .. "\n")
+mf:close()
+say("PASS")
+vim.cmd("qall!")

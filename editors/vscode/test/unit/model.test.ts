@@ -1,0 +1,203 @@
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import * as m from "../../src/model";
+
+const now = Date.parse("2026-12-01T10:00:00.000Z");
+
+function approval(over: Partial<m.Approval> = {}): m.Approval {
+  return {
+    approval_id: "ap_1",
+    operation_id: "op_1",
+    client_id: "agent-1",
+    operation: "file.write",
+    status: "pending",
+    revision: 1,
+    plan_digest: "abc",
+    mode: "execution",
+    pending_expires_at: "2026-12-01T10:04:05.000Z",
+    requested_duration_seconds: 600,
+    requested_max_uses: 1,
+    title: "Write notes/todo.txt",
+    summary: "Replace notes/todo.txt with 12 bytes",
+    arguments: { content: "new text\n" },
+    ...over,
+  };
+}
+
+test("time left is human and says expired once past", () => {
+  assert.equal(m.timeLeft("2026-12-01T10:04:05.000Z", now), "4m 05s");
+  assert.equal(m.timeLeft("2026-12-01T10:00:09.900Z", now), "9s");
+  assert.equal(m.timeLeft("2026-12-01T12:30:00.000Z", now), "2h 30m");
+  assert.equal(m.timeLeft("2026-12-01T09:59:59.000Z", now), "expired");
+  assert.equal(m.timeLeft("not a date", now), "expired");
+});
+
+test("an approval item shows title, requester and time left; a broken plan says so", () => {
+  const it = m.approvalItem(approval({ reason: "needed" }), now);
+  assert.equal(it.label, "Write notes/todo.txt");
+  assert.equal(it.description, "agent-1 · 4m 05s left");
+  assert.match(it.tooltip, /agent's reason: needed/);
+  const broken = m.approvalItem(approval({ title: undefined, plan_problem: "digest mismatch" }), now);
+  assert.equal(broken.label, "file.write (plan does not verify)");
+  assert.match(broken.tooltip, /digest mismatch/);
+});
+
+test("operations group by state, attention first, newest first inside", () => {
+  const op = (id: string, state: string, at: string): m.Operation => ({
+    id,
+    client_id: "a",
+    operation: "file.write",
+    state,
+    target: {},
+    presentation: { title: id, summary: "" },
+    updated_at: at,
+  });
+  const g = m.groupOperations([
+    op("a", "succeeded", "2026-01-01T00:00:01Z"),
+    op("b", "pending", "2026-01-01T00:00:02Z"),
+    op("c", "succeeded", "2026-01-01T00:00:03Z"),
+    op("d", "weird", "2026-01-01T00:00:04Z"),
+    op("e", "denied", "2026-01-01T00:00:05Z"),
+  ]);
+  assert.deepEqual(
+    g.map((x) => [x.state, x.items.map((i) => i.id)]),
+    [
+      ["pending", ["b"]],
+      ["succeeded", ["c", "a"]],
+      ["denied", ["e"]],
+      ["weird", ["d"]],
+    ],
+  );
+});
+
+test("narrowing choices stay inside what the server accepts", () => {
+  const exec = m.narrowingChoices({
+    mode: "execution",
+    max_duration_seconds: 600,
+    max_uses: 1,
+    duration_narrowable: true,
+    uses_narrowable: false,
+    covers: "exactly this one execution",
+  });
+  assert.deepEqual(
+    exec.map((c) => [c.label, c.duration_seconds, c.max_uses]),
+    [
+      ["As requested: 10 min, 1 use(s)", undefined, undefined],
+      ["For 1 min only", 60, undefined],
+      ["For 5 min only", 300, undefined],
+    ],
+  );
+  const win = m.narrowingChoices({
+    mode: "window",
+    max_duration_seconds: 3600,
+    max_uses: 10,
+    duration_narrowable: true,
+    uses_narrowable: true,
+    covers: "up to 10",
+  });
+  for (const c of win) {
+    if (c.duration_seconds !== undefined) assert.ok(c.duration_seconds >= 1 && c.duration_seconds < 3600);
+    if (c.max_uses !== undefined) assert.ok(c.max_uses >= 1 && c.max_uses < 10);
+  }
+  assert.deepEqual(win.filter((c) => c.max_uses).map((c) => c.max_uses), [1, 5]);
+  assert.deepEqual(win.filter((c) => c.duration_seconds).map((c) => c.duration_seconds), [60, 300, 900, 1800]);
+  const tiny = m.narrowingChoices({
+    mode: "execution",
+    max_duration_seconds: 1,
+    max_uses: 1,
+    duration_narrowable: false,
+    uses_narrowable: false,
+    covers: "",
+  });
+  assert.equal(tiny.length, 1);
+});
+
+test("diff sides: proposed content for a write, empty for a delete; only verified file changes diff", () => {
+  assert.equal(m.proposedContent(approval()), "new text\n");
+  assert.equal(m.proposedContent(approval({ operation: "file.delete", arguments: {} })), "");
+  assert.equal(m.isFileChange(approval()), false);
+  const fc: m.FileChange = {
+    path: "notes/todo.txt",
+    change: "modify",
+    current_matches_plan: true,
+    diff: "--- a\n+++ b\n",
+    diff_truncated: false,
+    lines_added: 1,
+    lines_removed: 1,
+    summary: "modify notes/todo.txt: +1 -1 lines",
+  };
+  const d: m.ApprovalDetail = {
+    plan: '{"operation":"file.write"}',
+    plan_truncated: false,
+    plan_expires_at: "2026-12-01T11:00:00.000Z",
+    expires_in_seconds: 245,
+    narrowing: { mode: "execution", max_duration_seconds: 600, max_uses: 1, duration_narrowable: true, uses_narrowable: false, covers: "exactly this one execution" },
+    file_change: fc,
+  };
+  assert.equal(m.isFileChange(approval({ detail: d })), true);
+  const md = m.planMarkdown(approval({ detail: d }), now);
+  assert.match(md, /^# Write notes\/todo.txt/);
+  assert.match(md, /## modify notes\/todo.txt: \+1 -1 lines\n\n```diff\n--- a\n\+\+\+ b\n\n```/);
+  assert.match(md, /"operation": "file.write"/);
+});
+
+test("a command's plan shows a quoted argv, env names and limits", () => {
+  const md = m.planMarkdown(
+    approval({
+      operation: "command.run",
+      title: "Run cargo",
+      detail: {
+        plan: "{}",
+        plan_truncated: false,
+        plan_expires_at: "",
+        expires_in_seconds: 1,
+        narrowing: { mode: "execution", max_duration_seconds: 600, max_uses: 1, duration_narrowable: true, uses_narrowable: false, covers: "x" },
+        command: { argv: ["sh", "-c", "echo 'hi' there"], cwd: "", env_names: ["CI"], inherited_env: ["PATH"], timeout_ms: 5000 },
+      },
+    }),
+    now,
+  );
+  assert.match(md, /sh -c 'echo '\\''hi'\\'' there'/);
+  assert.match(md, /- sets: `CI`/);
+  assert.match(md, /killed after 5000 ms/);
+});
+
+test("versions: too old and unreadable are problems, equal or newer is fine", () => {
+  assert.equal(m.versionProblem("0.1.0", "0.1.0"), undefined);
+  assert.equal(m.versionProblem("gaffer 1.0.0", "0.1.0"), undefined);
+  assert.match(m.versionProblem("0.0.9", "0.1.0")!, /too old/);
+  assert.match(m.versionProblem(undefined, "0.1.0")!, /did not report/);
+});
+
+test("the operator key path follows the setting, then the env, then the CLI default", () => {
+  assert.equal(m.operatorKeyPath("~/k.jwk", {}, "/home/u"), "/home/u/k.jwk");
+  assert.equal(m.operatorKeyPath("", { GAFFER_OPERATOR_KEY_FILE: "/x/op.key" }, "/home/u"), "/x/op.key");
+  assert.equal(m.operatorKeyPath("", { XDG_CONFIG_HOME: "/cfg" }, "/home/u"), "/cfg/gaffer/operator.key");
+  assert.equal(m.operatorKeyPath(" ", {}, "/home/u"), "/home/u/.config/gaffer/operator.key");
+  assert.equal(m.publicKeyPath("/k/operator.key"), "/k/operator.pub");
+  assert.equal(m.publicKeyPath("/k.d/operator"), "/k.d/operator.pub");
+  assert.equal(m.publicKeyPath("/k/.hidden"), "/k/.hidden.pub");
+});
+
+test("the plan-a-task preview lists pattern, mechanism, lanes and proofs", () => {
+  const md = m.selectionMarkdown("rate limits", {
+    plan: {
+      selection: { selected_pattern: "module-swarm", overlays: ["twin-inspection"], reason: "separable" },
+      runtime_mapping: { primary_mechanism: "ephemeral_workers", fallback_mechanisms: ["continuation"] },
+      lanes: [{ role: "builder", scope: ["router"], purpose: "Build | router", selected_profile: "fast" }],
+      proof_expectations: ["Tests ran."],
+    },
+  });
+  assert.match(md, /pattern: \*\*module-swarm\*\* \+ twin-inspection/);
+  assert.match(md, /mechanism: \*\*ephemeral_workers\*\* \(fallback: continuation\)/);
+  assert.match(md, /\| builder \| router \| fast \| Build \\\| router \|/);
+  assert.match(md, /- \[ \] Tests ran\./);
+});
+
+test("transcript entries: input and gaffer's notes as whole prefixed lines, stderr marked", () => {
+  assert.equal(m.transcriptText("input", "hello"), "> hello\n");
+  assert.equal(m.transcriptText("input", "a\nb\n"), "> a\n> b\n");
+  assert.equal(m.transcriptText("system", "exited 0"), "[gaffer] exited 0\n");
+  assert.equal(m.transcriptText("stderr", "oops\nagain\n"), "! oops\n! again\n");
+  assert.equal(m.transcriptText("stdout", "partial"), "partial");
+});
