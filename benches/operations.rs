@@ -10,9 +10,12 @@
 //! - submit -> succeeded/s with 1 and 8 concurrent clients;
 //! - approval round trip across two gaffer processes (agent submits, operator approves);
 //! - growth: the same per-operation cost with 1k and 100k operations held (pending awaiting
-//!   approval, and terminal), and `operations/list` (limit 1 and 100) at each size;
+//!   approval, and terminal), `operations/list` (limit 1 and 100) at each size, and what one
+//!   snapshot of that state costs (written before the submits, so it is printed, not mixed in);
+//!   `--growth-only N` runs just these rows at N held;
 //! - recovery: opening a workspace whose journal holds 100,000 operations, and a serving
-//!   process on it: time to its first reply and its RSS;
+//!   process on it: time to its first reply, to its first reply that needs the operations, and
+//!   its RSS holding them (`--recovery-only N`);
 //! - Ed25519 cost per decision: signing a real `approvals/prepare` payload and opening it as
 //!   the serving process does, in µs, beside the raw commit cost measured in the same run.
 
@@ -421,7 +424,7 @@ async fn hold(ws: &Workspace, n: usize, pending: bool) {
 /// Per-operation cost with `held` operations already folded: submits awaiting approval (no
 /// trusted policy) when `pending`, else submit -> succeeded (allow rule). Plus the median
 /// time of `operations/list` with limit 1 and 100, in µs.
-async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64) {
+async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64, f64) {
     let dir = if pending {
         tempfile::tempdir().expect("tempdir")
     } else {
@@ -429,6 +432,12 @@ async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64) {
     };
     let ws = Workspace::open(dir.path()).expect("open");
     hold(&ws, held, pending).await;
+    // Building the held state crossed the automatic snapshot threshold: write that snapshot
+    // now, timed on its own, so the rows below measure submits rather than one snapshot that
+    // happens to fall inside a few hundred of them (the row prints its cost beside).
+    let t = Instant::now();
+    ws.compact().await.expect("compact");
+    let snapshot_ms = t.elapsed().as_secs_f64() * 1e3;
     let rt = runtime(&ws);
     let cost = if pending {
         let syncs = ws.syncs();
@@ -468,11 +477,13 @@ async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64) {
         times.sort_by(f64::total_cmp);
         times[times.len() / 2]
     };
-    (cost, list_us(1), list_us(100))
+    (cost, list_us(1), list_us(100), snapshot_ms)
 }
 
-/// A serving gaffer on `ws`: ms from spawn to its first reply, and its RSS (KiB) then.
-fn serve_open(ws: &Path) -> (f64, u64) {
+/// A serving gaffer on `ws`: ms from spawn to its first reply (`ping`, which opens nothing),
+/// ms from spawn to its first reply that needs the workspace (`operations/list`, limit 1), and
+/// its RSS (KiB) after that reply, holding every operation.
+fn serve_open(ws: &Path) -> (f64, f64, u64) {
     let t = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
         .arg("--workspace")
@@ -485,10 +496,19 @@ fn serve_open(ws: &Path) -> (f64, u64) {
         .expect("spawn gaffer");
     let mut tx = child.stdin.take().expect("stdin");
     let mut rx = BufReader::new(child.stdout.take().expect("stdout"));
-    writeln!(tx, r#"{{"jsonrpc":"2.0","id":1,"method":"ping"}}"#).expect("write");
     let mut line = String::new();
+    writeln!(tx, r#"{{"jsonrpc":"2.0","id":1,"method":"ping"}}"#).expect("write");
     rx.read_line(&mut line).expect("reply");
-    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let first = t.elapsed().as_secs_f64() * 1e3;
+    writeln!(
+        tx,
+        r#"{{"jsonrpc":"2.0","id":2,"method":"operations/list","params":{{"limit":1}}}}"#
+    )
+    .expect("write");
+    line.clear();
+    rx.read_line(&mut line).expect("reply");
+    assert!(line.contains("\"operations\""), "unexpected reply {line}");
+    let opened = t.elapsed().as_secs_f64() * 1e3;
     let status =
         std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
     let rss = status
@@ -499,7 +519,7 @@ fn serve_open(ws: &Path) -> (f64, u64) {
     drop(tx);
     let _ = child.kill();
     let _ = child.wait();
-    (ms, rss)
+    (first, opened, rss)
 }
 
 async fn recovery(n: usize) -> (tempfile::TempDir, Duration, Duration, u64) {
@@ -809,6 +829,22 @@ fn decision_crypto(payload_text: &str, n: usize) {
     );
 }
 
+/// One growth row: `n` submits with `held` operations held, beside the raw rate just before.
+async fn growth_row(held: usize, pending: bool, raw_n: usize, n: usize) {
+    let raw = raw_fdatasync(raw_n);
+    let (c, l1, l100, snap) = growth(held, pending, n).await;
+    println!(
+        "{} with {held} {} held: {}; operations/list limit 1 {l1:.0} µs, limit 100 {l100:.0} µs; a snapshot of that state {snap:.0} ms",
+        if pending {
+            "submit (awaits approval)"
+        } else {
+            "submit -> succeeded"
+        },
+        if pending { "pending" } else { "terminal" },
+        show(&c, raw)
+    );
+}
+
 fn show(c: &Cost, raw: f64) -> String {
     format!(
         "{:.0}/s = {:.2}x raw {raw:.0}/s; {:.2} syncs/op; {:.0} µs CPU/op",
@@ -837,6 +873,18 @@ fn main() {
         return;
     }
     let raw_n = n / 2;
+    if let Some(i) = std::env::args().position(|a| a == "--growth-only") {
+        let held = std::env::args()
+            .nth(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
+        rt.block_on(async {
+            for pending in [true, false] {
+                growth_row(held, pending, raw_n, n / 4).await;
+            }
+        });
+        return;
+    }
     let raw = rt.block_on(async {
         let raw = raw_fdatasync(raw_n);
         println!("raw write+fdatasync (208 B, plain file): {raw:.0}/s");
@@ -868,14 +916,7 @@ fn main() {
         let big = if quick { 10_000 } else { 100_000 };
         for pending in [true, false] {
             for held in [1_000, big] {
-                let raw = raw_fdatasync(raw_n);
-                let (c, l1, l100) = growth(held, pending, n / 4).await;
-                println!(
-                    "{} with {held} {} held: {}; operations/list limit 1 {l1:.0} µs, limit 100 {l100:.0} µs",
-                    if pending { "submit (awaits approval)" } else { "submit -> succeeded" },
-                    if pending { "pending" } else { "terminal" },
-                    show(&c, raw)
-                );
+                growth_row(held, pending, raw_n, n / 4).await;
             }
         }
         recovery_rows(big).await;
@@ -908,15 +949,13 @@ async fn recovery_rows(count: usize) {
         open.as_secs_f64() * 1000.0,
         rec.as_secs_f64() * 1000.0
     );
-    let runs: Vec<(f64, u64)> = (0..3).map(|_| serve_open(dir.path())).collect();
-    let ms: Vec<String> = runs.iter().map(|r| format!("{:.0}", r.0)).collect();
-    let rss: Vec<String> = runs
-        .iter()
-        .map(|r| format!("{:.1}", r.1 as f64 / 1024.0))
-        .collect();
+    let runs: Vec<(f64, f64, u64)> = (0..3).map(|_| serve_open(dir.path())).collect();
+    let col =
+        |f: &dyn Fn(&(f64, f64, u64)) -> String| runs.iter().map(f).collect::<Vec<_>>().join(" / ");
     println!(
-        "gaffer serve on it: first reply after {} ms, RSS then {} MiB",
-        ms.join(" / "),
-        rss.join(" / ")
+        "gaffer serve on it: first reply (ping) after {} ms; first reply holding the operations (operations/list) after {} ms, RSS then {} MiB",
+        col(&|r| format!("{:.0}", r.0)),
+        col(&|r| format!("{:.0}", r.1)),
+        col(&|r| format!("{:.1}", r.2 as f64 / 1024.0)),
     );
 }

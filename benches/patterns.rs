@@ -147,6 +147,16 @@ fn conformance_mix() {
         })
         .collect();
     let mut buf = Vec::with_capacity(64 * 1024);
+    let mut bytes = 0usize;
+    for (request, ctx) in &cases {
+        buf.clear();
+        if let Ok(p) = parse_params(request)
+            && let Ok(outcome) = build_plan(&p.request, p.roster_path.as_deref(), ctx)
+        {
+            let _ = serde_json::to_writer(&mut buf, &render_output(&outcome, p.output));
+        }
+        bytes += buf.len();
+    }
     let (wall, cpu) = measure(|| {
         for (request, ctx) in &cases {
             buf.clear();
@@ -160,8 +170,9 @@ fn conformance_mix() {
     });
     let n = cases.len() as f64;
     println!(
-        "patterns: conformance mix, {} cases, params in, reply bytes out: {:.2} µs per call wall{} ({REFERENCE_IN_PROCESS})",
+        "patterns: conformance mix, {} cases, params in, reply bytes out ({} bytes per call on average): {:.2} µs per call wall{} ({REFERENCE_IN_PROCESS})",
         cases.len(),
+        bytes / cases.len(),
         wall / n,
         cpu.map_or(String::new(), |c| format!(", {:.2} µs CPU", c / n))
     );

@@ -27,7 +27,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
 
 pub use crate::store::Record;
-use crate::store::{ChainStatus, ChainView, Head, RawSnapshot, Store, StoreError};
+use crate::store::{ChainStatus, ChainView, Head, RawSnapshot, SnapshotTarget, Store, StoreError};
 
 /// Write a snapshot after this many records since the last one, so opening stays fast.
 const SNAPSHOT_EVERY: u64 = 50_000;
@@ -176,6 +176,8 @@ struct Shared {
     /// Set while the writer appends a staged batch: it holds the store lock and has folded
     /// everything on disk before it, so a read then has nothing to catch up on.
     appending: std::sync::atomic::AtomicBool,
+    /// Set while an automatic snapshot is being written (by its own thread, no lock held).
+    snapshot_writing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The records a batch has staged so far, and the state they produce.
@@ -264,6 +266,7 @@ impl Workspace {
             events,
             syncs: std::sync::atomic::AtomicU64::new(0),
             appending: std::sync::atomic::AtomicBool::new(false),
+            snapshot_writing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         });
         let (tx, rx) = mpsc::channel::<Job>();
         let spawn_err = |e| StoreError::Io {
@@ -520,18 +523,79 @@ fn fold_new(io: &mut Io, shared: &Shared) {
     }
 }
 
-/// Encodes the state under the state lock (CPU only), then writes it with only `io` held.
-/// The store does not keep the text: the state is in memory already.
-fn snapshot(io: &mut Io, shared: &Shared) -> Result<u64, WorkspaceError> {
+/// Takes the store lock just long enough to fold what others appended and rotate the journal,
+/// then encodes the state (under the state lock, CPU only; `io` stays held, so nothing folds in
+/// between and the state is exactly at the target's seq). The caller writes the file with no
+/// lock held. The store does not keep the text: the state is in memory already.
+fn prepare_snapshot(
+    io: &mut Io,
+    shared: &Shared,
+) -> Result<(SnapshotTarget, RawSnapshot), WorkspaceError> {
+    let target = {
+        let mut txn = io.store.begin()?;
+        let others = txn.take_new()?;
+        let mut folded = lock(&shared.folded);
+        folded.last_poll = Instant::now();
+        let mut notices = Vec::new();
+        for rec in &others {
+            folded.state.apply(rec, &mut notices);
+        }
+        let target = txn.rotate_for_snapshot(folded.state.last_seq);
+        drop(folded);
+        broadcast_all(&shared.events, notices);
+        target?
+    };
     let raw = {
         let folded = lock(&shared.folded);
         RawSnapshot::of(folded.state.last_seq, &folded.state)?
     };
-    let seq = raw.seq;
-    io.store.write_raw_snapshot(raw)?;
-    drop(io.store.take_raw_snapshot());
     io.since_snapshot = 0;
-    Ok(seq)
+    Ok((target, raw))
+}
+
+/// Writes a snapshot now and waits for it (used by `gaffer store compact`).
+fn snapshot(io: &mut Io, shared: &Shared) -> Result<u64, WorkspaceError> {
+    let (target, raw) = prepare_snapshot(io, shared)?;
+    target.write(&raw)?;
+    Ok(raw.seq)
+}
+
+/// The automatic snapshot: prepared under the locks, then written by a thread of its own
+/// (temp file, fsync, rename, directory fsync) while commits go on. One at a time.
+fn snapshot_in_background(io: &mut Io, shared: &Shared) {
+    if shared.snapshot_writing.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let done = Arc::clone(&shared.snapshot_writing);
+    let (target, raw) = match prepare_snapshot(io, shared) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "automatic snapshot failed");
+            done.store(false, Ordering::Release);
+            return;
+        }
+    };
+    // The thread takes the encoded snapshot from the slot; if no thread can be started, this
+    // one writes it: slower commits, same result.
+    let slot = Arc::new(Mutex::new(Some((target, raw))));
+    let write = move |slot: &Mutex<Option<(SnapshotTarget, RawSnapshot)>>| {
+        let taken = lock(slot).take();
+        if let Some((target, raw)) = taken
+            && let Err(e) = target.write(&raw)
+        {
+            tracing::warn!(error = %e, "automatic snapshot failed");
+        }
+        done.store(false, Ordering::Release);
+    };
+    let theirs = Arc::clone(&slot);
+    let write_there = write.clone();
+    if let Err(e) = std::thread::Builder::new()
+        .name("gaffer-snapshot".into())
+        .spawn(move || write_there(&theirs))
+    {
+        tracing::warn!(error = %e, "no snapshot thread; writing the snapshot here");
+        write(&slot);
+    }
 }
 
 fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Receiver<Job>) {
@@ -554,10 +618,8 @@ fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Rece
                 Err(e) => tracing::error!(error = %e, "reloading the store failed"),
             }
         }
-        if io.since_snapshot >= SNAPSHOT_EVERY
-            && let Err(e) = snapshot(&mut io, shared)
-        {
-            tracing::warn!(error = %e, "automatic snapshot failed");
+        if io.since_snapshot >= SNAPSHOT_EVERY {
+            snapshot_in_background(&mut io, shared);
         }
     }
 }
@@ -742,6 +804,48 @@ mod tests {
             kind: kind.into(),
             payload: json!({ "n": n }),
         }
+    }
+
+    /// The automatic snapshot is written by its own thread while commits go on; a reopen
+    /// starts from it and the chain continues across it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_background_snapshot_lets_commits_go_on_and_reopens_with_the_chain() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Workspace::open(dir.path()).expect("open a");
+        for n in 0..20 {
+            a.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", n)], ())))
+                .await
+                .expect("commit");
+        }
+        let at = a.seq();
+        snapshot_in_background(&mut lock(&a.shared.io), &a.shared);
+        // Commits while the snapshot is written.
+        for n in 20..40 {
+            a.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", n)], ())))
+                .await
+                .expect("commit during the snapshot write");
+        }
+        while a.shared.snapshot_writing.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let head = a.journal_head();
+        let id = a.workspace_id();
+        drop(a);
+        let text = std::fs::read(dir.path().join(".gaffer/snapshot.json")).expect("snapshot");
+        let env: Value = serde_json::from_slice(&text).expect("snapshot json");
+        assert_eq!(
+            env["seq"],
+            json!(at),
+            "the snapshot is at the seq it was prepared at"
+        );
+        let b = Workspace::open(dir.path()).expect("reopen");
+        assert_eq!(b.journal_head(), head);
+        assert_eq!(b.workspace_id(), id);
+        assert_eq!(b.chain_status().broken_at, None);
+        b.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 40)], ())))
+            .await
+            .expect("commit after reopen");
+        assert_eq!(b.seq(), head.seq + 1);
     }
 
     #[tokio::test]

@@ -850,10 +850,27 @@ impl WriteTxn<'_> {
 
     /// [`WriteTxn::write_snapshot`] for an already encoded state.
     pub fn write_raw_snapshot(&mut self, snap: RawSnapshot) -> Result<(), StoreError> {
+        let target = self.rotate_for_snapshot(snap.seq)?;
+        target.write(&snap)?;
         let store = &mut *self.store;
-        if snap.seq != store.last_seq {
+        store.snapshot_seq = snap.seq;
+        store.snapshot = Some(snap);
+        store.snapshot_from = target.journal_from;
+        store.snapshot_head = target.head;
+        Ok(())
+    }
+
+    /// The part of a snapshot that needs the lock: checks that `seq` is the journal's last
+    /// seq, removes temp files a crash left, and rotates the journal so later records go to a
+    /// new segment. The returned target writes the snapshot itself, with no lock held (a crash
+    /// before its rename leaves the previous snapshot valid with every record after it, since
+    /// segments are never removed). Replays by this Store still start from the snapshot it
+    /// opened with (or wrote through [`WriteTxn::write_raw_snapshot`]).
+    pub fn rotate_for_snapshot(&mut self, seq: u64) -> Result<SnapshotTarget, StoreError> {
+        let store = &mut *self.store;
+        if seq != store.last_seq {
             return Err(StoreError::SnapshotNotAtTail {
-                snapshot_seq: snap.seq,
+                snapshot_seq: seq,
                 last_seq: store.last_seq,
             });
         }
@@ -877,13 +894,46 @@ impl WriteTxn<'_> {
                 offset: HEADER_LEN as u64,
             };
         }
-        let id = store.view.workspace_id();
-        snapshot::store(&store.dir, &snap, journal_from, store.head, id.as_deref())?;
-        store.snapshot_seq = snap.seq;
-        store.snapshot = Some(snap);
-        store.snapshot_from = journal_from;
-        store.snapshot_head = store.head;
-        Ok(())
+        Ok(SnapshotTarget {
+            dir: store.dir.clone(),
+            seq,
+            journal_from,
+            head: store.head,
+            workspace_id: store.view.workspace_id(),
+        })
+    }
+}
+
+/// Where a snapshot at `seq` goes, decided under the lock by [`WriteTxn::rotate_for_snapshot`].
+#[derive(Debug, Clone)]
+pub struct SnapshotTarget {
+    dir: PathBuf,
+    seq: u64,
+    journal_from: u64,
+    head: Digest32,
+    workspace_id: Option<String>,
+}
+
+impl SnapshotTarget {
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Durably writes `snap` (temp, fsync, rename, directory fsync); needs no lock.
+    pub fn write(&self, snap: &RawSnapshot) -> Result<(), StoreError> {
+        if snap.seq != self.seq {
+            return Err(StoreError::SnapshotNotAtTail {
+                snapshot_seq: snap.seq,
+                last_seq: self.seq,
+            });
+        }
+        snapshot::store(
+            &self.dir,
+            snap,
+            self.journal_from,
+            self.head,
+            self.workspace_id.as_deref(),
+        )
     }
 }
 
