@@ -529,6 +529,8 @@ async fn recovery(n: usize) -> (tempfile::TempDir, Duration, Duration, u64) {
         let per = 1000;
         for b in 0..n / per {
             ws.commit(move |_s: &gaffer::workspace::State| {
+                // Terminal now, so the serving processes below hold them (retention is 30 days).
+                let now = gaffer::util::now_ms();
                 let recs = (0..per)
                     .map(|i| {
                         let id = format!("op_{b}_{i}");
@@ -537,8 +539,8 @@ async fn recovery(n: usize) -> (tempfile::TempDir, Duration, Duration, u64) {
                             json!({"operation": {
                                 "id": id, "client_id": "c", "idempotency_key": id, "operation": "bench.noop",
                                 "provider": "bench", "submitted": "{}", "reason": "r", "target": {}, "arguments": {},
-                                "state": "denied", "revision": 1, "approval_id": null, "created_at_ms": 1,
-                                "updated_at_ms": 1, "terminal_at_ms": 1,
+                                "state": "denied", "revision": 1, "approval_id": null, "created_at_ms": now,
+                                "updated_at_ms": now, "terminal_at_ms": now,
                                 "presentation": {"title": "t", "summary": ""}, "plan_digest": null, "plan": null,
                                 "result": null, "upstream_status": null,
                                 "error": {"code": "operation_policy_denied", "message": "no"}},
