@@ -1,5 +1,7 @@
 //! Worker-pattern selection benchmarks: in process (the 84-case conformance mix and four
-//! fixed requests), `patterns/select` round trip over stdio, and the one-shot CLI. Prints
+//! fixed requests), sequential round trips to one serving process over stdio (NDJSON
+//! `patterns/select`, MCP `tools/call` `select_worker_pattern`, LSP-framed `patterns/select`),
+//! and the one-shot CLI. Prints
 //! gaffer's own figures only; the reference selector appears as a figure labelled with the
 //! date it was measured, never as a ratio against a constant (a constant goes stale while the
 //! machine and the reference change). Asserts nothing.
@@ -183,70 +185,189 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// Sequential `patterns/select` requests to one `gaffer serve --jsonl` process.
+/// How a round trip reaches the selector.
+#[derive(Clone, Copy)]
+enum Wire {
+    /// `serve --jsonl`, `patterns/select`, no handshake.
+    Ndjson,
+    /// `serve --mcp` (NDJSON), after `initialize`: `tools/call` `select_worker_pattern`.
+    Mcp,
+    /// `serve --lsp` (Content-Length frames), after `initialize`: `patterns/select`.
+    Lsp,
+}
+
+/// One `gaffer serve` process and its pipes, speaking `wire`.
+struct Conn {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+    wire: Wire,
+    line: String,
+}
+
+impl Conn {
+    fn start(ws: &std::path::Path, wire: Wire) -> Conn {
+        let flag = match wire {
+            Wire::Ndjson => "--jsonl",
+            Wire::Mcp => "--mcp",
+            Wire::Lsp => "--lsp",
+        };
+        let mut child = Command::new(BIN)
+            .arg("--workspace")
+            .arg(ws)
+            .args(["serve", flag])
+            .env_remove("WORKER_PATTERNS_ROSTER_PATH")
+            .env_remove("HERMES_SWARM_ROSTER_PATH")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn gaffer");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut c = Conn {
+            child,
+            stdin,
+            stdout,
+            wire,
+            line: String::new(),
+        };
+        match wire {
+            Wire::Ndjson => {}
+            Wire::Mcp => {
+                c.call(0, "initialize", r#"{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}"#);
+                c.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":{}}"#);
+            }
+            Wire::Lsp => {
+                c.call(
+                    0,
+                    "initialize",
+                    r#"{"processId":null,"rootUri":null,"capabilities":{}}"#,
+                );
+                c.send(r#"{"jsonrpc":"2.0","method":"initialized","params":{}}"#);
+            }
+        }
+        c
+    }
+
+    fn send(&mut self, body: &str) {
+        match self.wire {
+            Wire::Ndjson | Wire::Mcp => writeln!(self.stdin, "{body}"),
+            Wire::Lsp => write!(self.stdin, "Content-Length: {}\r\n\r\n{body}", body.len()),
+        }
+        .expect("write");
+        self.stdin.flush().expect("flush");
+    }
+
+    /// Sends a request and reads its reply (the next message: nothing else is in flight).
+    fn call(&mut self, id: u64, method: &str, params: &str) -> &str {
+        self.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#
+        ));
+        self.line.clear();
+        match self.wire {
+            Wire::Ndjson | Wire::Mcp => {
+                self.stdout.read_line(&mut self.line).expect("read");
+            }
+            Wire::Lsp => {
+                let mut len = 0usize;
+                loop {
+                    let mut h = String::new();
+                    self.stdout.read_line(&mut h).expect("header");
+                    let h = h.trim_end();
+                    if h.is_empty() {
+                        break;
+                    }
+                    if let Some(v) = h.strip_prefix("Content-Length:") {
+                        len = v.trim().parse().expect("length");
+                    }
+                }
+                let mut body = vec![0u8; len];
+                std::io::Read::read_exact(&mut self.stdout, &mut body).expect("body");
+                self.line = String::from_utf8(body).expect("utf-8");
+            }
+        }
+        assert!(
+            self.line.contains("\"result\""),
+            "unexpected reply {}",
+            self.line
+        );
+        &self.line
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sequential selections to one serving process over each wire.
 fn stdio_round_trip(cases: &[(&str, Value)]) {
     let ws = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(BIN)
-        .arg("--workspace")
-        .arg(ws.path())
-        .args(["serve", "--jsonl"])
-        .env_remove("WORKER_PATTERNS_ROSTER_PATH")
-        .env_remove("HERMES_SWARM_ROSTER_PATH")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn gaffer");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    println!();
-    println!("patterns/select over stdio NDJSON, sequential ({REFERENCE_ROUND_TRIP})");
-    println!(
-        "{:<32} {:>10} {:>10} {:>10}",
-        "request", "p50 µs", "p90 µs", "p99 µs"
-    );
-    let mut id = 0u64;
-    for (name, params) in cases {
-        let body = serde_json::to_string(params).expect("json");
-        let mut once = |id: u64| {
-            writeln!(
-                stdin,
-                r#"{{"jsonrpc":"2.0","id":{id},"method":"patterns/select","params":{body}}}"#
-            )
-            .expect("write");
-            stdin.flush().expect("flush");
-            line.clear();
-            stdout.read_line(&mut line).expect("read");
-            assert!(line.contains("\"result\""), "unexpected reply {line}");
-        };
-        let n = if params["scopes"].as_array().is_some_and(|s| s.len() > 100) {
-            200
-        } else {
-            3_000
-        };
-        for _ in 0..n / 10 {
-            id += 1;
-            once(id);
-        }
-        let mut samples: Vec<f64> = (0..n)
-            .map(|_| {
-                id += 1;
-                let t = Instant::now();
-                once(id);
-                t.elapsed().as_secs_f64() * 1e6
-            })
-            .collect();
-        samples.sort_by(f64::total_cmp);
-        let p50 = percentile(&samples, 0.5);
+    for (wire, title) in [
+        (
+            Wire::Ndjson,
+            "patterns/select over stdio NDJSON, sequential",
+        ),
+        (
+            Wire::Mcp,
+            "MCP tools/call select_worker_pattern (serve --mcp), sequential",
+        ),
+        (
+            Wire::Lsp,
+            "patterns/select over LSP Content-Length frames (serve --lsp), sequential",
+        ),
+    ] {
+        let mut conn = Conn::start(ws.path(), wire);
+        println!();
+        println!("{title} ({REFERENCE_ROUND_TRIP})");
         println!(
-            "{name:<32} {p50:>10.1} {:>10.1} {:>10.1}",
-            percentile(&samples, 0.9),
-            percentile(&samples, 0.99),
+            "{:<32} {:>10} {:>10} {:>10}",
+            "request", "p50 µs", "p90 µs", "p99 µs"
         );
+        let mut id = 0u64;
+        for (name, params) in cases {
+            let body = serde_json::to_string(params).expect("json");
+            let (method, params) = match wire {
+                Wire::Mcp => (
+                    "tools/call",
+                    format!(r#"{{"name":"select_worker_pattern","arguments":{body}}}"#),
+                ),
+                Wire::Ndjson | Wire::Lsp => ("patterns/select", body),
+            };
+            let n = if cases_is_big(params.len()) {
+                200
+            } else {
+                3_000
+            };
+            for _ in 0..n / 10 {
+                id += 1;
+                conn.call(id, method, &params);
+            }
+            let mut samples: Vec<f64> = (0..n)
+                .map(|_| {
+                    id += 1;
+                    let t = Instant::now();
+                    conn.call(id, method, &params);
+                    t.elapsed().as_secs_f64() * 1e6
+                })
+                .collect();
+            samples.sort_by(f64::total_cmp);
+            println!(
+                "{name:<32} {:>10.1} {:>10.1} {:>10.1}",
+                percentile(&samples, 0.5),
+                percentile(&samples, 0.9),
+                percentile(&samples, 0.99),
+            );
+        }
     }
-    drop(stdin);
-    let _ = child.wait();
+}
+
+/// Requests past this many bytes (the 1,000-scope one) get fewer samples.
+fn cases_is_big(param_bytes: usize) -> bool {
+    param_bytes > 4_000
 }
 
 /// `gaffer patterns select … --json` as a fresh process each time, next to `gaffer --version`
