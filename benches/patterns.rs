@@ -321,13 +321,30 @@ fn stdio_round_trip(cases: &[(&str, Value)]) {
         ),
     ] {
         let mut conn = Conn::start(ws.path(), wire);
+        // The floor of this wire in this run: a `ping` round trip (pipes, framing, dispatch).
+        let mut id = 0u64;
+        let mut pings: Vec<f64> = (0..3_000)
+            .map(|_| {
+                id += 1;
+                let t = Instant::now();
+                conn.call(id, "ping", "{}");
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        pings.sort_by(f64::total_cmp);
         println!();
         println!("{title} ({REFERENCE_ROUND_TRIP})");
+        println!(
+            "{:<32} {:>10.1} {:>10.1} {:>10.1}",
+            "ping (this wire's floor)",
+            percentile(&pings, 0.5),
+            percentile(&pings, 0.9),
+            percentile(&pings, 0.99),
+        );
         println!(
             "{:<32} {:>10} {:>10} {:>10}",
             "request", "p50 µs", "p90 µs", "p99 µs"
         );
-        let mut id = 0u64;
         for (name, params) in cases {
             let body = serde_json::to_string(params).expect("json");
             let (method, params) = match wire {
