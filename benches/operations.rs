@@ -1,10 +1,21 @@
 //! Operations throughput and recovery, printed as plain numbers.
 //!
-//! - raw durable append (one commit = append + fdatasync) from one task, for reference;
+//! Every ratio is against the disk's limit measured in the same run and the same kind of
+//! directory: `raw` is a plain file's write(208 B) + fdatasync rate, taken just before each
+//! case (the disk is shared, so the rate drifts). `syncs/op` counts the workspace's
+//! fdatasyncs (one per appended batch) and `CPU/op` the whole process's CPU time.
+//!
+//! - raw write+fdatasync, and a workspace commit (append + fdatasync) from one task;
 //! - durable submits/s from one client (allow rule, no-op provider; execution runs behind);
 //! - submit -> succeeded/s with 1 and 8 concurrent clients;
 //! - approval round trip across two gaffer processes (agent submits, operator approves);
-//! - recovery: opening a workspace whose journal holds 100,000 operations;
+//! - growth: the same per-operation cost with 1k and 100k operations held (pending awaiting
+//!   approval, and terminal), `operations/list` (limit 1 and 100) at each size, and what one
+//!   snapshot of that state costs (written before the submits, so it is printed, not mixed in);
+//!   `--growth-only N` runs just these rows at N held;
+//! - recovery: opening a workspace whose journal holds 100,000 operations, and a serving
+//!   process on it: time to its first reply, to its first reply that needs the operations, and
+//!   its RSS holding them (`--recovery-only N`);
 //! - Ed25519 cost per decision: signing a real `approvals/prepare` payload and opening it as
 //!   the serving process does, in µs, beside the raw commit cost measured in the same run.
 
@@ -242,19 +253,64 @@ async fn pipelined_submits(n: usize, depth: usize) -> f64 {
     r
 }
 
-async fn to_success(clients: usize, per_client: usize) -> f64 {
+/// What a run of operations cost: rate, fdatasyncs and process CPU per operation.
+struct Cost {
+    rate: f64,
+    syncs_per_op: f64,
+    cpu_us_per_op: f64,
+}
+
+/// User + system CPU time of this whole process, in µs.
+fn process_cpu_us() -> f64 {
+    // SAFETY: getrusage only writes the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// The disk's limit: `n` write(208 B) + fdatasync on a plain file in a fresh temp dir.
+fn raw_fdatasync(n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut f = std::fs::File::create(dir.path().join("raw.log")).expect("raw file");
+    let buf = [b'r'; 208];
+    let t = Instant::now();
+    for _ in 0..n {
+        f.write_all(&buf).expect("write");
+        f.sync_data().expect("fdatasync");
+    }
+    rate(n, t.elapsed())
+}
+
+async fn to_success(clients: usize, per_client: usize) -> Cost {
     let dir = workspace_with_allow();
     let ws = Workspace::open(dir.path()).expect("open");
     let rt = runtime(&ws);
+    run_to_success(&ws, &rt, clients, per_client, "").await
+}
+
+/// `clients` tasks, each submitting `per_client` operations and waiting for each to succeed.
+async fn run_to_success(
+    ws: &Workspace,
+    rt: &Arc<OperationRuntime>,
+    clients: usize,
+    per_client: usize,
+    tag: &str,
+) -> Cost {
+    let syncs = ws.syncs();
+    let cpu = process_cpu_us();
     let t = Instant::now();
     let mut tasks = vec![];
     for c in 0..clients {
-        let rt = Arc::clone(&rt);
+        let rt = Arc::clone(rt);
+        let tag = tag.to_string();
         tasks.push(tokio::spawn(async move {
             let client = format!("client-{c}");
             for i in 0..per_client {
                 let (v, _) = rt
-                    .submit(&client, input(&format!("k{i}")))
+                    .submit(&client, input(&format!("k{tag}{i}")))
                     .await
                     .expect("submit");
                 let mut rev = v.revision;
@@ -272,16 +328,209 @@ async fn to_success(clients: usize, per_client: usize) -> f64 {
     for t in tasks {
         t.await.expect("task");
     }
-    rate(clients * per_client, t.elapsed())
+    let n = clients * per_client;
+    Cost {
+        rate: rate(n, t.elapsed()),
+        syncs_per_op: (ws.syncs() - syncs) as f64 / n as f64,
+        cpu_us_per_op: (process_cpu_us() - cpu) / n as f64,
+    }
 }
 
-async fn recovery(n: usize) -> (Duration, Duration, u64) {
+/// `n` operations written straight into the journal (1,000 per commit): pending ones with
+/// their approval awaiting a decision, or terminal (denied) ones.
+async fn hold(ws: &Workspace, n: usize, pending: bool) {
+    use gaffer::operations::adapter::Presentation;
+    use gaffer::operations::lifecycle::OpState;
+    use gaffer::operations::policy::GrantMode;
+    use gaffer::operations::state::{Approval, ApprovalStatus, Created, OpFailure, Operation};
+    let per = 1000;
+    for b in 0..n.div_ceil(per) {
+        ws.commit(move |_s: &gaffer::workspace::State| {
+            let now = gaffer::util::now_ms();
+            let recs = (0..per.min(n - b * per))
+                .map(|i| {
+                    let id = format!("op_held_{b}_{i}");
+                    let ap = format!("ap_held_{b}_{i}");
+                    let op = Operation {
+                        id: id.clone(),
+                        client_id: "held".into(),
+                        idempotency_key: id.clone(),
+                        operation: "bench.noop".into(),
+                        provider: "bench".into(),
+                        submitted: "{}".into(),
+                        reason: "r".into(),
+                        target: json!({}),
+                        arguments: json!({}),
+                        state: if pending {
+                            OpState::Pending
+                        } else {
+                            OpState::Denied
+                        },
+                        revision: 1,
+                        approval_id: pending.then(|| ap.clone()),
+                        created_at_ms: now,
+                        updated_at_ms: now,
+                        terminal_at_ms: (!pending).then_some(now),
+                        presentation: Presentation {
+                            title: "t".into(),
+                            summary: String::new(),
+                        },
+                        plan_digest: None,
+                        plan: None,
+                        result: None,
+                        upstream_status: None,
+                        error: (!pending).then(|| OpFailure::new("operation_policy_denied", "no")),
+                        executor: None,
+                    };
+                    let approval = pending.then(|| Approval {
+                        id: ap,
+                        operation_id: id,
+                        client_id: "held".into(),
+                        operation: "bench.noop".into(),
+                        plan_digest: "0".repeat(64),
+                        classification: Classification {
+                            target_kind: "noop".into(),
+                            ..Default::default()
+                        },
+                        mode: GrantMode::Execution,
+                        status: ApprovalStatus::Pending,
+                        revision: 1,
+                        created_at_ms: now,
+                        pending_expires_at_ms: now + 3_600_000,
+                        requested_duration_seconds: 600,
+                        requested_max_uses: 1,
+                        decision: None,
+                        uses: Default::default(),
+                        decision_keys: Default::default(),
+                    });
+                    NewRecord::new(
+                        "operation.created",
+                        Created {
+                            operation: op,
+                            approval,
+                        },
+                    )
+                    .expect("rec")
+                })
+                .collect();
+            Ok::<_, String>((recs, ()))
+        })
+        .await
+        .map_err(|_| "commit")
+        .expect("commit");
+    }
+}
+
+/// Per-operation cost with `held` operations already folded: submits awaiting approval (no
+/// trusted policy) when `pending`, else submit -> succeeded (allow rule). Plus the median
+/// time of `operations/list` with limit 1 and 100, in µs.
+async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64, f64) {
+    let dir = if pending {
+        tempfile::tempdir().expect("tempdir")
+    } else {
+        workspace_with_allow()
+    };
+    let ws = Workspace::open(dir.path()).expect("open");
+    hold(&ws, held, pending).await;
+    // Building the held state crossed the automatic snapshot threshold: write that snapshot
+    // now, timed on its own, so the rows below measure submits rather than one snapshot that
+    // happens to fall inside a few hundred of them (the row prints its cost beside).
+    let t = Instant::now();
+    ws.compact().await.expect("compact");
+    let snapshot_ms = t.elapsed().as_secs_f64() * 1e3;
+    let rt = runtime(&ws);
+    let cost = if pending {
+        let syncs = ws.syncs();
+        let cpu = process_cpu_us();
+        let t = Instant::now();
+        for i in 0..n {
+            let (v, _) = rt
+                .submit("c", input(&format!("g{i}")))
+                .await
+                .expect("submit");
+            assert_eq!(
+                v.state.as_str(),
+                "pending",
+                "no trusted policy: the submit waits"
+            );
+        }
+        Cost {
+            rate: rate(n, t.elapsed()),
+            syncs_per_op: (ws.syncs() - syncs) as f64 / n as f64,
+            cpu_us_per_op: (process_cpu_us() - cpu) / n as f64,
+        }
+    } else {
+        run_to_success(&ws, &rt, 1, n, "g").await
+    };
+    let list_us = |limit: usize| {
+        let f = gaffer::operations::engine::ListFilter {
+            limit: Some(limit),
+            ..Default::default()
+        };
+        let mut times: Vec<f64> = (0..41)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(rt.list(None, &f).len());
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    };
+    (cost, list_us(1), list_us(100), snapshot_ms)
+}
+
+/// A serving gaffer on `ws`: ms from spawn to its first reply (`ping`, which opens nothing),
+/// ms from spawn to its first reply that needs the workspace (`operations/list`, limit 1), and
+/// its RSS (KiB) after that reply, holding every operation.
+fn serve_open(ws: &Path) -> (f64, f64, u64) {
+    let t = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--workspace")
+        .arg(ws)
+        .args(["serve", "--jsonl"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn gaffer");
+    let mut tx = child.stdin.take().expect("stdin");
+    let mut rx = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    writeln!(tx, r#"{{"jsonrpc":"2.0","id":1,"method":"ping"}}"#).expect("write");
+    rx.read_line(&mut line).expect("reply");
+    let first = t.elapsed().as_secs_f64() * 1e3;
+    writeln!(
+        tx,
+        r#"{{"jsonrpc":"2.0","id":2,"method":"operations/list","params":{{"limit":1}}}}"#
+    )
+    .expect("write");
+    line.clear();
+    rx.read_line(&mut line).expect("reply");
+    assert!(line.contains("\"operations\""), "unexpected reply {line}");
+    let opened = t.elapsed().as_secs_f64() * 1e3;
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    drop(tx);
+    let _ = child.kill();
+    let _ = child.wait();
+    (first, opened, rss)
+}
+
+async fn recovery(n: usize) -> (tempfile::TempDir, Duration, Duration, u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let ws = Workspace::open(dir.path()).expect("open");
         let per = 1000;
         for b in 0..n / per {
             ws.commit(move |_s: &gaffer::workspace::State| {
+                // Terminal now, so the serving processes below hold them (retention is 30 days).
+                let now = gaffer::util::now_ms();
                 let recs = (0..per)
                     .map(|i| {
                         let id = format!("op_{b}_{i}");
@@ -290,8 +539,8 @@ async fn recovery(n: usize) -> (Duration, Duration, u64) {
                             json!({"operation": {
                                 "id": id, "client_id": "c", "idempotency_key": id, "operation": "bench.noop",
                                 "provider": "bench", "submitted": "{}", "reason": "r", "target": {}, "arguments": {},
-                                "state": "denied", "revision": 1, "approval_id": null, "created_at_ms": 1,
-                                "updated_at_ms": 1, "terminal_at_ms": 1,
+                                "state": "denied", "revision": 1, "approval_id": null, "created_at_ms": now,
+                                "updated_at_ms": now, "terminal_at_ms": now,
                                 "presentation": {"title": "t", "summary": ""}, "plan_digest": null, "plan": null,
                                 "result": null, "upstream_status": null,
                                 "error": {"code": "operation_policy_denied", "message": "no"}},
@@ -346,7 +595,10 @@ async fn recovery(n: usize) -> (Duration, Duration, u64) {
     );
     let t = Instant::now();
     rt.recover(&[]).await;
-    (open, t.elapsed(), count)
+    let rec = t.elapsed();
+    drop(rt);
+    drop(ws);
+    (dir, open, rec, count)
 }
 
 /// Minimal NDJSON JSON-RPC client over a child's stdio.
@@ -579,6 +831,32 @@ fn decision_crypto(payload_text: &str, n: usize) {
     );
 }
 
+/// One growth row: `n` submits with `held` operations held, beside the raw rate just before.
+async fn growth_row(held: usize, pending: bool, raw_n: usize, n: usize) {
+    let raw = raw_fdatasync(raw_n);
+    let (c, l1, l100, snap) = growth(held, pending, n).await;
+    println!(
+        "{} with {held} {} held: {}; operations/list limit 1 {l1:.0} µs, limit 100 {l100:.0} µs; a snapshot of that state {snap:.0} ms",
+        if pending {
+            "submit (awaits approval)"
+        } else {
+            "submit -> succeeded"
+        },
+        if pending { "pending" } else { "terminal" },
+        show(&c, raw)
+    );
+}
+
+fn show(c: &Cost, raw: f64) -> String {
+    format!(
+        "{:.0}/s = {:.2}x raw {raw:.0}/s; {:.2} syncs/op; {:.0} µs CPU/op",
+        c.rate,
+        c.rate / raw,
+        c.syncs_per_op,
+        c.cpu_us_per_op
+    )
+}
+
 fn main() {
     let _key_dir = bench_operator_key();
     let quick = std::env::args().any(|a| a == "--quick");
@@ -593,45 +871,57 @@ fn main() {
             .nth(i + 1)
             .and_then(|v| v.parse().ok())
             .unwrap_or(100_000);
+        rt.block_on(recovery_rows(count));
+        return;
+    }
+    let raw_n = n / 2;
+    if let Some(i) = std::env::args().position(|a| a == "--growth-only") {
+        let held = std::env::args()
+            .nth(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
         rt.block_on(async {
-            let (open, rec, count) = recovery(count).await;
-            println!(
-                "recovery with {count} operations: open {:.0} ms, recover pass {:.1} ms",
-                open.as_secs_f64() * 1000.0,
-                rec.as_secs_f64() * 1000.0
-            );
+            for pending in [true, false] {
+                growth_row(held, pending, raw_n, n / 4).await;
+            }
         });
         return;
     }
     let raw = rt.block_on(async {
-        let raw = raw_appends(n).await;
-        println!("raw durable append (commit+fdatasync), 1 task: {raw:.0}/s");
+        let raw = raw_fdatasync(raw_n);
+        println!("raw write+fdatasync (208 B, plain file): {raw:.0}/s");
+        let c = raw_appends(n).await;
+        println!(
+            "workspace commit (append + fdatasync), 1 task: {c:.0}/s ({:.2}x raw)",
+            c / raw
+        );
+        let raw = raw_fdatasync(raw_n);
         let s = submits(n).await;
         println!(
-            "durable submits, 1 client (allow rule, no-op provider): {s:.0}/s ({:.0}% of raw)",
-            100.0 * s / raw
+            "durable submits, 1 client (allow rule, no-op provider): {s:.0}/s ({:.2}x raw {raw:.0}/s)",
+            s / raw
         );
+        let raw = raw_fdatasync(raw_n);
         let p = pipelined_submits(n, 32).await;
         println!(
-            "durable submits, 1 client with 32 in flight: {p:.0}/s ({:.1}x raw)",
+            "durable submits, 1 client with 32 in flight: {p:.0}/s ({:.2}x raw {raw:.0}/s)",
             p / raw
         );
-        let one = to_success(1, n / 2).await;
-        println!(
-            "submit -> succeeded, 1 client: {one:.0}/s ({:.0}% of raw)",
-            100.0 * one / raw
-        );
-        let eight = to_success(8, n / 8).await;
-        println!(
-            "submit -> succeeded, 8 clients: {eight:.0}/s ({:.1}x raw)",
-            eight / raw
-        );
-        let (open, rec, count) = recovery(if quick { 10_000 } else { 100_000 }).await;
-        println!(
-            "recovery with {count} operations in the journal: open {:.0} ms, recover pass {:.1} ms",
-            open.as_secs_f64() * 1000.0,
-            rec.as_secs_f64() * 1000.0
-        );
+        for _ in 0..2 {
+            let raw = raw_fdatasync(raw_n);
+            let one = to_success(1, n / 2).await;
+            println!("submit -> succeeded, 1 client: {}", show(&one, raw));
+            let raw = raw_fdatasync(raw_n);
+            let eight = to_success(8, n / 8).await;
+            println!("submit -> succeeded, 8 clients: {}", show(&eight, raw));
+        }
+        let big = if quick { 10_000 } else { 100_000 };
+        for pending in [true, false] {
+            for held in [1_000, big] {
+                growth_row(held, pending, raw_n, n / 4).await;
+            }
+        }
+        recovery_rows(big).await;
         raw
     });
     let (mut rts, payload) = approval_round_trips(if quick { 5 } else { 30 });
@@ -644,11 +934,30 @@ fn main() {
         max.as_secs_f64() * 1000.0
     );
     decision_crypto(&payload, if quick { 500 } else { 5000 });
-    // The physical limit beside it, from this run: one durable commit (append + fdatasync).
-    let raw_again = rt.block_on(raw_appends(n / 4));
+    // The physical limit beside it, from this run.
+    let raw_again = raw_fdatasync(raw_n);
     println!(
-        "  raw durable append (commit+fdatasync) in this run: {:.1} µs/commit at start, {:.1} µs/commit now",
+        "  raw write+fdatasync in this run: {:.1} µs at start, {:.1} µs now",
         1e6 / raw,
         1e6 / raw_again
+    );
+}
+
+/// Opening a workspace holding `count` operations: in process, and as a serving process.
+async fn recovery_rows(count: usize) {
+    let (dir, open, rec, held) = recovery(count).await;
+    println!(
+        "recovery with {held} operations in the journal: open {:.0} ms, recover pass {:.1} ms",
+        open.as_secs_f64() * 1000.0,
+        rec.as_secs_f64() * 1000.0
+    );
+    let runs: Vec<(f64, f64, u64)> = (0..3).map(|_| serve_open(dir.path())).collect();
+    let col =
+        |f: &dyn Fn(&(f64, f64, u64)) -> String| runs.iter().map(f).collect::<Vec<_>>().join(" / ");
+    println!(
+        "gaffer serve on it: first reply (ping) after {} ms; first reply holding the operations (operations/list) after {} ms, RSS then {} MiB",
+        col(&|r| format!("{:.0}", r.0)),
+        col(&|r| format!("{:.0}", r.1)),
+        col(&|r| format!("{:.1}", r.2 as f64 / 1024.0)),
     );
 }

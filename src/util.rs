@@ -59,10 +59,57 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// `n` bytes from the OS random source.
-pub fn random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
+/// `n` bytes from the OS random source (`/dev/urandom`): for long-lived secrets (key seeds)
+/// and for seeding [`random_bytes`]' generator.
+pub fn os_random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; n];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// SHA-256 in counter mode under a secret key seeded once from the OS: a CSPRNG whose output
+/// is a PRF of a key nobody outside this process has seen. Rekeyed after every request, so
+/// bytes already handed out cannot be recomputed from the state later (forward secrecy).
+struct Generator {
+    key: [u8; 32],
+    counter: u64,
+}
+
+impl Generator {
+    fn block(&mut self, domain: u8) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update([domain]);
+        h.update(self.key);
+        h.update(self.counter.to_le_bytes());
+        self.counter = self.counter.wrapping_add(1);
+        h.finalize().into()
+    }
+
+    fn fill(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(32) {
+            let block = self.block(0);
+            chunk.copy_from_slice(&block[..chunk.len()]);
+        }
+        self.key = self.block(1);
+    }
+}
+
+static GENERATOR: std::sync::Mutex<Option<Generator>> = std::sync::Mutex::new(None);
+
+/// `n` random bytes for ids and nonces, from a generator seeded once from the OS: a file
+/// open per id was most of an id's cost on the submit path.
+pub fn random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
+    let mut g = GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        let key: [u8; 32] = os_random_bytes(32)?
+            .try_into()
+            .map_err(|_| std::io::Error::other("short read from the OS random source"))?;
+        *g = Some(Generator { key, counter: 0 });
+    }
+    let mut buf = vec![0u8; n];
+    if let Some(generator) = g.as_mut() {
+        generator.fill(&mut buf);
+    }
     Ok(buf)
 }
 
@@ -113,6 +160,22 @@ pub fn base64url_decode(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generated_ids_do_not_repeat_and_the_generator_rekeys() {
+        let ids: std::collections::BTreeSet<String> =
+            (0..10_000).map(|_| new_id("op_").expect("id")).collect();
+        assert_eq!(ids.len(), 10_000);
+        let mut g = Generator {
+            key: [7; 32],
+            counter: 0,
+        };
+        let (mut a, mut b) = ([0u8; 40], [0u8; 40]);
+        g.fill(&mut a);
+        g.fill(&mut b);
+        assert_ne!(a, b);
+        assert_ne!(g.key, [7; 32], "the key that produced `a` is gone");
+    }
 
     #[test]
     fn sha256_of_empty_input_is_the_known_vector() {

@@ -5,6 +5,9 @@
 //! waiting, takes the store lock once, folds in what other processes appended, runs each closure
 //! in arrival order (each sees the records staged before it), appends the batch with a single
 //! fdatasync (group commit), and only then answers the callers and pushes notifications.
+//! The store (I/O) and the folded state (CPU) have separate locks: staging holds the state
+//! lock, the append and its fdatasync do not, so reads never wait for the disk and the next
+//! batch's commits queue while an fdatasync runs.
 //! A tailer thread folds in other processes' appends between writes, so their changes reach
 //! this process's clients as notifications.
 //!
@@ -15,6 +18,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
@@ -23,7 +27,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
 
 pub use crate::store::Record;
-use crate::store::{ChainStatus, ChainView, Head, RawSnapshot, Store, StoreError};
+use crate::store::{ChainStatus, ChainView, Head, RawSnapshot, SnapshotTarget, Store, StoreError};
 
 /// Write a snapshot after this many records since the last one, so opening stays fast.
 const SNAPSHOT_EVERY: u64 = 50_000;
@@ -150,13 +154,33 @@ pub enum CommitError<E> {
 /// Called under the store lock before each append (see [`Workspace::before_write`]).
 type WriteHook = Arc<dyn Fn() + Send + Sync>;
 
-struct Inner {
+/// The I/O side: the store and what only its writer needs. The writer holds it for a whole
+/// batch (flock, catch-up, append, fdatasync); nothing that answers a read waits for it.
+struct Io {
     store: Store,
     before_write: Option<WriteHook>,
-    state: State,
     since_snapshot: u64,
+}
+
+/// The CPU side: the folded state. Held only to fold, stage or read, never across I/O.
+struct Folded {
+    state: State,
     /// When the journal was last checked for other processes' appends.
     last_poll: Instant,
+}
+
+/// Both sides. Lock order: `io` before `folded`; `folded` is never held while taking `io`.
+struct Shared {
+    io: Mutex<Io>,
+    folded: Mutex<Folded>,
+    events: broadcast::Sender<Notice>,
+    /// Batches appended (one fdatasync each), for benchmarks and status.
+    syncs: std::sync::atomic::AtomicU64,
+    /// Set while the writer appends a staged batch: it holds the store lock and has folded
+    /// everything on disk before it, so a read then has nothing to catch up on.
+    appending: std::sync::atomic::AtomicBool,
+    /// Set while an automatic snapshot is being written (by its own thread, no lock held).
+    snapshot_writing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The records a batch has staged so far, and the state they produce.
@@ -174,28 +198,35 @@ type Job = Box<dyn FnOnce(Result<&mut Stage<'_>, WorkspaceError>) -> Option<Comp
 pub struct Workspace {
     root: PathBuf,
     gaffer_dir: PathBuf,
-    inner: Arc<Mutex<Inner>>,
-    events: broadcast::Sender<Notice>,
+    shared: Arc<Shared>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     stop_tailer: Arc<std::sync::atomic::AtomicBool>,
     /// Shared with the store (kept across a reload), so chain queries never wait for a commit.
     chain: ChainView,
 }
 
-fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while folding is caught and the state reloaded, so a poisoned lock is still usable.
-    inner.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The lock if nobody holds it: a read must not wait for a commit's I/O.
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 /// Opens the store (publishing its chain into `view`) and folds snapshot + later records into
-/// a fresh state.
+/// a fresh state. The snapshot's text is decoded straight into the state and then dropped.
 fn load(dir: &Path, view: &ChainView) -> Result<(Store, State, u64), WorkspaceError> {
     let mut store = Store::open_with_view(dir, view.clone())?;
-    let (mut state, after) = match store.snapshot()? {
-        Some(snap) => {
-            let state: State =
-                serde_json::from_value(snap.state).map_err(WorkspaceError::Snapshot)?;
-            (state, snap.seq)
+    let (mut state, after) = match store.take_raw_snapshot() {
+        Some(raw) => {
+            let state: State = raw.decode().map_err(WorkspaceError::Snapshot)?;
+            (state, raw.seq)
         }
         None => (State::default(), 0),
     };
@@ -224,52 +255,54 @@ impl Workspace {
         let chain = ChainView::default();
         let (store, state, replayed) = load(&gaffer_dir, &chain)?;
         tracing::info!(workspace = %root.display(), seq = state.last_seq, replayed, "workspace opened");
-        let inner = Arc::new(Mutex::new(Inner {
-            store,
-            before_write: None,
-            state,
-            since_snapshot: replayed,
-            last_poll: Instant::now(),
-        }));
         let (events, _) = broadcast::channel(4096);
+        let shared = Arc::new(Shared {
+            io: Mutex::new(Io {
+                store,
+                before_write: None,
+                since_snapshot: replayed,
+            }),
+            folded: Mutex::new(Folded {
+                state,
+                last_poll: Instant::now(),
+            }),
+            events,
+            syncs: std::sync::atomic::AtomicU64::new(0),
+            appending: std::sync::atomic::AtomicBool::new(false),
+            snapshot_writing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        });
         let (tx, rx) = mpsc::channel::<Job>();
+        let spawn_err = |e| StoreError::Io {
+            path: gaffer_dir.clone(),
+            source: e,
+        };
         {
-            let inner = Arc::clone(&inner);
-            let events = events.clone();
+            let shared = Arc::clone(&shared);
             let dir = gaffer_dir.clone();
             let view = chain.clone();
             std::thread::Builder::new()
                 .name("gaffer-writer".into())
-                .spawn(move || writer_loop(&inner, &events, (&dir, &view), rx))
-                .map_err(|e| StoreError::Io {
-                    path: gaffer_dir.clone(),
-                    source: e,
-                })?;
+                .spawn(move || writer_loop(&shared, (&dir, &view), rx))
+                .map_err(spawn_err)?;
         }
         let stop_tailer = Arc::new(std::sync::atomic::AtomicBool::new(false));
         {
-            let inner = Arc::clone(&inner);
-            let events = events.clone();
+            let shared = Arc::clone(&shared);
             let stop = Arc::clone(&stop_tailer);
             std::thread::Builder::new()
                 .name("gaffer-tailer".into())
                 .spawn(move || {
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(TAIL_INTERVAL);
-                        let mut guard = lock(&inner);
-                        fold_new(&mut guard, &events);
+                        fold_new(&mut lock(&shared.io), &shared);
                     }
                 })
-                .map_err(|e| StoreError::Io {
-                    path: gaffer_dir.clone(),
-                    source: e,
-                })?;
+                .map_err(spawn_err)?;
         }
         Ok(Arc::new(Workspace {
             root,
             gaffer_dir,
-            inner,
-            events,
+            shared,
             jobs: Mutex::new(Some(tx)),
             stop_tailer,
             chain,
@@ -284,18 +317,36 @@ impl Workspace {
         self.gaffer_dir.clone()
     }
 
-    /// Reads the current state, after folding in anything other processes appended.
+    /// Reads the current state, after folding in anything other processes appended. Never
+    /// waits for a commit's append and fdatasync: the writer took the store lock and folded
+    /// everything on disk before staging, and nobody can append while it holds the lock, so
+    /// the journal check is skipped then. (A tailer poll or the writer's catch-up is waited
+    /// for: both are short reads.) Records a batch has staged are visible here once staged,
+    /// before their fdatasync ends, as they already are to other processes reading the
+    /// journal; a commit is acknowledged and notified only once durable.
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        let mut guard = lock(&self.inner);
-        if guard.last_poll.elapsed() >= READ_FRESHNESS {
-            fold_new(&mut guard, &self.events);
+        let stale = lock(&self.shared.folded).last_poll.elapsed() >= READ_FRESHNESS;
+        if stale {
+            let io = match try_lock(&self.shared.io) {
+                Some(io) => Some(io),
+                None if self.shared.appending.load(Ordering::Acquire) => None,
+                None => Some(lock(&self.shared.io)),
+            };
+            if let Some(mut io) = io {
+                fold_new(&mut io, &self.shared);
+            }
         }
-        f(&guard.state)
+        f(&lock(&self.shared.folded).state)
     }
 
     /// The last sequence number folded.
     pub fn seq(&self) -> u64 {
         self.read(|s| s.last_seq)
+    }
+
+    /// Batches this process has appended, one fdatasync each.
+    pub fn syncs(&self) -> u64 {
+        self.shared.syncs.load(Ordering::Relaxed)
     }
 
     /// Seq and hash of the last record folded (seq 0 and the genesis hash for an empty store).
@@ -367,7 +418,7 @@ impl Workspace {
     /// Registers `hook` to run under the store lock before every append, once the store
     /// directory exists (used to record this process's presence before it writes anything).
     pub fn before_write(&self, hook: impl Fn() + Send + Sync + 'static) {
-        lock(&self.inner).before_write = Some(Arc::new(hook));
+        lock(&self.shared.io).before_write = Some(Arc::new(hook));
     }
 
     /// Notifications from every record folded from now on (this process's and others').
@@ -398,25 +449,24 @@ impl Workspace {
 
     /// Notifications from every record folded from now on (this process's and others').
     pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
-        self.events.subscribe()
+        self.shared.events.subscribe()
     }
 
     pub fn put_blob(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
-        Ok(lock(&self.inner).store.put_blob(bytes)?)
+        Ok(crate::store::put_blob_in(&self.gaffer_dir, bytes)?)
     }
 
     pub fn get_blob(&self, hex: &str) -> Result<Vec<u8>, WorkspaceError> {
-        Ok(lock(&self.inner).store.get_blob(hex)?)
+        Ok(crate::store::get_blob_in(&self.gaffer_dir, hex)?)
     }
 
     /// Writes a snapshot of the folded state now (used by `gaffer store compact`).
     pub async fn compact(&self) -> Result<u64, WorkspaceError> {
-        let inner = Arc::clone(&self.inner);
-        let events = self.events.clone();
+        let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {
-            let mut guard = lock(&inner);
-            fold_new(&mut guard, &events);
-            snapshot(&mut guard)
+            let mut io = lock(&shared.io);
+            fold_new(&mut io, &shared);
+            snapshot(&mut io, &shared)
         })
         .await
         .map_err(|_| WorkspaceError::CommitPanicked)?
@@ -425,8 +475,7 @@ impl Workspace {
 
 impl Drop for Workspace {
     fn drop(&mut self) {
-        self.stop_tailer
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop_tailer.store(true, Ordering::Relaxed);
         // Closing the channel lets the writer finish queued commits and exit.
         self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -456,38 +505,103 @@ fn broadcast_all(events: &broadcast::Sender<Notice>, notices: Vec<Notice>) {
     }
 }
 
-/// Folds records other processes appended since we last looked.
-fn fold_new(inner: &mut Inner, events: &broadcast::Sender<Notice>) {
-    inner.last_poll = Instant::now();
-    match inner.store.poll() {
+/// Folds records other processes appended since we last looked. The journal is read with
+/// only `io` held; the state lock is taken just to fold.
+fn fold_new(io: &mut Io, shared: &Shared) {
+    let polled = io.store.poll();
+    let mut folded = lock(&shared.folded);
+    folded.last_poll = Instant::now();
+    match polled {
         Ok(records) if records.is_empty() => {}
         Ok(records) => {
             let mut notices = Vec::new();
-            inner.since_snapshot += records.len() as u64;
+            io.since_snapshot += records.len() as u64;
             for rec in &records {
-                inner.state.apply(rec, &mut notices);
+                folded.state.apply(rec, &mut notices);
             }
-            broadcast_all(events, notices);
+            drop(folded);
+            broadcast_all(&shared.events, notices);
         }
         Err(e) => tracing::error!(error = %e, "reading other processes' records failed"),
     }
 }
 
-fn snapshot(inner: &mut Inner) -> Result<u64, WorkspaceError> {
-    let seq = inner.state.last_seq;
-    inner
-        .store
-        .write_raw_snapshot(RawSnapshot::of(seq, &inner.state)?)?;
-    inner.since_snapshot = 0;
-    Ok(seq)
+/// Takes the store lock just long enough to fold what others appended and rotate the journal,
+/// then encodes the state (under the state lock, CPU only; `io` stays held, so nothing folds in
+/// between and the state is exactly at the target's seq). The caller writes the file with no
+/// lock held. The store does not keep the text: the state is in memory already.
+fn prepare_snapshot(
+    io: &mut Io,
+    shared: &Shared,
+) -> Result<(SnapshotTarget, RawSnapshot), WorkspaceError> {
+    let target = {
+        let mut txn = io.store.begin()?;
+        let others = txn.take_new()?;
+        let mut folded = lock(&shared.folded);
+        folded.last_poll = Instant::now();
+        let mut notices = Vec::new();
+        for rec in &others {
+            folded.state.apply(rec, &mut notices);
+        }
+        let target = txn.rotate_for_snapshot(folded.state.last_seq);
+        drop(folded);
+        broadcast_all(&shared.events, notices);
+        target?
+    };
+    let raw = {
+        let folded = lock(&shared.folded);
+        RawSnapshot::of(folded.state.last_seq, &folded.state)?
+    };
+    io.since_snapshot = 0;
+    Ok((target, raw))
 }
 
-fn writer_loop(
-    inner: &Mutex<Inner>,
-    events: &broadcast::Sender<Notice>,
-    (dir, view): (&Path, &ChainView),
-    rx: mpsc::Receiver<Job>,
-) {
+/// Writes a snapshot now and waits for it (used by `gaffer store compact`).
+fn snapshot(io: &mut Io, shared: &Shared) -> Result<u64, WorkspaceError> {
+    let (target, raw) = prepare_snapshot(io, shared)?;
+    target.write(&raw)?;
+    Ok(raw.seq)
+}
+
+/// The automatic snapshot: prepared under the locks, then written by a thread of its own
+/// (temp file, fsync, rename, directory fsync) while commits go on. One at a time.
+fn snapshot_in_background(io: &mut Io, shared: &Shared) {
+    if shared.snapshot_writing.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let done = Arc::clone(&shared.snapshot_writing);
+    let (target, raw) = match prepare_snapshot(io, shared) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "automatic snapshot failed");
+            done.store(false, Ordering::Release);
+            return;
+        }
+    };
+    // The thread takes the encoded snapshot from the slot; if no thread can be started, this
+    // one writes it: slower commits, same result.
+    let slot = Arc::new(Mutex::new(Some((target, raw))));
+    let write = move |slot: &Mutex<Option<(SnapshotTarget, RawSnapshot)>>| {
+        let taken = lock(slot).take();
+        if let Some((target, raw)) = taken
+            && let Err(e) = target.write(&raw)
+        {
+            tracing::warn!(error = %e, "automatic snapshot failed");
+        }
+        done.store(false, Ordering::Release);
+    };
+    let theirs = Arc::clone(&slot);
+    let write_there = write.clone();
+    if let Err(e) = std::thread::Builder::new()
+        .name("gaffer-snapshot".into())
+        .spawn(move || write_there(&theirs))
+    {
+        tracing::warn!(error = %e, "no snapshot thread; writing the snapshot here");
+        write(&slot);
+    }
+}
+
+fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
@@ -496,22 +610,19 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        let mut guard = lock(inner);
-        let guard = &mut *guard;
-        if let Err(e) = run_batch(guard, events, jobs) {
+        let mut io = lock(&shared.io);
+        if let Err(e) = run_batch(&mut io, shared, jobs) {
             tracing::error!(error = %e, "commit batch failed; reloading state from disk");
             match load(dir, view) {
                 Ok((store, state, _)) => {
-                    guard.store = store;
-                    guard.state = state;
+                    io.store = store;
+                    lock(&shared.folded).state = state;
                 }
                 Err(e) => tracing::error!(error = %e, "reloading the store failed"),
             }
         }
-        if guard.since_snapshot >= SNAPSHOT_EVERY
-            && let Err(e) = snapshot(guard)
-        {
-            tracing::warn!(error = %e, "automatic snapshot failed");
+        if io.since_snapshot >= SNAPSHOT_EVERY {
+            snapshot_in_background(&mut io, shared);
         }
     }
 }
@@ -569,66 +680,77 @@ fn fail(completions: Vec<Completion>, e: &WorkspaceError) {
     }
 }
 
-/// One group commit. Returns Err when state may be ahead of disk and must be reloaded.
-fn run_batch(
-    inner: &mut Inner,
-    events: &broadcast::Sender<Notice>,
-    jobs: Vec<Job>,
-) -> Result<(), WorkspaceError> {
+/// Acknowledges a durable batch and pushes its notices.
+fn publish(shared: &Shared, written: usize, completions: Vec<Completion>, notices: Vec<Notice>) {
+    if written > 0 {
+        shared.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+    for c in completions {
+        c(Ok(()));
+    }
+    broadcast_all(&shared.events, notices);
+}
+
+/// One group commit, `io` held throughout: stage under the state lock, append and fdatasync
+/// without it, then publish. Returns Err when state may be ahead of disk and must be reloaded.
+fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), WorkspaceError> {
     // Before the first write there is no store to lock, and a batch that writes nothing must
     // not create one: under a lock on the workspace root (which every creator of the store
     // holds), stage against the folded state and create the store only if records result.
-    let journal = inner.store.dir().join("journal");
-    let root_lock = if journal.exists() {
-        None
-    } else {
-        inner
-            .store
-            .dir()
-            .parent()
-            .and_then(|root| std::fs::File::open(root).ok())
-            .and_then(|f| f.lock().ok().map(|()| f))
-    };
-    if root_lock.is_some() && !journal.exists() {
-        let next_seq = inner.state.last_seq + 1;
-        let (staged, notices, completions) = stage_batch(&mut inner.state, next_seq, jobs)?;
-        if !staged.is_empty() {
-            let hook = inner.before_write.clone();
-            let mut txn = match inner.store.begin() {
-                Ok(t) => t,
-                Err(e) => {
-                    let e = WorkspaceError::from(e);
-                    fail(completions, &e);
-                    return Err(e);
-                }
-            };
-            if let Some(h) = hook {
-                h();
-            }
-            // Nobody can have written first (creators hold the root lock); check anyway.
-            let others = txn.take_new()?;
-            if !others.is_empty() || txn.next_seq() != next_seq {
-                let e = WorkspaceError::Unavailable("another process wrote first; retry".into());
-                fail(completions, &e);
-                return Err(e);
-            }
-            if let Err(e) = txn.append(&staged) {
-                let e = WorkspaceError::from(e);
-                fail(completions, &e);
-                return Err(e);
-            }
-        }
+    let journal = io.store.dir().join("journal");
+    if journal.exists() {
+        return run_batch_locked(io, shared, jobs);
+    }
+    let root_lock = io
+        .store
+        .dir()
+        .parent()
+        .and_then(|root| std::fs::File::open(root).ok())
+        .and_then(|f| f.lock().ok().map(|()| f));
+    if root_lock.is_none() || journal.exists() {
         drop(root_lock);
-        inner.since_snapshot += staged.len() as u64;
-        for c in completions {
-            c(Ok(()));
-        }
-        broadcast_all(events, notices);
-        return Ok(());
+        return run_batch_locked(io, shared, jobs);
+    }
+    let (staged, notices, completions, next_seq) = {
+        let mut folded = lock(&shared.folded);
+        let next_seq = folded.state.last_seq + 1;
+        let (staged, notices, completions) = stage_batch(&mut folded.state, next_seq, jobs)?;
+        (staged, notices, completions, next_seq)
+    };
+    if !staged.is_empty()
+        && let Err(e) = create_journal(io, &staged, next_seq)
+    {
+        fail(completions, &e);
+        return Err(e);
     }
     drop(root_lock);
-    let hook = inner.before_write.clone();
-    let mut txn = match inner.store.begin() {
+    io.since_snapshot += staged.len() as u64;
+    publish(shared, staged.len(), completions, notices);
+    Ok(())
+}
+
+/// The first append, which creates the journal (the caller holds the workspace root's lock).
+fn create_journal(io: &mut Io, staged: &[Record], next_seq: u64) -> Result<(), WorkspaceError> {
+    let hook = io.before_write.clone();
+    let mut txn = io.store.begin()?;
+    if let Some(h) = hook {
+        h();
+    }
+    // Nobody can have written first (creators hold the root lock); check anyway.
+    let others = txn.take_new()?;
+    if !others.is_empty() || txn.next_seq() != next_seq {
+        return Err(WorkspaceError::Unavailable(
+            "another process wrote first; retry".into(),
+        ));
+    }
+    txn.append(staged)?;
+    Ok(())
+}
+
+/// A batch on an existing journal: catch up with other processes' records, stage, append.
+fn run_batch_locked(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), WorkspaceError> {
+    let hook = io.before_write.clone();
+    let mut txn = match io.store.begin() {
         Ok(t) => t,
         Err(e) => {
             let msg = e.to_string();
@@ -642,28 +764,36 @@ fn run_batch(
     if let Some(h) = hook {
         h();
     }
-    let mut notices = Vec::new();
     let others = txn.take_new()?;
-    inner.since_snapshot += others.len() as u64;
-    for rec in &others {
-        inner.state.apply(rec, &mut notices);
-    }
-    let (staged, staged_notices, completions) =
-        stage_batch(&mut inner.state, txn.next_seq(), jobs)?;
-    if !staged.is_empty()
-        && let Err(e) = txn.append(&staged)
-    {
+    let (staged, notices, completions) = {
+        let mut folded = lock(&shared.folded);
+        folded.last_poll = Instant::now();
+        let mut notices = Vec::new();
+        for rec in &others {
+            folded.state.apply(rec, &mut notices);
+        }
+        let (staged, staged_notices, completions) =
+            stage_batch(&mut folded.state, txn.next_seq(), jobs)?;
+        notices.extend(staged_notices);
+        (staged, notices, completions)
+    };
+    // The state lock is released: reads go on while this append and its fdatasync run, and
+    // new commits queue up for the next batch.
+    shared.appending.store(true, Ordering::Release);
+    let appended = if staged.is_empty() {
+        Ok(())
+    } else {
+        txn.append(&staged)
+    };
+    shared.appending.store(false, Ordering::Release);
+    drop(txn);
+    if let Err(e) = appended {
         let e = WorkspaceError::from(e);
         fail(completions, &e);
         return Err(e);
     }
-    drop(txn);
-    inner.since_snapshot += staged.len() as u64;
-    for c in completions {
-        c(Ok(()));
-    }
-    notices.extend(staged_notices);
-    broadcast_all(events, notices);
+    io.since_snapshot += (others.len() + staged.len()) as u64;
+    publish(shared, staged.len(), completions, notices);
     Ok(())
 }
 
@@ -677,6 +807,48 @@ mod tests {
             kind: kind.into(),
             payload: json!({ "n": n }),
         }
+    }
+
+    /// The automatic snapshot is written by its own thread while commits go on; a reopen
+    /// starts from it and the chain continues across it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_background_snapshot_lets_commits_go_on_and_reopens_with_the_chain() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Workspace::open(dir.path()).expect("open a");
+        for n in 0..20 {
+            a.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", n)], ())))
+                .await
+                .expect("commit");
+        }
+        let at = a.seq();
+        snapshot_in_background(&mut lock(&a.shared.io), &a.shared);
+        // Commits while the snapshot is written.
+        for n in 20..40 {
+            a.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", n)], ())))
+                .await
+                .expect("commit during the snapshot write");
+        }
+        while a.shared.snapshot_writing.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let head = a.journal_head();
+        let id = a.workspace_id();
+        drop(a);
+        let text = std::fs::read(dir.path().join(".gaffer/snapshot.json")).expect("snapshot");
+        let env: Value = serde_json::from_slice(&text).expect("snapshot json");
+        assert_eq!(
+            env["seq"],
+            json!(at),
+            "the snapshot is at the seq it was prepared at"
+        );
+        let b = Workspace::open(dir.path()).expect("reopen");
+        assert_eq!(b.journal_head(), head);
+        assert_eq!(b.workspace_id(), id);
+        assert_eq!(b.chain_status().broken_at, None);
+        b.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 40)], ())))
+            .await
+            .expect("commit after reopen");
+        assert_eq!(b.seq(), head.seq + 1);
     }
 
     #[tokio::test]

@@ -22,6 +22,9 @@ pub mod decision;
 pub mod detail;
 pub mod diff;
 pub mod engine;
+pub mod index;
+#[cfg(test)]
+mod index_tests;
 pub mod lifecycle;
 pub mod plan;
 pub mod policy;

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::adapter::Presentation;
 use super::decision::DecisionPayload;
+use super::index::{self, Index};
 use super::lifecycle::OpState;
 use super::policy::{Classification, GrantMode};
 use crate::operator::signed::OperatorSignature;
@@ -256,6 +257,7 @@ pub struct OpNotice {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(from = "Stored")]
 pub struct OperationState {
     pub operations: BTreeMap<String, Operation>,
     pub approvals: BTreeMap<String, Approval>,
@@ -265,6 +267,33 @@ pub struct OperationState {
     pub terminal: BTreeSet<(u64, String)>,
     /// Records that could not be applied (kept for diagnostics; never silently lost).
     pub skipped: u64,
+    /// Derived from the above; not stored (rebuilt when a snapshot is decoded).
+    #[serde(skip)]
+    pub index: Index,
+}
+
+/// [`OperationState`] as a snapshot stores it: everything but the derived index.
+#[derive(Deserialize)]
+struct Stored {
+    operations: BTreeMap<String, Operation>,
+    approvals: BTreeMap<String, Approval>,
+    by_key: BTreeMap<String, BTreeMap<String, String>>,
+    terminal: BTreeSet<(u64, String)>,
+    skipped: u64,
+}
+
+impl From<Stored> for OperationState {
+    fn from(s: Stored) -> OperationState {
+        let index = Index::build(&s.operations, &s.approvals);
+        OperationState {
+            operations: s.operations,
+            approvals: s.approvals,
+            by_key: s.by_key,
+            terminal: s.terminal,
+            skipped: s.skipped,
+            index,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -309,6 +338,25 @@ impl OperationState {
 
     pub fn approval_of(&self, op: &Operation) -> Option<&Approval> {
         op.approval_id.as_ref().and_then(|a| self.approvals.get(a))
+    }
+
+    /// Re-files operation `id`'s deadline from its state and approval.
+    fn refresh_deadline(&mut self, id: &str) {
+        let at = self
+            .operations
+            .get(id)
+            .and_then(|op| index::deadline(op, &self.approvals));
+        self.index.set_deadline(id, at);
+    }
+
+    /// Re-files approval `aid` (window membership) and the deadlines it decides.
+    fn approval_changed(&mut self, aid: &str) {
+        if let Some(a) = self.approvals.get(aid) {
+            self.index.set_window(a);
+        }
+        for id in self.index.referring(aid) {
+            self.refresh_deadline(&id);
+        }
     }
 
     /// Folds one record of kind `operation.*` or `approval.*`. Records that fail validation
@@ -396,7 +444,13 @@ impl OperationState {
             self.terminal.insert((t, op.id.clone()));
             op.plan = None;
         }
+        self.index.insert_op(&op);
+        let (id, aid) = (op.id.clone(), op.approval_id.clone());
         self.operations.insert(op.id.clone(), op);
+        self.refresh_deadline(&id);
+        if let Some(aid) = aid {
+            self.approval_changed(&aid);
+        }
         Ok(())
     }
 
@@ -431,6 +485,7 @@ impl OperationState {
         let Some(op) = self.operations.get_mut(&t.id) else {
             return Err(ApplyError::Invalid(format!("no operation {}", t.id)));
         };
+        self.index.remove_op(op);
         op.state = t.to;
         op.revision = t.revision;
         op.updated_at_ms = t.at_ms.max(op.updated_at_ms);
@@ -452,7 +507,13 @@ impl OperationState {
             op.terminal_at_ms = Some(op.updated_at_ms);
             self.terminal.insert((op.updated_at_ms, op.id.clone()));
         }
+        self.index.insert_op(op);
         out.push(changed_notice(op));
+        let aid = op.approval_id.clone();
+        self.refresh_deadline(&t.id);
+        for aid in t.approval.map(|c| c.approval_id).into_iter().chain(aid) {
+            self.approval_changed(&aid);
+        }
         Ok(())
     }
 
@@ -482,6 +543,7 @@ impl OperationState {
         a.decision_keys
             .insert(d.idempotency_key.clone(), d.command_digest.clone());
         a.decision = Some(decision);
+        self.approval_changed(&d.approval_id);
         Ok(())
     }
 
@@ -503,6 +565,7 @@ impl OperationState {
         if let (Some(k), Some(c)) = (r.idempotency_key, r.command_digest) {
             a.decision_keys.insert(k, c);
         }
+        self.approval_changed(&r.approval_id);
         Ok(())
     }
 
@@ -513,6 +576,7 @@ impl OperationState {
             }
             self.terminal.pop_first();
             if let Some(op) = self.operations.remove(&id) {
+                self.index.remove_op(&op);
                 if let Some(keys) = self.by_key.get_mut(&op.client_id) {
                     keys.remove(&op.idempotency_key);
                     if keys.is_empty() {
@@ -524,8 +588,12 @@ impl OperationState {
                         .approvals
                         .get(aid)
                         .is_some_and(|a| a.operation_id == op.id)
+                    && let Some(a) = self.approvals.remove(aid)
                 {
-                    self.approvals.remove(aid);
+                    self.index.remove_window(&a.client_id, aid);
+                    for other in self.index.referring(aid) {
+                        self.refresh_deadline(&other);
+                    }
                 }
             }
         }
@@ -706,7 +774,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn created(o: Operation, a: Option<Approval>) -> Value {
+    pub(crate) fn created(o: Operation, a: Option<Approval>) -> Value {
         serde_json::to_value(Created {
             operation: o,
             approval: a,
@@ -714,7 +782,7 @@ pub(crate) mod tests {
         .unwrap()
     }
 
-    fn tr(
+    pub(crate) fn tr(
         id: &str,
         from: OpState,
         to: OpState,
@@ -740,7 +808,7 @@ pub(crate) mod tests {
     }
 
     /// An unsigned envelope: the fold reads its facts; only execution verifies signatures.
-    fn envelope(payload: &impl serde::Serialize) -> OperatorSignature {
+    pub(crate) fn envelope(payload: &impl serde::Serialize) -> OperatorSignature {
         OperatorSignature {
             head: crate::operator::Head {
                 seq: 1,
@@ -751,7 +819,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn decided(a: &str, rev: u64, kind: DecisionKind) -> Value {
+    pub(crate) fn decided(a: &str, rev: u64, kind: DecisionKind) -> Value {
         let payload = DecisionPayload {
             domain: "gaffer/decision/v1".into(),
             workspace_id: "ws".into(),

@@ -209,7 +209,7 @@ impl OperatorSigner {
         if let Some(ws) = workspace {
             refuse_inside(path, ws)?;
         }
-        let seed: [u8; 32] = crate::util::random_bytes(32)
+        let seed: [u8; 32] = crate::util::os_random_bytes(32)
             .ok()
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| OperatorKeyError::Io {

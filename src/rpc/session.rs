@@ -859,7 +859,13 @@ impl<H: Host> Conn<H> {
                 return; // cancelled: -32800 was already sent
             }
             let reply = if let Some(wrap) = mcp {
-                encode(&reply_ok(&id, tool_result(result, wrap, stateless_result)))
+                match tool_result(result, wrap, stateless_result) {
+                    Ok(raw) => reply_ok_raw(&id, &raw),
+                    Err(_) => encode(&reply_err(
+                        Some(&id),
+                        &RpcError::internal("encoding the tool result"),
+                    )),
+                }
             } else {
                 match result {
                     Ok(raw) => reply_ok_raw(&id, &raw),
@@ -1066,25 +1072,67 @@ fn objectify(schema: &mut Value) {
 }
 
 /// Wraps a method result as an MCP tool result: JSON text plus structured content; domain
-/// errors become `isError` results so the agent can read and correct them.
-fn tool_result(result: Result<Box<RawValue>, RpcError>, wrap: bool, stateless: bool) -> Value {
-    let mut out = match result.and_then(|raw| {
-        serde_json::from_str::<Value>(raw.get())
-            .map(|v| (raw.get().to_string(), v))
-            .map_err(|_| RpcError::internal("encoding the tool result"))
-    }) {
-        Ok((text, v)) => {
-            let structured = if wrap { json!({ "result": v }) } else { v };
-            json!({ "content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": false })
-        }
-        Err(e) => json!({
-            "content": [{"type": "text", "text": e.message}],
-            "structuredContent": {"error": e},
-            "isError": true,
-        }),
-    };
-    if stateless {
-        out["resultType"] = json!("complete");
+/// errors become `isError` results so the agent can read and correct them. A success is
+/// written straight from the result's encoded text (once as the text content, once spliced in
+/// as the structured content), never parsed back into a `Value`.
+fn tool_result(
+    result: Result<Box<RawValue>, RpcError>,
+    wrap: bool,
+    stateless: bool,
+) -> Result<Box<RawValue>, serde_json::Error> {
+    #[derive(serde::Serialize)]
+    struct Text<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        text: &'a str,
     }
-    out
+    #[derive(serde::Serialize)]
+    struct Wrapped<'a> {
+        result: &'a RawValue,
+    }
+    #[derive(serde::Serialize)]
+    #[serde(untagged)]
+    enum Structured<'a> {
+        Bare(&'a RawValue),
+        Wrapped(Wrapped<'a>),
+    }
+    // Keys in the order a `Value` object writes them (sorted), so the bytes match the
+    // error form below and earlier releases.
+    #[derive(serde::Serialize)]
+    struct Ok<'a> {
+        content: [Text<'a>; 1],
+        #[serde(rename = "isError")]
+        is_error: bool,
+        #[serde(rename = "resultType", skip_serializing_if = "Option::is_none")]
+        result_type: Option<&'static str>,
+        #[serde(rename = "structuredContent")]
+        structured: Structured<'a>,
+    }
+    let result_type = stateless.then_some("complete");
+    match result {
+        Result::Ok(raw) => serde_json::value::to_raw_value(&Ok {
+            content: [Text {
+                kind: "text",
+                text: raw.get(),
+            }],
+            is_error: false,
+            result_type,
+            structured: if wrap {
+                Structured::Wrapped(Wrapped { result: &raw })
+            } else {
+                Structured::Bare(&raw)
+            },
+        }),
+        Err(e) => {
+            let mut out = json!({
+                "content": [{"type": "text", "text": e.message}],
+                "structuredContent": {"error": e},
+                "isError": true,
+            });
+            if let Some(t) = result_type {
+                out["resultType"] = json!(t);
+            }
+            serde_json::value::to_raw_value(&out)
+        }
+    }
 }

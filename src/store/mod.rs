@@ -125,6 +125,28 @@ pub fn store_created_record() -> Result<Record, StoreError> {
     Ok(Record::new(1, STORE_CREATED, payload))
 }
 
+/// Creates the store directory `dir` with its `.gitignore` if missing.
+fn ensure_root(dir: &Path) -> Result<(), StoreError> {
+    durable::ensure_dir(dir)?;
+    let gitignore = dir.join(".gitignore");
+    if !gitignore.exists() {
+        durable::write_atomic(&gitignore, b"*\n")?;
+    }
+    Ok(())
+}
+
+/// [`Store::put_blob`] without a `Store`: a blob needs no lock (its name is its content), so a
+/// caller need not wait for whoever holds the store for a commit.
+pub fn put_blob_in(dir: &Path, bytes: &[u8]) -> Result<String, StoreError> {
+    ensure_root(dir)?;
+    blob::put(dir, bytes)
+}
+
+/// [`Store::get_blob`] without a `Store`, for the same reason.
+pub fn get_blob_in(dir: &Path, hex: &str) -> Result<Vec<u8>, StoreError> {
+    blob::get(dir, hex)
+}
+
 /// State folded through `seq`, as encoded JSON text: written and read without building a
 /// `serde_json::Value` of a possibly large state.
 #[derive(Clone, Debug)]
@@ -190,6 +212,9 @@ pub struct Store {
     dir: PathBuf,
     journal: PathBuf,
     snapshot: Option<RawSnapshot>,
+    /// Seq of the snapshot the journal continues from (0 without one); kept when the snapshot's
+    /// text is handed over ([`Store::take_raw_snapshot`]).
+    snapshot_seq: u64,
     /// First segment holding records after the snapshot (1 without a snapshot).
     snapshot_from: u64,
     /// End of what this Store has read or written.
@@ -235,11 +260,13 @@ impl Store {
             None => (None, 1, GENESIS, None),
         };
         let last_seq = snapshot.as_ref().map_or(0, |s| s.seq);
+        let snapshot_seq = last_seq;
         view.reset(last_seq, snapshot_head, workspace_id);
         Ok(Store {
             dir,
             journal,
             snapshot,
+            snapshot_seq,
             snapshot_from,
             cursor: Cursor {
                 segment: snapshot_from,
@@ -280,6 +307,12 @@ impl Store {
     /// The snapshot as encoded text, for readers that decode it into their own type.
     pub fn raw_snapshot(&self) -> Option<&RawSnapshot> {
         self.snapshot.as_ref()
+    }
+
+    /// Hands the snapshot's text over to a reader that decodes it into its own state, so it is
+    /// not kept twice (text here, decoded there). Replays still start after its seq.
+    pub fn take_raw_snapshot(&mut self) -> Option<RawSnapshot> {
+        self.snapshot.take()
     }
 
     /// Seq of the last record this Store has read or written (the snapshot's seq before that).
@@ -333,7 +366,7 @@ impl Store {
         after_seq: u64,
         mut f: impl FnMut(Record) -> Result<(), E>,
     ) -> Result<u64, E> {
-        let snap_seq = self.snapshot.as_ref().map_or(0, |s| s.seq);
+        let snap_seq = self.snapshot_seq;
         let mut progress = if after_seq >= snap_seq {
             Progress {
                 cursor: Cursor {
@@ -588,8 +621,7 @@ impl Store {
     /// Stores `bytes` at `<dir>/blobs/sha256/ab/<hex>` (temp file, fsync, rename) and returns
     /// the hex sha256. Idempotent; needs no lock since the name is the content.
     pub fn put_blob(&self, bytes: &[u8]) -> Result<String, StoreError> {
-        self.ensure_root()?;
-        blob::put(&self.dir, bytes)
+        put_blob_in(&self.dir, bytes)
     }
 
     /// Reads a blob, verifying its hash. Rejects names that are not 64 lowercase hex digits.
@@ -599,12 +631,7 @@ impl Store {
 
     /// Creates the store directory with its `.gitignore` if missing.
     fn ensure_root(&self) -> Result<(), StoreError> {
-        durable::ensure_dir(&self.dir)?;
-        let gitignore = self.dir.join(".gitignore");
-        if !gitignore.exists() {
-            durable::write_atomic(&gitignore, b"*\n")?;
-        }
-        Ok(())
+        ensure_root(&self.dir)
     }
 
     /// Under the lock: truncates the last segment back to its last whole record.
@@ -823,10 +850,27 @@ impl WriteTxn<'_> {
 
     /// [`WriteTxn::write_snapshot`] for an already encoded state.
     pub fn write_raw_snapshot(&mut self, snap: RawSnapshot) -> Result<(), StoreError> {
+        let target = self.rotate_for_snapshot(snap.seq)?;
+        target.write(&snap)?;
         let store = &mut *self.store;
-        if snap.seq != store.last_seq {
+        store.snapshot_seq = snap.seq;
+        store.snapshot = Some(snap);
+        store.snapshot_from = target.journal_from;
+        store.snapshot_head = target.head;
+        Ok(())
+    }
+
+    /// The part of a snapshot that needs the lock: checks that `seq` is the journal's last
+    /// seq, removes temp files a crash left, and rotates the journal so later records go to a
+    /// new segment. The returned target writes the snapshot itself, with no lock held (a crash
+    /// before its rename leaves the previous snapshot valid with every record after it, since
+    /// segments are never removed). Replays by this Store still start from the snapshot it
+    /// opened with (or wrote through [`WriteTxn::write_raw_snapshot`]).
+    pub fn rotate_for_snapshot(&mut self, seq: u64) -> Result<SnapshotTarget, StoreError> {
+        let store = &mut *self.store;
+        if seq != store.last_seq {
             return Err(StoreError::SnapshotNotAtTail {
-                snapshot_seq: snap.seq,
+                snapshot_seq: seq,
                 last_seq: store.last_seq,
             });
         }
@@ -850,12 +894,46 @@ impl WriteTxn<'_> {
                 offset: HEADER_LEN as u64,
             };
         }
-        let id = store.view.workspace_id();
-        snapshot::store(&store.dir, &snap, journal_from, store.head, id.as_deref())?;
-        store.snapshot = Some(snap);
-        store.snapshot_from = journal_from;
-        store.snapshot_head = store.head;
-        Ok(())
+        Ok(SnapshotTarget {
+            dir: store.dir.clone(),
+            seq,
+            journal_from,
+            head: store.head,
+            workspace_id: store.view.workspace_id(),
+        })
+    }
+}
+
+/// Where a snapshot at `seq` goes, decided under the lock by [`WriteTxn::rotate_for_snapshot`].
+#[derive(Debug, Clone)]
+pub struct SnapshotTarget {
+    dir: PathBuf,
+    seq: u64,
+    journal_from: u64,
+    head: Digest32,
+    workspace_id: Option<String>,
+}
+
+impl SnapshotTarget {
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Durably writes `snap` (temp, fsync, rename, directory fsync); needs no lock.
+    pub fn write(&self, snap: &RawSnapshot) -> Result<(), StoreError> {
+        if snap.seq != self.seq {
+            return Err(StoreError::SnapshotNotAtTail {
+                snapshot_seq: snap.seq,
+                last_seq: self.seq,
+            });
+        }
+        snapshot::store(
+            &self.dir,
+            snap,
+            self.journal_from,
+            self.head,
+            self.workspace_id.as_deref(),
+        )
     }
 }
 

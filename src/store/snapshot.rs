@@ -77,10 +77,18 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
         path: path.to_path_buf(),
         reason,
     };
-    // Check the version before anything else so a newer layout is refused as such.
-    let format = serde_json::from_slice::<FormatOnly>(bytes)
-        .map_err(|e| bad(format!("not a snapshot envelope: {e}")))?
-        .format;
+    // One pass over the text in the usual case. When the envelope does not parse, or parses
+    // with another version, the version alone decides the error, so a newer or older layout is
+    // refused as such rather than as damage.
+    let parsed = serde_json::from_slice::<Envelope<'_>>(bytes);
+    let format = match &parsed {
+        Ok(envelope) => envelope.format,
+        Err(_) => {
+            serde_json::from_slice::<FormatOnly>(bytes)
+                .map_err(|e| bad(format!("not a snapshot envelope: {e}")))?
+                .format
+        }
+    };
     if format < FORMAT_VERSION {
         return Err(StoreError::OutdatedVersion {
             path: path.to_path_buf(),
@@ -95,8 +103,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
             supported: FORMAT_VERSION,
         });
     }
-    let envelope: Envelope<'_> =
-        serde_json::from_slice(bytes).map_err(|e| bad(format!("malformed envelope: {e}")))?;
+    let envelope = parsed.map_err(|e| bad(format!("malformed envelope: {e}")))?;
     let actual = sha256_hex(envelope.state.get().as_bytes());
     if actual != envelope.state_sha256 {
         return Err(bad(format!(
@@ -145,14 +152,25 @@ pub fn store(
     durable::write_atomic(&dir.join(FILE_NAME), &bytes)
 }
 
-/// Removes temp files of snapshot writes that a crash interrupted. Call only under the lock.
+/// Removes temp files of snapshot writes that a crash interrupted. Call only under the lock,
+/// and only while this process has no snapshot write of its own in flight. Snapshots are
+/// written without the lock, so a temp named by another live process (`/proc/<pid>` exists)
+/// may be one in progress and is left alone.
 pub fn remove_stale_temps(dir: &Path) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
     let prefix = format!(".{FILE_NAME}.tmp-");
+    let own = std::process::id();
     for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        let live_other = pid.is_some_and(|p| p != own && Path::new(&format!("/proc/{p}")).exists());
+        if !live_other {
             let _ = fs::remove_file(entry.path());
         }
     }
@@ -178,6 +196,25 @@ mod tests {
         assert_eq!(loaded.journal_from, 3);
         assert_eq!(loaded.head, Digest32([7; 32]));
         assert_eq!(loaded.workspace_id.as_deref(), Some("ws_a"));
+    }
+
+    #[test]
+    fn stale_temps_go_but_another_live_process_keeps_its_write_in_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = |pid: &str| dir.path().join(format!(".{FILE_NAME}.tmp-{pid}-0"));
+        let own = std::process::id().to_string();
+        // pid 1 is alive on every Linux system; u32::MAX is never a pid.
+        for pid in ["1", own.as_str(), "4294967295", "junk"] {
+            fs::write(name(pid), b"partial").unwrap();
+        }
+        remove_stale_temps(dir.path());
+        assert!(
+            name("1").exists(),
+            "a live process's write in progress stays"
+        );
+        for pid in [own.as_str(), "4294967295", "junk"] {
+            assert!(!name(pid).exists(), "{pid}: stale temp removed");
+        }
     }
 
     #[test]

@@ -410,16 +410,17 @@ impl OperationRuntime {
     pub fn list(&self, client: Option<&str>, f: &ListFilter) -> Vec<OperationView> {
         let limit = f.limit.unwrap_or(100).min(1000);
         self.ws.read(|s| {
-            let mut v: Vec<&Operation> = s
-                .operations
-                .operations
-                .values()
+            // Newest first from the narrowest index; filtering stops at the limit.
+            let ops = &s.operations;
+            ops.index
+                .newest_first(client, &f.states)
+                .filter_map(|(_, id)| ops.get(id))
                 .filter(|op| client.is_none_or(|c| c == op.client_id))
                 .filter(|op| f.states.is_empty() || f.states.contains(&op.state))
                 .filter(|op| f.operation.as_ref().is_none_or(|o| *o == op.operation))
-                .collect();
-            v.sort_by(|a, b| (b.created_at_ms, &b.id).cmp(&(a.created_at_ms, &a.id)));
-            v.into_iter().take(limit).map(OperationView::of).collect()
+                .take(limit)
+                .map(OperationView::of)
+                .collect()
         })
     }
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::super::lifecycle::{OpState, codes};
 use super::super::state::{
-    ApprovalChange, ApprovalEffect, ApprovalStatus, KIND_PRUNED, KIND_TRANSITIONED, Operation,
-    OperationState, Pruned, UseState,
+    ApprovalChange, ApprovalEffect, KIND_PRUNED, KIND_TRANSITIONED, Operation, OperationState,
+    Pruned, UseState,
 };
 use super::execute::Settle;
 use super::*;
@@ -66,15 +66,21 @@ impl OperationRuntime {
         self.expire_due().await;
         let (approved, executing): (Vec<String>, Vec<(String, Option<String>)>) =
             self.ws.read(|s| {
-                let mut a = vec![];
-                let mut e = vec![];
-                for op in s.operations.operations.values() {
-                    match op.state {
-                        OpState::Approved => a.push(op.id.clone()),
-                        OpState::Executing => e.push((op.id.clone(), executor_of(op))),
-                        _ => {}
-                    }
-                }
+                let ops = &s.operations;
+                let in_state = |state: OpState| {
+                    ops.index
+                        .by_state
+                        .get(&state)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|(_, id)| ops.get(id))
+                };
+                let a = in_state(OpState::Approved)
+                    .map(|op| op.id.clone())
+                    .collect();
+                let e = in_state(OpState::Executing)
+                    .map(|op| (op.id.clone(), executor_of(op)))
+                    .collect();
                 (a, e)
             });
         for (id, exec) in executing {
@@ -147,22 +153,10 @@ impl OperationRuntime {
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
                 let mut recs = vec![];
-                for op in ops.operations.values() {
+                // The deadline index holds exactly the pending requests and approved
+                // operations that can expire, by when (`operations::index::deadline`).
+                for op in ops.index.due(now).filter_map(|id| ops.get(id)) {
                     let a = ops.approval_of(op);
-                    let due = match (op.state, a) {
-                        (OpState::Pending, Some(a)) => {
-                            a.status == ApprovalStatus::Pending && now >= a.pending_expires_at_ms
-                        }
-                        (OpState::Approved, Some(a)) => a
-                            .decision
-                            .as_ref()
-                            .and_then(|d| d.expires_at_ms)
-                            .is_some_and(|e| now >= e),
-                        _ => false,
-                    };
-                    if !due {
-                        continue;
-                    }
                     let own = a
                         .filter(|a| a.operation_id == op.id)
                         .map(|a| ApprovalChange {
@@ -207,19 +201,7 @@ impl OperationRuntime {
 }
 
 fn next_deadline(s: &OperationState) -> Option<u64> {
-    s.operations
-        .values()
-        .filter_map(|op| {
-            let a = s.approval_of(op)?;
-            match op.state {
-                OpState::Pending if a.status == ApprovalStatus::Pending => {
-                    Some(a.pending_expires_at_ms)
-                }
-                OpState::Approved => a.decision.as_ref()?.expires_at_ms,
-                _ => None,
-            }
-        })
-        .min()
+    s.index.next_deadline()
 }
 
 fn executor_of(op: &Operation) -> Option<String> {

@@ -552,8 +552,13 @@ pub(super) fn approval_intent(
 /// A client's window approvals that may cover a new submission. The policy uses them only
 /// to route the submission; the claim verifies the signature before anything runs.
 pub(super) fn active_grants(s: &OperationState, client: &str, now: u64) -> Vec<ActiveGrant> {
-    s.approvals
-        .values()
+    // The index holds the client's active window approvals; the rest is checked here.
+    s.index
+        .windows
+        .get(client)
+        .into_iter()
+        .flatten()
+        .filter_map(|id| s.approvals.get(id))
         .filter(|a| {
             a.client_id == client
                 && a.mode == GrantMode::Window

@@ -1,0 +1,233 @@
+//! Indexes over the folded operations, so that what runs on every request or notification
+//! costs the size of its answer, not the number of operations held: the next deadline and
+//! what is due (expiry), a client's active window approvals (routing a submission), and
+//! list order overall, per state and per client (`operations/list` with a limit).
+//!
+//! Derived from `operations` and `approvals` only: never stored in a snapshot, rebuilt after
+//! one is decoded, and kept equal to a rebuild by every fold (the property test in
+//! `state::index_tests` checks exactly that, and each query against a full scan).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::lifecycle::OpState;
+use super::policy::GrantMode;
+use super::state::{Approval, ApprovalStatus, Operation};
+
+/// (created_at_ms, id): list order, newest last.
+pub type OrderKey = (u64, String);
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Index {
+    /// Every operation.
+    pub order: BTreeSet<OrderKey>,
+    pub by_state: HashMap<OpState, BTreeSet<OrderKey>>,
+    pub by_client: HashMap<String, BTreeSet<OrderKey>>,
+    /// (deadline, id) of operations with one (see [`deadline`]), and each one's deadline.
+    pub deadlines: BTreeSet<(u64, String)>,
+    deadline_of: HashMap<String, u64>,
+    /// Approval id -> the non-terminal operations that name it: whose deadline it decides.
+    refs: HashMap<String, BTreeSet<String>>,
+    /// Client -> its active window approvals.
+    pub windows: HashMap<String, BTreeSet<String>>,
+}
+
+/// When `op` expires if nobody acts: a pending request when its approval's request window
+/// ends, an approved one when its decision expires. None for every other state.
+pub fn deadline(op: &Operation, approvals: &BTreeMap<String, Approval>) -> Option<u64> {
+    let a = approvals.get(op.approval_id.as_ref()?)?;
+    match op.state {
+        OpState::Pending if a.status == ApprovalStatus::Pending => Some(a.pending_expires_at_ms),
+        OpState::Approved => a.decision.as_ref()?.expires_at_ms,
+        _ => None,
+    }
+}
+
+fn remove_key<K: std::hash::Hash + Eq>(
+    map: &mut HashMap<K, BTreeSet<OrderKey>>,
+    k: &K,
+    key: &OrderKey,
+) {
+    if let Some(set) = map.get_mut(k) {
+        set.remove(key);
+        if set.is_empty() {
+            map.remove(k);
+        }
+    }
+}
+
+impl Index {
+    /// The index of `operations` and `approvals`, from scratch.
+    pub fn build(
+        operations: &BTreeMap<String, Operation>,
+        approvals: &BTreeMap<String, Approval>,
+    ) -> Index {
+        let mut ix = Index::default();
+        for op in operations.values() {
+            ix.insert_op(op);
+            ix.set_deadline(&op.id, deadline(op, approvals));
+        }
+        for a in approvals.values() {
+            ix.set_window(a);
+        }
+        ix
+    }
+
+    /// Adds `op` under its current fields (not its deadline: see [`Index::set_deadline`]).
+    pub fn insert_op(&mut self, op: &Operation) {
+        let key = (op.created_at_ms, op.id.clone());
+        self.order.insert(key.clone());
+        self.by_state
+            .entry(op.state)
+            .or_default()
+            .insert(key.clone());
+        self.by_client
+            .entry(op.client_id.clone())
+            .or_default()
+            .insert(key);
+        if !op.state.is_terminal()
+            && let Some(a) = &op.approval_id
+        {
+            self.refs
+                .entry(a.clone())
+                .or_default()
+                .insert(op.id.clone());
+        }
+    }
+
+    /// Removes `op` as it was last inserted, deadline included.
+    pub fn remove_op(&mut self, op: &Operation) {
+        let key = (op.created_at_ms, op.id.clone());
+        self.order.remove(&key);
+        remove_key(&mut self.by_state, &op.state, &key);
+        remove_key(&mut self.by_client, &op.client_id, &key);
+        if let Some(a) = &op.approval_id
+            && let Some(set) = self.refs.get_mut(a)
+        {
+            set.remove(&op.id);
+            if set.is_empty() {
+                self.refs.remove(a);
+            }
+        }
+        self.set_deadline(&op.id, None);
+    }
+
+    pub fn set_deadline(&mut self, id: &str, at: Option<u64>) {
+        if let Some(old) = self.deadline_of.remove(id) {
+            self.deadlines.remove(&(old, id.to_string()));
+        }
+        if let Some(at) = at {
+            self.deadline_of.insert(id.to_string(), at);
+            self.deadlines.insert((at, id.to_string()));
+        }
+    }
+
+    /// Files `a` among its client's active windows, or takes it out.
+    pub fn set_window(&mut self, a: &Approval) {
+        if a.mode == GrantMode::Window && a.status == ApprovalStatus::Active {
+            self.windows
+                .entry(a.client_id.clone())
+                .or_default()
+                .insert(a.id.clone());
+        } else {
+            self.remove_window(&a.client_id, &a.id);
+        }
+    }
+
+    pub fn remove_window(&mut self, client: &str, id: &str) {
+        if let Some(set) = self.windows.get_mut(client) {
+            set.remove(id);
+            if set.is_empty() {
+                self.windows.remove(client);
+            }
+        }
+    }
+
+    /// The non-terminal operations naming approval `id`.
+    pub fn referring(&self, id: &str) -> Vec<String> {
+        self.refs
+            .get(id)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The earliest deadline.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.deadlines.first().map(|(at, _)| *at)
+    }
+
+    /// Ids of operations whose deadline is at or before `now`, earliest first.
+    pub fn due(&self, now: u64) -> impl Iterator<Item = &str> {
+        self.deadlines
+            .iter()
+            .take_while(move |(at, _)| *at <= now)
+            .map(|(_, id)| id.as_str())
+    }
+
+    /// Ids in list order (newest first) of the operations matching `client` and `states`,
+    /// walking the smallest index that covers the filter: the caller stops at its limit.
+    pub fn newest_first<'a>(
+        &'a self,
+        client: Option<&'a str>,
+        states: &'a [OpState],
+    ) -> Box<dyn Iterator<Item = &'a OrderKey> + 'a> {
+        let empty: &'a BTreeSet<OrderKey> = empty_set();
+        let per_client = client.map(|c| self.by_client.get(c).unwrap_or(empty));
+        let mut distinct: Vec<OpState> = Vec::with_capacity(states.len());
+        for s in states {
+            if !distinct.contains(s) {
+                distinct.push(*s);
+            }
+        }
+        let per_state: Vec<&BTreeSet<OrderKey>> = distinct
+            .iter()
+            .filter_map(|s| self.by_state.get(s))
+            .collect();
+        let state_total: usize = per_state.iter().map(|s| s.len()).sum();
+        match per_client {
+            Some(set) if states.is_empty() || set.len() <= state_total => {
+                Box::new(set.iter().rev())
+            }
+            _ if !states.is_empty() => Box::new(MergeNewest::new(per_state)),
+            _ => Box::new(self.order.iter().rev()),
+        }
+    }
+}
+
+fn empty_set() -> &'static BTreeSet<OrderKey> {
+    static EMPTY: BTreeSet<OrderKey> = BTreeSet::new();
+    &EMPTY
+}
+
+/// Newest-first merge of disjoint ordered sets (one per state).
+struct MergeNewest<'a> {
+    heads:
+        Vec<std::iter::Peekable<std::iter::Rev<std::collections::btree_set::Iter<'a, OrderKey>>>>,
+}
+
+impl<'a> MergeNewest<'a> {
+    fn new(sets: Vec<&'a BTreeSet<OrderKey>>) -> Self {
+        MergeNewest {
+            heads: sets
+                .into_iter()
+                .map(|s| s.iter().rev().peekable())
+                .collect(),
+        }
+    }
+}
+
+impl<'a> Iterator for MergeNewest<'a> {
+    type Item = &'a OrderKey;
+    fn next(&mut self) -> Option<&'a OrderKey> {
+        let mut best: Option<(usize, &'a OrderKey)> = None;
+        for (i, h) in self.heads.iter_mut().enumerate() {
+            if let Some(&k) = h.peek()
+                && best.is_none_or(|(_, b)| k > b)
+            {
+                best = Some((i, k));
+            }
+        }
+        let (i, k) = best?;
+        self.heads[i].next();
+        Some(k)
+    }
+}
