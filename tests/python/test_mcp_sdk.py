@@ -17,6 +17,7 @@ EVERY_TOOL = {
     "create_worker", "send_worker_input", "get_worker", "list_workers",
     "read_worker_transcript", "stop_worker", "operation_catalog", "submit_operation",
     "get_operation", "list_operations", "wait_operation", "cancel_operation",
+    "launch_plan", "get_plan", "record_evidence",
 }
 
 
@@ -139,6 +140,22 @@ def test_full_agent_flow_through_every_tool(workspace, wire_log, operator_env, m
                 "idempotency_key": f"never-{mode}"})
             canceled = await use(client, "cancel_operation", {"id": other["id"]})
             assert canceled["state"] == "canceled"
+
+            # A plan: the dry run shows its lanes and the verdict; the launch waits for the
+            # operator (no trusted rule); the host is no lane, so it records no lane evidence.
+            launch = {"request": req, "config_bundle": ref,
+                      "lane_profiles": {"builder": "echo", "integrator": "echo", "reviewer": "echo"}}
+            dry = await use(client, "launch_plan", {**launch, "dry_run": True})
+            assert len(dry["launch"]["lanes"]) == 4 and dry["verdict"]["effect"] == "approval", dry
+            launched = await use(client, "launch_plan", {**launch, "idempotency_key": f"plan-{mode}"})
+            plan_id = launched["plan"]["plan_id"]
+            got = await use(client, "get_plan", {"plan_id": plan_id})
+            assert got["plan"]["status"] == "pending_approval", got
+            used.add("record_evidence")
+            refused = await client.call_tool("record_evidence", {
+                "plan_id": plan_id, "lane_id": "lane-1-builder", "expectation": "e1",
+                "kind": "note", "text": "not a lane"})
+            assert refused.is_error, refused
 
             stopped = await use(client, "stop_worker", {"worker_id": wid, "reason": "done"})
             assert stopped["worker"]["status"] in ("stopped", "running")
