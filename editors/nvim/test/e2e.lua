@@ -296,7 +296,20 @@ local w = agent:call("workers/create", {
   idempotency_key = "echo-1",
 })
 local wid = w.worker and w.worker.id
-expect(type(wid) == "string", "the agent started a worker " .. tostring(wid))
+expect(type(wid) == "string", "the agent created a worker " .. tostring(wid))
+-- Starting it is a gated operation: the operator approves its start through the plugin.
+expect(w.worker.status == "pending_approval", "the worker waits for its start to be approved")
+wait(function()
+  return note_with("wants: Start worker " .. wid) ~= nil
+end, 5000, "the worker.start notification")
+local started = false
+answers = { "Start worker " .. wid, "Approve" }
+g.approvals(function()
+  started = true
+end)
+wait(function()
+  return started
+end, 15000, "approving the worker's start")
 vim.cmd("Gaffer logs " .. wid)
 local logbuf = vim.fn.bufnr("gaffer://logs/" .. wid)
 local function log_text()

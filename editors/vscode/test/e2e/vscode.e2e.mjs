@@ -296,6 +296,11 @@ async function main() {
       profile: { kind: "named", value: "echo" }, config_bundle: synced.reference, display_name: "echo-worker",
       initial_input: "hello from the agent", idempotency_key: "echo-1",
     });
+    // Starting a worker is a gated operation: the operator approves its start from the toast.
+    expect(w.worker.status === "pending_approval", "the agent's worker waits for its start to be approved");
+    await button(`Start worker ${w.worker.id}`, "Approve").waitFor({ timeout: 15000 });
+    await button(`Start worker ${w.worker.id}`, "Approve").click();
+    expect(true, "clicking Approve on the worker.start toast started the worker");
     const workersView = page.locator(".pane", { has: page.locator(".pane-header", { hasText: /Workers/i }) });
     const row = workersView.locator(".monaco-list-row", { hasText: "echo-worker" });
     await row.waitFor({ timeout: 15000 });
@@ -333,7 +338,7 @@ async function main() {
     await page.screenshot({ path: `${shots}/4c-plan-a-task.png` });
 
     // --- 4. gaffer crashes: a clear message and a restart that works ----------------------------
-    const lsp = fs.readdirSync("/proc").filter((d) => /^\d+$/.test(d)).filter((pid) => {
+    const same = fs.readdirSync("/proc").filter((d) => /^\d+$/.test(d)).filter((pid) => {
       try {
         const argv = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
         return argv[0] === GAFFER && argv.includes("--lsp") && fs.readlinkSync(`/proc/${pid}/cwd`) === dirs.ws;
@@ -341,6 +346,10 @@ async function main() {
         return false;
       }
     });
+    // A sandboxed worker's keeper is a fork of that gaffer (same command line): count only
+    // the process whose parent is not one of them.
+    const ppid = (pid) => fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ")[1];
+    const lsp = same.filter((pid) => { try { return !same.includes(ppid(pid)); } catch { return false; } });
     expect(lsp.length === 1, `the extension runs one gaffer serve --lsp for the folder (pid ${lsp[0]})`);
     process.kill(Number(lsp[0]), "SIGKILL");
     await button("stopped unexpectedly", "Restart").click({ timeout: 15000 });
