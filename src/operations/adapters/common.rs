@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::super::adapter::AdapterError;
+use super::super::adapter::{AdapterError, Decoded};
 
 /// Decodes `v` into a closed (deny_unknown_fields) type, naming the offending field.
 pub fn decode_closed<T: DeserializeOwned>(root: &str, v: &Value) -> Result<T, AdapterError> {
@@ -37,4 +37,19 @@ pub fn to_value<T: serde::Serialize>(v: &T) -> Value {
 
 pub fn ready<'a, T: Send + 'a>(v: T) -> super::super::adapter::BoxFuture<'a, T> {
     Box::pin(async move { v })
+}
+
+/// Decodes target and arguments into the provider's closed types `T` and `A` and re-encodes
+/// them canonically: the `decode` step of a provider with typed input.
+pub fn decode_typed<T, A>(target: &Value, arguments: &Value) -> Result<Decoded, AdapterError>
+where
+    T: DeserializeOwned + serde::Serialize,
+    A: DeserializeOwned + serde::Serialize,
+{
+    let t: T = decode_closed("target", target)?;
+    let a: A = decode_closed("arguments", arguments)?;
+    Ok(Decoded {
+        target: to_value(&t),
+        arguments: to_value(&a),
+    })
 }

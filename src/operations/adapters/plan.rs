@@ -15,7 +15,7 @@ use super::super::adapter::{
 };
 use super::super::lifecycle::codes;
 use super::super::policy::Classification;
-use super::common::{decode_closed, ready, schema_of, to_value};
+use super::common::{decode_closed, decode_typed, ready, schema_of, to_value};
 use crate::plans::{LaunchSpec, LaunchTarget, PlanRuntime};
 
 pub const PROVIDER: &str = "plan";
@@ -165,14 +165,7 @@ impl Adapter for PlanLaunchAdapter {
         target: &'a Value,
         arguments: &'a Value,
     ) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
-        ready((|| {
-            let t: LaunchTarget = decode_closed("target", target)?;
-            let a: LaunchArgs = decode_closed("arguments", arguments)?;
-            Ok(Decoded {
-                target: to_value(&t),
-                arguments: to_value(&a),
-            })
-        })())
+        ready(decode_typed::<LaunchTarget, LaunchArgs>(target, arguments))
     }
 
     fn resolve<'a>(

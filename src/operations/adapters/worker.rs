@@ -16,7 +16,7 @@ use super::super::adapter::{
 };
 use super::super::lifecycle::codes;
 use super::super::policy::Classification;
-use super::common::{decode_closed, ready, schema_of, to_value};
+use super::common::{decode_closed, decode_typed, ready, schema_of, to_value};
 use crate::bundles::{self, BundleRef, Declaration, InputMode, Profile, ProfileSelector};
 use crate::workers::types::{Segment, WorkerStatus, flatten};
 use crate::workers::{StartSpec, WorkerRuntime};
@@ -197,14 +197,7 @@ impl Adapter for WorkerStartAdapter {
         target: &'a Value,
         arguments: &'a Value,
     ) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
-        ready((|| {
-            let t: StartTarget = decode_closed("target", target)?;
-            let a: StartArgs = decode_closed("arguments", arguments)?;
-            Ok(Decoded {
-                target: to_value(&t),
-                arguments: to_value(&a),
-            })
-        })())
+        ready(decode_typed::<StartTarget, StartArgs>(target, arguments))
     }
 
     fn resolve<'a>(
