@@ -46,7 +46,6 @@ fn command(ws: &std::path::Path, argv: &[&str], sandboxed: bool) -> Command {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .process_group(0)
         .kill_on_drop(true);
     let setting = if sandboxed {
         gaffer::sandbox::Setting::Required

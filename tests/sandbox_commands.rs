@@ -129,10 +129,33 @@ fn a_command_cannot_read_the_operator_key_or_write_the_store() {
     let env = env();
     let mut s = env.agent("agent");
     let key = env.key_file.display().to_string();
+    // Another program's unix socket where such sockets live (X11's directory here, which any
+    // user may create): Landlock before ABI 9 does not govern connect(), so it is covered.
+    let x11 = Path::new("/tmp/.X11-unix");
+    let _ = std::fs::create_dir(x11);
+    let sock = x11.join(format!("gaffer-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).expect("a unix listener");
+    let connect = format!(
+        "python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{}')\"",
+        sock.display()
+    );
     for (i, (script, what)) in [
         (format!("cat '{key}'"), "the operator key"),
         ("G=.gaf\"\"fer; echo x > $G/pwn".to_string(), "the store"),
         ("echo hi > /dev/tcp/127.0.0.1/9".to_string(), "the network"),
+        // The sandbox's init and keeper are forks of gaffer holding its environment and memory.
+        (
+            "read -r _ _ _ parent _ < /proc/self/stat; cat /proc/$parent/environ".to_string(),
+            "gaffer's environment through the sandbox's init",
+        ),
+        (
+            "read -r _ _ _ parent _ < /proc/self/stat; read -r _ _ _ keeper _ < /proc/$parent/stat; cat /proc/$keeper/environ".to_string(),
+            "gaffer's environment through the sandbox's keeper",
+        ),
+        ("exec 3</dev/tty".to_string(), "a controlling terminal"),
+        ("cat /dev/pts/0 </dev/null".to_string(), "another terminal"),
+        (connect, "another program's unix socket"),
     ]
     .into_iter()
     .enumerate()

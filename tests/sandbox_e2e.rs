@@ -20,6 +20,12 @@ rules:
     effect: allow
     clients: [anonymous]
     operations: ["worker.start"]
+  # A grant widens the sandbox: an allow rule covers declarations only by naming them.
+  - id: sandbox-tests-with-grants
+    effect: allow
+    clients: [anonymous]
+    operations: ["worker.start"]
+    targets: [{kind: worker, fields: {declarations: ["mount_grant:**", "network_policy:**"]}}]
 "#;
 
 struct Fixture {

@@ -15,8 +15,34 @@ pub struct ChildSetup {
     gid_map: Vec<u8>,
     /// `<workspace>/.gaffer`, covered by an empty read-only tmpfs.
     gaffer_dir: Option<CString>,
+    /// Host directories of other programs' unix sockets (the session bus, X11, container
+    /// daemons): covered too, since Landlock before ABI 9 does not govern `connect()`.
+    hidden: Vec<CString>,
     new_net: bool,
     cpu_seconds: Option<u64>,
+}
+
+/// Where other programs keep their unix sockets, unless the workspace lies inside (or holds)
+/// one of them.
+const SOCKET_DIRS: &[&str] = &["/run", "/var/run", "/tmp/.X11-unix", "/tmp/.ICE-unix"];
+
+fn socket_dirs(workspace: &std::path::Path) -> Vec<CString> {
+    let ws = workspace
+        .canonicalize()
+        .unwrap_or_else(|_| workspace.to_path_buf());
+    let mut out: Vec<std::path::PathBuf> = Vec::new();
+    for d in SOCKET_DIRS {
+        let Ok(real) = std::path::Path::new(d).canonicalize() else {
+            continue;
+        };
+        if real.is_dir() && !ws.starts_with(&real) && !real.starts_with(&ws) && !out.contains(&real)
+        {
+            out.push(real);
+        }
+    }
+    out.into_iter()
+        .filter_map(|p| CString::new(p.as_os_str().as_bytes()).ok())
+        .collect()
 }
 
 impl ChildSetup {
@@ -37,6 +63,7 @@ impl ChildSetup {
             uid_map: format!("{uid} {uid} 1").into_bytes(),
             gid_map: format!("{gid} {gid} 1").into_bytes(),
             gaffer_dir,
+            hidden: socket_dirs(&spec.workspace),
             new_net: spec.tcp_connect.is_empty(),
             cpu_seconds: spec.cpu_seconds,
         })
@@ -85,6 +112,11 @@ impl ChildSetup {
         write_proc(c"/proc/self/setgroups", b"deny")?;
         write_proc(c"/proc/self/uid_map", &self.uid_map)?;
         write_proc(c"/proc/self/gid_map", &self.gid_map)?;
+        // From here on (the maps are written) this process, and the keeper and init forked
+        // from it, which hold gaffer's environment and memory and never exec, cannot be read
+        // through /proc or ptraced by the program; its own exec makes the program dumpable.
+        // SAFETY: prctl with constant arguments.
+        check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) })?;
         // SAFETY: mount(2) with NUL-terminated strings or nulls.
         unsafe {
             check(libc::mount(
@@ -94,6 +126,15 @@ impl ChildSetup {
                 libc::MS_REC | libc::MS_PRIVATE,
                 std::ptr::null(),
             ))?;
+            for dir in &self.hidden {
+                check(libc::mount(
+                    c"tmpfs".as_ptr(),
+                    dir.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"size=4k,mode=0555".as_ptr().cast(),
+                ))?;
+            }
             if let Some(dir) = &self.gaffer_dir {
                 check(libc::mount(
                     c"tmpfs".as_ptr(),
@@ -128,12 +169,20 @@ fn die_with_parent(parent: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// A session of its own (and so a process group whose id is its pid, which gaffer kills as a
+/// whole): no controlling terminal, so no `TIOCSTI` into the operator's.
+fn new_session() -> io::Result<()> {
+    // SAFETY: setsid is async-signal-safe.
+    check(unsafe { libc::setsid() }).map(|_| ())
+}
+
 pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup, ruleset: RulesetCreated) {
     let mut ruleset = Some(ruleset);
     // SAFETY: the closure runs between fork and exec and only makes system calls on data
     // prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
+            new_session()?;
             setup.namespaces()?;
             setup.limits()?;
             die_with_parent(setup.parent)?;
@@ -152,7 +201,10 @@ pub fn install_lifetime_only(cmd: &mut tokio::process::Command) {
     let parent = std::process::id();
     // SAFETY: as above; prctl and getppid only.
     unsafe {
-        cmd.pre_exec(move || die_with_parent(parent));
+        cmd.pre_exec(move || {
+            new_session()?;
+            die_with_parent(parent)
+        });
     }
 }
 

@@ -12,8 +12,15 @@ use super::{SandboxError, Spec};
 const SYSTEM_PATHS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys",
 ];
-/// Devices and pseudo-terminals: read and write (file permissions still apply).
-const DEVICE_PATHS: &[&str] = &["/dev"];
+/// The device files a program needs: read and write, no ioctl. Not all of `/dev`: that would
+/// reach the operator's terminals (`/dev/pts/*`) and the host's `/dev/shm`.
+const DEVICE_PATHS: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
 
 const ABI_USED: ABI = ABI::V6;
 
@@ -67,7 +74,7 @@ pub fn build(spec: &Spec) -> Result<RulesetCreated, SandboxError> {
         .map(std::path::Path::new)
         .filter(|p| p.exists())
     {
-        add(p, read | AccessFs::from_write(ABI_USED))?;
+        add(p, AccessFs::from_file(ABI_USED) & !AccessFs::IoctlDev)?;
     }
     add(&spec.workspace, all)?;
     for g in &spec.grants {

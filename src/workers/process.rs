@@ -153,7 +153,6 @@ impl ExecutionBackend for ProcessBackend {
         });
         cmd.stdout(Stdio::piped());
         cmd.stderr(Stdio::piped());
-        cmd.process_group(0);
         cmd.kill_on_drop(true);
         let spec = crate::sandbox::from_declarations(req.workspace_root, req.declarations)
             .map_err(|e| e.to_string())?

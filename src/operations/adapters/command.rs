@@ -310,7 +310,6 @@ impl Adapter for CommandAdapter {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .process_group(0)
                 .kill_on_drop(true);
             let spec = crate::sandbox::Spec::new(&ctx.workspace_root).with_timeout_ms(a.timeout_ms);
             crate::sandbox::confine(&mut cmd, &spec, ctx.sandbox)

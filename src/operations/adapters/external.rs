@@ -158,7 +158,6 @@ impl Conn {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .process_group(0)
             .kill_on_drop(true);
         crate::sandbox::confine(&mut cmd, &l.spec, l.sandbox)
             .map_err(|e| CallError::Transport(format!("cannot start provider: {e}")))?;

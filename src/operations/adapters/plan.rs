@@ -70,8 +70,18 @@ pub fn launch_error(e: crate::plans::LaunchError) -> AdapterError {
 }
 
 fn decode_spec(plan: &Resolved) -> Result<LaunchSpec, AdapterError> {
-    serde_json::from_value(plan.preconditions.clone())
-        .map_err(|e| AdapterError::input(None, format!("unreadable launch plan: {e}")))
+    let s: LaunchSpec = serde_json::from_value(plan.preconditions.clone())
+        .map_err(|e| AdapterError::input(None, format!("unreadable launch plan: {e}")))?;
+    // Each lane's argv (classified and shown) must be the command its profile runs, and the
+    // secret names those of the declarations resolved: otherwise the plan authorizes nothing.
+    let same = s.lanes.iter().all(|l| l.argv == l.profile.command)
+        && s.secrets == crate::secrets::names(&s.declarations);
+    same.then_some(s).ok_or_else(|| {
+        AdapterError::coded(
+            codes::PRECONDITION_FAILED,
+            "the launch plan's argv or secrets disagree with what it would run",
+        )
+    })
 }
 
 /// Fields rules match: plan digest, pattern, mechanism, bundle id and digest, each lane's
@@ -108,6 +118,7 @@ pub fn classify(s: &LaunchSpec) -> Classification {
         must_name.insert("secrets".to_string());
     }
     if !s.declarations.is_empty() {
+        must_name.insert("declarations".to_string());
         let decls = s
             .declarations
             .iter()

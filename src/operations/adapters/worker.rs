@@ -92,7 +92,27 @@ fn decode_plan(plan: &Resolved) -> Result<(StartTarget, StartPlan), AdapterError
         .map_err(|e| AdapterError::input(Some("target"), e.to_string()))?;
     let p: StartPlan = serde_json::from_value(plan.preconditions.clone())
         .map_err(|e| AdapterError::input(None, format!("unreadable worker plan: {e}")))?;
+    consistent(&p)?;
     Ok((t, p))
+}
+
+/// The plan names what runs twice (the profile that is executed, and the argv and secret
+/// names that are classified and shown): a plan whose copies disagree authorizes nothing, so
+/// what the operator and the rules see is what runs.
+fn consistent(p: &StartPlan) -> Result<(), AdapterError> {
+    let mut argv = p.profile.command.clone();
+    if let Some(input) = &p.argument_input {
+        argv.push(flatten(input));
+    }
+    let same = argv == p.argv
+        && p.input_mode == p.profile.input_mode
+        && p.secrets == crate::secrets::names(&p.declarations);
+    same.then_some(()).ok_or_else(|| {
+        AdapterError::coded(
+            codes::PRECONDITION_FAILED,
+            "the worker plan's argv, input mode or secrets disagree with what it would run",
+        )
+    })
 }
 
 impl WorkerStartAdapter {
@@ -171,6 +191,9 @@ fn classify(t: &StartTarget, p: &StartPlan) -> Classification {
         must_name.insert("secrets".to_string());
     }
     if !p.declarations.is_empty() {
+        // A mount or network grant widens the sandbox: an allow rule covers it only by
+        // naming it, like a secret.
+        must_name.insert("declarations".to_string());
         let decls = p
             .declarations
             .iter()
