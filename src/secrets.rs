@@ -176,27 +176,50 @@ fn encodings(v: &[u8]) -> Vec<String> {
         let whole = base64url(v);
         let pad = "=".repeat((4 - whole.len() % 4) % 4);
         out.push(whole.clone());
-        out.push(format!("{}{pad}", standard(&whole)));
+        let padded = format!("{}{pad}", standard(&whole));
+        // `base64` wraps its output at 76 columns: each line of a long value is a pattern too.
+        if padded.len() > BASE64_LINE {
+            for line in padded.as_bytes().chunks(BASE64_LINE) {
+                if line.len() >= MIN_ENCODED {
+                    out.push(String::from_utf8_lossy(line).into_owned());
+                }
+            }
+        }
+        out.push(padded);
         let h = hex(v);
         out.push(h.to_uppercase());
         out.push(h);
     }
-    let url = percent(v);
-    if url.as_bytes() != v {
-        out.push(url);
+    // Upper- and lowercase escapes, and the common encoders that leave `!'()*` (JavaScript's
+    // encodeURIComponent) or `/` (Python's quote) as they are.
+    for (lower, keep) in [
+        (false, &b"-._~"[..]),
+        (true, &b"-._~"[..]),
+        (false, &b"-._~!'()*"[..]),
+        (false, &b"-._~/"[..]),
+    ] {
+        let url = percent(v, lower, keep);
+        if url.as_bytes() != v && !out.contains(&url) {
+            out.push(url);
+        }
     }
     out
 }
+
+/// Line length of `base64`'s wrapped output.
+const BASE64_LINE: usize = 76;
 
 fn standard(b64url: &str) -> String {
     b64url.replace('-', "+").replace('_', "/")
 }
 
-fn percent(v: &[u8]) -> String {
+fn percent(v: &[u8], lower: bool, keep: &[u8]) -> String {
     let mut s = String::new();
     for &b in v {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+        if b.is_ascii_alphanumeric() || keep.contains(&b) {
             s.push(b as char);
+        } else if lower {
+            s.push_str(&format!("%{b:02x}"));
         } else {
             s.push_str(&format!("%{b:02X}"));
         }
@@ -233,12 +256,30 @@ mod tests {
             b64(format!("xy{v}yz").as_bytes()),
             hex(v.as_bytes()),
             hex(v.as_bytes()).to_uppercase(),
-            percent(v.as_bytes()),
+            percent(v.as_bytes(), false, b"-._~"),
+            percent(v.as_bytes(), true, b"-._~"),
+            percent(v.as_bytes(), false, b"-._~/"),
         ] {
             let out = s.scrub(&format!("before {text} after"));
             assert!(out.contains("[secret:tok]"), "{text} -> {out}");
             assert!(!out.contains(v), "{out}");
             assert!(!out.contains(&hex(v.as_bytes())), "{out}");
+        }
+    }
+
+    #[test]
+    fn base64_wrapped_at_76_columns_leaves_no_line_of_a_long_value() {
+        let v = "a-long-secret-value-of-more-than-fifty-seven-bytes-0123456789-abcdefghij";
+        let s = scrubber(v);
+        let enc = b64(v.as_bytes());
+        let wrapped: Vec<&str> = enc
+            .as_bytes()
+            .chunks(76)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        let out = s.scrub(&wrapped.join("\n"));
+        for line in out.lines() {
+            assert!(!enc.contains(line) || line.len() < 8, "{out}");
         }
     }
 
