@@ -118,7 +118,12 @@ pub fn classify(s: &LaunchSpec) -> Classification {
         must_name.insert("secrets".to_string());
     }
     if !s.declarations.is_empty() {
-        must_name.insert("declarations".to_string());
+        if s.declarations
+            .iter()
+            .any(|d| d.kind != crate::bundles::DeclarationKind::SecretRef)
+        {
+            must_name.insert("declarations".to_string());
+        }
         let decls = s
             .declarations
             .iter()

@@ -192,8 +192,13 @@ fn classify(t: &StartTarget, p: &StartPlan) -> Classification {
     }
     if !p.declarations.is_empty() {
         // A mount or network grant widens the sandbox: an allow rule covers it only by
-        // naming it, like a secret.
-        must_name.insert("declarations".to_string());
+        // naming it, like a secret (which `secrets` names already).
+        if p.declarations
+            .iter()
+            .any(|d| d.kind != crate::bundles::DeclarationKind::SecretRef)
+        {
+            must_name.insert("declarations".to_string());
+        }
         let decls = p
             .declarations
             .iter()
