@@ -53,3 +53,32 @@ where
         arguments: to_value(&a),
     })
 }
+
+/// A bundle's secrets and declarations as classification fields (`secrets`: names;
+/// `declarations`: `kind:name:reference`). An allow rule covers them only by naming them:
+/// secrets always, declarations when one grants something (a mount, a port) beyond secrets.
+pub fn declaration_fields(
+    secrets: &[String],
+    declarations: &[crate::bundles::Declaration],
+    fields: &mut std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    must_name: &mut std::collections::BTreeSet<String>,
+) {
+    if !secrets.is_empty() {
+        fields.insert("secrets".into(), secrets.iter().cloned().collect());
+        must_name.insert("secrets".to_string());
+    }
+    if declarations.is_empty() {
+        return;
+    }
+    if declarations
+        .iter()
+        .any(|d| d.kind != crate::bundles::DeclarationKind::SecretRef)
+    {
+        must_name.insert("declarations".to_string());
+    }
+    let decls = declarations
+        .iter()
+        .map(|d| format!("{}:{}:{}", d.kind.as_str(), d.name, d.reference))
+        .collect();
+    fields.insert("declarations".into(), decls);
+}

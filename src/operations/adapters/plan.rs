@@ -15,7 +15,7 @@ use super::super::adapter::{
 };
 use super::super::lifecycle::codes;
 use super::super::policy::Classification;
-use super::common::{decode_closed, decode_typed, ready, schema_of, to_value};
+use super::common::{declaration_fields, decode_closed, decode_typed, ready, schema_of, to_value};
 use crate::plans::{LaunchSpec, LaunchTarget, PlanRuntime};
 
 pub const PROVIDER: &str = "plan";
@@ -113,24 +113,7 @@ pub fn classify(s: &LaunchSpec) -> Classification {
         fields.insert("scopes".into(), scopes);
     }
     let mut must_name = BTreeSet::new();
-    if !s.secrets.is_empty() {
-        fields.insert("secrets".into(), s.secrets.iter().cloned().collect());
-        must_name.insert("secrets".to_string());
-    }
-    if !s.declarations.is_empty() {
-        if s.declarations
-            .iter()
-            .any(|d| d.kind != crate::bundles::DeclarationKind::SecretRef)
-        {
-            must_name.insert("declarations".to_string());
-        }
-        let decls = s
-            .declarations
-            .iter()
-            .map(|d| format!("{}:{}:{}", d.kind.as_str(), d.name, d.reference))
-            .collect();
-        fields.insert("declarations".into(), decls);
-    }
+    declaration_fields(&s.secrets, &s.declarations, &mut fields, &mut must_name);
     Classification {
         target_kind: "plan".into(),
         fields,

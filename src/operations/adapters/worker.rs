@@ -16,7 +16,7 @@ use super::super::adapter::{
 };
 use super::super::lifecycle::codes;
 use super::super::policy::Classification;
-use super::common::{decode_closed, decode_typed, ready, schema_of, to_value};
+use super::common::{declaration_fields, decode_closed, decode_typed, ready, schema_of, to_value};
 use crate::bundles::{self, BundleRef, Declaration, InputMode, Profile, ProfileSelector};
 use crate::workers::types::{Segment, WorkerStatus, flatten};
 use crate::workers::{StartSpec, WorkerRuntime};
@@ -186,26 +186,7 @@ fn classify(t: &StartTarget, p: &StartPlan) -> Classification {
         fields.insert("program".into(), one(program));
     }
     let mut must_name = BTreeSet::new();
-    if !p.secrets.is_empty() {
-        fields.insert("secrets".into(), p.secrets.iter().cloned().collect());
-        must_name.insert("secrets".to_string());
-    }
-    if !p.declarations.is_empty() {
-        // A mount or network grant widens the sandbox: an allow rule covers it only by
-        // naming it, like a secret (which `secrets` names already).
-        if p.declarations
-            .iter()
-            .any(|d| d.kind != crate::bundles::DeclarationKind::SecretRef)
-        {
-            must_name.insert("declarations".to_string());
-        }
-        let decls = p
-            .declarations
-            .iter()
-            .map(|d| format!("{}:{}:{}", d.kind.as_str(), d.name, d.reference))
-            .collect();
-        fields.insert("declarations".into(), decls);
-    }
+    declaration_fields(&p.secrets, &p.declarations, &mut fields, &mut must_name);
     Classification {
         target_kind: "worker".into(),
         fields,
