@@ -251,12 +251,13 @@ impl Conn {
     }
 
     fn send(&mut self, body: &str) {
-        match self.wire {
-            Wire::Ndjson | Wire::Mcp => writeln!(self.stdin, "{body}"),
-            Wire::Lsp => write!(self.stdin, "Content-Length: {}\r\n\r\n{body}", body.len()),
-        }
-        .expect("write");
-        self.stdin.flush().expect("flush");
+        // One write(2) per message, as clients send them: an unbuffered `write!` issues one per
+        // piece and wakes the server for each.
+        let msg = match self.wire {
+            Wire::Ndjson | Wire::Mcp => format!("{body}\n"),
+            Wire::Lsp => format!("Content-Length: {}\r\n\r\n{body}", body.len()),
+        };
+        self.stdin.write_all(msg.as_bytes()).expect("write");
     }
 
     /// Sends a request and reads its reply (the next message: nothing else is in flight).

@@ -2,6 +2,7 @@
 
 pub mod bundles;
 pub mod doctor;
+pub mod fast;
 pub mod operations;
 pub mod operator;
 pub mod output;
@@ -25,6 +26,20 @@ pub struct Cli {
     pub global: Global,
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+impl Cli {
+    /// The process's arguments: a serve invocation read directly (`fast`), anything else by
+    /// clap, which also prints help, versions and errors.
+    pub fn from_env() -> Cli {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        match args.split_first() {
+            Some((_, rest)) => {
+                fast::serve_invocation(rest).unwrap_or_else(|| Cli::parse_from(args))
+            }
+            None => Cli::parse_from(args),
+        }
+    }
 }
 
 #[derive(Debug, Args, Clone)]
