@@ -260,6 +260,8 @@ pub struct OpNotice {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(from = "Stored")]
 pub struct OperationState {
+    /// Stored in the compact form (see [`super::compact`]).
+    #[serde(serialize_with = "super::compact::serialize_ops")]
     pub operations: BTreeMap<String, Operation>,
     pub approvals: BTreeMap<String, Approval>,
     /// client -> idempotency key -> operation id. Derived, like `terminal` and `index`: not
@@ -279,7 +281,7 @@ pub struct OperationState {
 /// written before `by_key` and `terminal` were derived carry them too; they are ignored.)
 #[derive(Deserialize)]
 struct Stored {
-    #[serde(deserialize_with = "crate::util::bulk_map")]
+    #[serde(deserialize_with = "super::compact::deserialize_ops")]
     operations: BTreeMap<String, Operation>,
     #[serde(deserialize_with = "crate::util::bulk_map")]
     approvals: BTreeMap<String, Approval>,
