@@ -221,13 +221,25 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 
 /// Opens the store (publishing its chain into `view`) and folds snapshot + later records into
 /// a fresh state. The snapshot's text is decoded straight into the state and then dropped.
+/// A snapshot is a cache: one that is damaged or does not decode is skipped (logged) and the
+/// whole journal replayed.
 fn load(dir: &Path, view: &ChainView) -> Result<(Store, State, u64), WorkspaceError> {
-    let mut store = Store::open_with_view(dir, view.clone())?;
-    let (mut state, after) = match store.take_raw_snapshot() {
-        Some(raw) => {
-            let state: State = raw.decode().map_err(WorkspaceError::Snapshot)?;
-            (state, raw.seq)
+    let mut store = match Store::open_with_view(dir, view.clone()) {
+        Err(e @ StoreError::SnapshotCorrupt { .. }) => {
+            tracing::warn!(error = %e, "snapshot skipped; replaying the journal");
+            Store::open_without_snapshot(dir, view.clone())?
         }
+        opened => opened?,
+    };
+    let (mut state, after) = match store.take_raw_snapshot() {
+        Some(raw) => match raw.decode::<State>() {
+            Ok(state) => (state, raw.seq),
+            Err(e) => {
+                let e = WorkspaceError::Snapshot(e);
+                tracing::warn!(error = %e, "snapshot skipped; replaying the journal");
+                (State::default(), 0)
+            }
+        },
         None => (State::default(), 0),
     };
     let mut scratch = Vec::new();
@@ -849,6 +861,55 @@ mod tests {
             .await
             .expect("commit after reopen");
         assert_eq!(b.seq(), head.seq + 1);
+    }
+
+    /// A snapshot is a cache: damaged, or decoding to no state, it is skipped and the whole
+    /// journal replayed to the same state.
+    #[tokio::test]
+    async fn a_damaged_or_undecodable_snapshot_is_skipped_and_the_journal_replayed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Workspace::open(dir.path()).expect("open");
+        for n in 0..5 {
+            a.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", n)], ())))
+                .await
+                .expect("commit");
+        }
+        assert_eq!(a.compact().await.expect("compact"), 6);
+        a.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 5)], ())))
+            .await
+            .expect("commit after the snapshot");
+        let head = a.journal_head();
+        drop(a);
+        let path = dir.path().join(".gaffer/snapshot.json");
+        let good = std::fs::read(&path).expect("snapshot");
+        let text = String::from_utf8(good.clone()).expect("utf-8");
+        // Damaged: the checksum no longer matches. Undecodable: a consistent envelope whose
+        // state is no `State`.
+        let damaged = text.replacen("\"last_seq\":6", "\"last_seq\":7", 1);
+        assert_ne!(damaged, text);
+        let undecodable = {
+            let loaded = crate::store::Store::open(dir.path().join(".gaffer")).expect("store");
+            let seq = loaded.raw_snapshot().expect("snapshot").seq;
+            let raw = RawSnapshot::of(seq, &json!({"last_seq": "six"})).expect("encode");
+            let at = text.find(",\"state\":").expect("state");
+            let header: Value =
+                serde_json::from_str(&format!("{}}}", &text[..at])).expect("header");
+            let mut out = text[..at].replace(
+                header["state_sha256"].as_str().expect("sha"),
+                &crate::util::sha256_hex(raw.state_json()),
+            );
+            out.push_str(",\"state\":");
+            out.push_str(std::str::from_utf8(raw.state_json()).expect("utf-8"));
+            out.push('}');
+            out
+        };
+        for bad in [damaged, undecodable] {
+            std::fs::write(&path, &bad).expect("write");
+            let b = Workspace::open(dir.path()).expect("opens from the journal");
+            assert_eq!(b.seq(), 7);
+            assert_eq!(b.journal_head(), head);
+            assert_eq!(b.chain_status().broken_at, None);
+        }
     }
 
     #[tokio::test]

@@ -6,15 +6,23 @@
 //! Derived from `operations` and `approvals` only: never stored in a snapshot, rebuilt after
 //! one is decoded, and kept equal to a rebuild by every fold (the property test in
 //! `state::index_tests` checks exactly that, and each query against a full scan).
+//!
+//! Every entry naming an operation shares one [`Id`] (a reference-counted copy of its id), so
+//! an operation held costs one id allocation however many indexes list it; a rebuild fills
+//! its trees in bulk (full nodes) rather than one insertion at a time.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::lifecycle::OpState;
 use super::policy::GrantMode;
 use super::state::{Approval, ApprovalStatus, Operation};
 
+/// An operation id as the derived structures hold it: one allocation shared by all of them.
+pub type Id = Arc<str>;
+
 /// (created_at_ms, id): list order, newest last.
-pub type OrderKey = (u64, String);
+pub type OrderKey = (u64, Id);
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Index {
@@ -23,10 +31,10 @@ pub struct Index {
     pub by_state: HashMap<OpState, BTreeSet<OrderKey>>,
     pub by_client: HashMap<String, BTreeSet<OrderKey>>,
     /// (deadline, id) of operations with one (see [`deadline`]), and each one's deadline.
-    pub deadlines: BTreeSet<(u64, String)>,
-    deadline_of: HashMap<String, u64>,
+    pub deadlines: BTreeSet<(u64, Id)>,
+    deadline_of: HashMap<Id, u64>,
     /// Approval id -> the non-terminal operations that name it: whose deadline it decides.
-    refs: HashMap<String, BTreeSet<String>>,
+    refs: HashMap<String, BTreeSet<Id>>,
     /// Client -> its active window approvals.
     pub windows: HashMap<String, BTreeSet<String>>,
 }
@@ -39,6 +47,90 @@ pub fn deadline(op: &Operation, approvals: &BTreeMap<String, Approval>) -> Optio
         OpState::Pending if a.status == ApprovalStatus::Pending => Some(a.pending_expires_at_ms),
         OpState::Approved => a.decision.as_ref()?.expires_at_ms,
         _ => None,
+    }
+}
+
+/// What is derived from `operations` and `approvals`, sharing one [`Id`] per operation.
+#[derive(Debug, Default)]
+pub struct Derived {
+    pub index: Index,
+    /// (terminal_at_ms, id) of terminal operations, oldest first.
+    pub terminal: BTreeSet<(u64, Id)>,
+    /// client -> idempotency key -> operation id.
+    pub by_key: BTreeMap<String, BTreeMap<String, Id>>,
+}
+
+/// Everything derived from `operations` and `approvals`, each tree built in bulk.
+pub fn derive(
+    operations: &BTreeMap<String, Operation>,
+    approvals: &BTreeMap<String, Approval>,
+) -> Derived {
+    let n = operations.len();
+    let mut order = Vec::with_capacity(n);
+    let mut by_state: HashMap<OpState, Vec<OrderKey>> = HashMap::new();
+    let mut by_client: HashMap<&str, Vec<OrderKey>> = HashMap::new();
+    let mut refs: HashMap<&str, Vec<Id>> = HashMap::new();
+    let mut deadlines = Vec::new();
+    let mut terminal = Vec::new();
+    let mut keys: HashMap<&str, Vec<(String, Id)>> = HashMap::new();
+    for op in operations.values() {
+        let id: Id = Arc::from(op.id.as_str());
+        let key = (op.created_at_ms, Arc::clone(&id));
+        order.push(key.clone());
+        by_state.entry(op.state).or_default().push(key.clone());
+        by_client.entry(&op.client_id).or_default().push(key);
+        if !op.state.is_terminal()
+            && let Some(a) = &op.approval_id
+        {
+            refs.entry(a).or_default().push(Arc::clone(&id));
+        }
+        if let Some(at) = deadline(op, approvals) {
+            deadlines.push((at, Arc::clone(&id)));
+        }
+        if let Some(t) = op.terminal_at_ms {
+            terminal.push((t, Arc::clone(&id)));
+        }
+        keys.entry(&op.client_id)
+            .or_default()
+            .push((op.idempotency_key.clone(), id));
+    }
+    let windows = approvals
+        .values()
+        .filter(|a| a.mode == GrantMode::Window && a.status == ApprovalStatus::Active)
+        .fold(HashMap::<String, BTreeSet<String>>::new(), |mut w, a| {
+            w.entry(a.client_id.clone())
+                .or_default()
+                .insert(a.id.clone());
+            w
+        });
+    let index = Index {
+        deadline_of: deadlines
+            .iter()
+            .map(|(at, id)| (Arc::clone(id), *at))
+            .collect(),
+        deadlines: deadlines.into_iter().collect(),
+        order: order.into_iter().collect(),
+        by_state: by_state
+            .into_iter()
+            .map(|(s, v)| (s, v.into_iter().collect()))
+            .collect(),
+        by_client: by_client
+            .into_iter()
+            .map(|(c, v)| (c.to_string(), v.into_iter().collect()))
+            .collect(),
+        refs: refs
+            .into_iter()
+            .map(|(a, v)| (a.to_string(), v.into_iter().collect()))
+            .collect(),
+        windows,
+    };
+    Derived {
+        index,
+        terminal: terminal.into_iter().collect(),
+        by_key: keys
+            .into_iter()
+            .map(|(c, v)| (c.to_string(), v.into_iter().collect()))
+            .collect(),
     }
 }
 
@@ -61,20 +153,20 @@ impl Index {
         operations: &BTreeMap<String, Operation>,
         approvals: &BTreeMap<String, Approval>,
     ) -> Index {
-        let mut ix = Index::default();
-        for op in operations.values() {
-            ix.insert_op(op);
-            ix.set_deadline(&op.id, deadline(op, approvals));
-        }
-        for a in approvals.values() {
-            ix.set_window(a);
-        }
-        ix
+        derive(operations, approvals).index
     }
 
-    /// Adds `op` under its current fields (not its deadline: see [`Index::set_deadline`]).
-    pub fn insert_op(&mut self, op: &Operation) {
-        let key = (op.created_at_ms, op.id.clone());
+    /// Adds `op` under its current fields (not its deadline: see [`Index::set_deadline`]),
+    /// with a fresh shared id, which it returns.
+    pub fn insert_op(&mut self, op: &Operation) -> Id {
+        let id: Id = Arc::from(op.id.as_str());
+        self.insert_op_as(op, Arc::clone(&id));
+        id
+    }
+
+    /// [`Index::insert_op`] sharing `id` (`op`'s id, e.g. as [`Index::remove_op`] returned it).
+    pub fn insert_op_as(&mut self, op: &Operation, id: Id) {
+        let key = (op.created_at_ms, Arc::clone(&id));
         self.order.insert(key.clone());
         self.by_state
             .entry(op.state)
@@ -87,37 +179,40 @@ impl Index {
         if !op.state.is_terminal()
             && let Some(a) = &op.approval_id
         {
-            self.refs
-                .entry(a.clone())
-                .or_default()
-                .insert(op.id.clone());
+            self.refs.entry(a.clone()).or_default().insert(id);
         }
     }
 
-    /// Removes `op` as it was last inserted, deadline included.
-    pub fn remove_op(&mut self, op: &Operation) {
-        let key = (op.created_at_ms, op.id.clone());
-        self.order.remove(&key);
+    /// Removes `op` as it was last inserted, deadline included; returns its shared id.
+    pub fn remove_op(&mut self, op: &Operation) -> Option<Id> {
+        let key: (u64, Id) = (op.created_at_ms, Arc::from(op.id.as_str()));
+        let taken = self.order.take(&key).map(|(_, id)| id);
         remove_key(&mut self.by_state, &op.state, &key);
         remove_key(&mut self.by_client, &op.client_id, &key);
         if let Some(a) = &op.approval_id
             && let Some(set) = self.refs.get_mut(a)
         {
-            set.remove(&op.id);
+            set.remove(op.id.as_str());
             if set.is_empty() {
                 self.refs.remove(a);
             }
         }
         self.set_deadline(&op.id, None);
+        taken
     }
 
     pub fn set_deadline(&mut self, id: &str, at: Option<u64>) {
-        if let Some(old) = self.deadline_of.remove(id) {
-            self.deadlines.remove(&(old, id.to_string()));
-        }
+        let shared = match self.deadline_of.remove_entry(id) {
+            Some((shared, old)) => {
+                self.deadlines.remove(&(old, Arc::clone(&shared)));
+                shared
+            }
+            None if at.is_some() => Arc::from(id),
+            None => return,
+        };
         if let Some(at) = at {
-            self.deadline_of.insert(id.to_string(), at);
-            self.deadlines.insert((at, id.to_string()));
+            self.deadline_of.insert(Arc::clone(&shared), at);
+            self.deadlines.insert((at, shared));
         }
     }
 
@@ -143,7 +238,7 @@ impl Index {
     }
 
     /// The non-terminal operations naming approval `id`.
-    pub fn referring(&self, id: &str) -> Vec<String> {
+    pub fn referring(&self, id: &str) -> Vec<Id> {
         self.refs
             .get(id)
             .map(|s| s.iter().cloned().collect())
@@ -160,12 +255,24 @@ impl Index {
         self.deadlines
             .iter()
             .take_while(move |(at, _)| *at <= now)
-            .map(|(_, id)| id.as_str())
+            .map(|(_, id)| &**id)
     }
 
-    /// Ids in list order (newest first) of the operations matching `client` and `states`,
-    /// walking the smallest index that covers the filter: the caller stops at its limit.
+    /// (created_at_ms, id) in list order (newest first) of the operations matching `client`
+    /// and `states`, walking the smallest index that covers the filter: the caller stops at
+    /// its limit.
     pub fn newest_first<'a>(
+        &'a self,
+        client: Option<&'a str>,
+        states: &'a [OpState],
+    ) -> Box<dyn Iterator<Item = (u64, &'a str)> + 'a> {
+        Box::new(
+            self.newest_keys(client, states)
+                .map(|(at, id)| (*at, &**id)),
+        )
+    }
+
+    fn newest_keys<'a>(
         &'a self,
         client: Option<&'a str>,
         states: &'a [OpState],

@@ -5,7 +5,7 @@ use super::lifecycle::OpState;
 use super::policy::GrantMode;
 use super::state::tests::{approval, created, decided, envelope, op, tr};
 use super::state::*;
-use crate::operations::index::{Index, deadline};
+use crate::operations::index::{deadline, derive};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -254,11 +254,18 @@ proptest! {
             if let Some((kind, payload)) = record(&s, st) {
                 let _ = s.apply_record(&kind, &payload, &mut out);
             }
-            prop_assert_eq!(&s.index, &Index::build(&s.operations, &s.approvals));
+            let rebuilt = derive(&s.operations, &s.approvals);
+            prop_assert_eq!(&s.index, &rebuilt.index);
+            prop_assert_eq!(&s.terminal, &rebuilt.terminal);
+            prop_assert_eq!(&s.by_key, &rebuilt.by_key);
             check_queries(&s);
         }
-        // A snapshot round trip rebuilds the same index.
+        // A snapshot round trip rebuilds the same index, terminal set and keys.
         let back: OperationState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         prop_assert_eq!(&back.index, &s.index);
+        prop_assert_eq!(&back.terminal, &s.terminal);
+        prop_assert_eq!(&back.by_key, &s.by_key);
+        prop_assert_eq!(&back.operations, &s.operations);
+        prop_assert_eq!(&back.approvals, &s.approvals);
     }
 }

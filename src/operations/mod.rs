@@ -11,13 +11,15 @@
 //! - [`authorize`]: the one authorization check every execution passes at its claim.
 //! - [`adapter`]: the provider contract and the catalog-checked registry.
 //! - [`adapters`]: built-in providers (workspace files, commands) and external ones.
-//! - [`state`]: the journal fold of operations and approvals.
+//! - [`state`]: the journal fold of operations and approvals; `compact`: how a snapshot
+//!   stores the operations.
 //! - [`trust`]: operator-signed trust records for `policy.yaml` and `providers.yaml`.
 
 pub mod adapter;
 pub mod adapters;
 pub mod authorize;
 pub mod canonical;
+mod compact;
 pub mod decision;
 pub mod detail;
 pub mod diff;

@@ -2,6 +2,7 @@
 //! process folding the same records reaches the same state and emits the same notices.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -9,7 +10,7 @@ use serde_json::Value;
 
 use super::adapter::Presentation;
 use super::decision::DecisionPayload;
-use super::index::{self, Index};
+use super::index::{self, Id, Index};
 use super::lifecycle::OpState;
 use super::policy::{Classification, GrantMode};
 use crate::operator::signed::OperatorSignature;
@@ -259,39 +260,44 @@ pub struct OpNotice {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(from = "Stored")]
 pub struct OperationState {
+    /// Stored in the compact form (see [`super::compact`]).
+    #[serde(serialize_with = "super::compact::serialize_ops")]
     pub operations: BTreeMap<String, Operation>,
     pub approvals: BTreeMap<String, Approval>,
-    /// client -> idempotency key -> operation id.
-    pub by_key: BTreeMap<String, BTreeMap<String, String>>,
+    /// client -> idempotency key -> operation id. Derived, like `terminal` and `index`: not
+    /// stored (rebuilt when a snapshot is decoded, sharing one id per operation).
+    #[serde(skip)]
+    pub by_key: BTreeMap<String, BTreeMap<String, Id>>,
     /// (terminal_at_ms, id) of terminal operations, oldest first, for retention.
-    pub terminal: BTreeSet<(u64, String)>,
+    #[serde(skip)]
+    pub terminal: BTreeSet<(u64, Id)>,
     /// Records that could not be applied (kept for diagnostics; never silently lost).
     pub skipped: u64,
-    /// Derived from the above; not stored (rebuilt when a snapshot is decoded).
     #[serde(skip)]
     pub index: Index,
 }
 
-/// [`OperationState`] as a snapshot stores it: everything but the derived index.
+/// [`OperationState`] as a snapshot stores it: everything but what is derived. (Snapshots
+/// written before `by_key` and `terminal` were derived carry them too; they are ignored.)
 #[derive(Deserialize)]
 struct Stored {
+    #[serde(deserialize_with = "super::compact::deserialize_ops")]
     operations: BTreeMap<String, Operation>,
+    #[serde(deserialize_with = "crate::util::bulk_map")]
     approvals: BTreeMap<String, Approval>,
-    by_key: BTreeMap<String, BTreeMap<String, String>>,
-    terminal: BTreeSet<(u64, String)>,
     skipped: u64,
 }
 
 impl From<Stored> for OperationState {
     fn from(s: Stored) -> OperationState {
-        let index = Index::build(&s.operations, &s.approvals);
+        let derived = index::derive(&s.operations, &s.approvals);
         OperationState {
             operations: s.operations,
             approvals: s.approvals,
-            by_key: s.by_key,
-            terminal: s.terminal,
+            by_key: derived.by_key,
+            terminal: derived.terminal,
             skipped: s.skipped,
-            index,
+            index: derived.index,
         }
     }
 }
@@ -333,7 +339,7 @@ impl OperationState {
         self.by_key
             .get(client)
             .and_then(|m| m.get(key))
-            .and_then(|id| self.operations.get(id))
+            .and_then(|id| self.operations.get(&**id))
     }
 
     pub fn approval_of(&self, op: &Operation) -> Option<&Approval> {
@@ -435,16 +441,18 @@ impl OperationState {
             self.approvals.insert(a.id.clone(), a);
         }
         out.push(changed_notice(&op));
+        let mut op = op;
+        if op.terminal_at_ms.is_some() {
+            op.plan = None;
+        }
+        let shared = self.index.insert_op(&op);
         self.by_key
             .entry(op.client_id.clone())
             .or_default()
-            .insert(op.idempotency_key.clone(), op.id.clone());
-        let mut op = op;
+            .insert(op.idempotency_key.clone(), Arc::clone(&shared));
         if let Some(t) = op.terminal_at_ms {
-            self.terminal.insert((t, op.id.clone()));
-            op.plan = None;
+            self.terminal.insert((t, shared));
         }
-        self.index.insert_op(&op);
         let (id, aid) = (op.id.clone(), op.approval_id.clone());
         self.operations.insert(op.id.clone(), op);
         self.refresh_deadline(&id);
@@ -485,7 +493,10 @@ impl OperationState {
         let Some(op) = self.operations.get_mut(&t.id) else {
             return Err(ApplyError::Invalid(format!("no operation {}", t.id)));
         };
-        self.index.remove_op(op);
+        let shared = self
+            .index
+            .remove_op(op)
+            .unwrap_or_else(|| Arc::from(op.id.as_str()));
         op.state = t.to;
         op.revision = t.revision;
         op.updated_at_ms = t.at_ms.max(op.updated_at_ms);
@@ -505,9 +516,10 @@ impl OperationState {
             // The plan is needed only until the operation ends; the journal keeps it for audit.
             op.plan = None;
             op.terminal_at_ms = Some(op.updated_at_ms);
-            self.terminal.insert((op.updated_at_ms, op.id.clone()));
+            self.terminal
+                .insert((op.updated_at_ms, Arc::clone(&shared)));
         }
-        self.index.insert_op(op);
+        self.index.insert_op_as(op, shared);
         out.push(changed_notice(op));
         let aid = op.approval_id.clone();
         self.refresh_deadline(&t.id);
@@ -575,7 +587,7 @@ impl OperationState {
                 break;
             }
             self.terminal.pop_first();
-            if let Some(op) = self.operations.remove(&id) {
+            if let Some(op) = self.operations.remove(&*id) {
                 self.index.remove_op(&op);
                 if let Some(keys) = self.by_key.get_mut(&op.client_id) {
                     keys.remove(&op.idempotency_key);

@@ -148,28 +148,44 @@ pub fn get_blob_in(dir: &Path, hex: &str) -> Result<Vec<u8>, StoreError> {
 }
 
 /// State folded through `seq`, as encoded JSON text: written and read without building a
-/// `serde_json::Value` of a possibly large state.
+/// `serde_json::Value` of a possibly large state. A loaded snapshot keeps the file's bytes
+/// and points at the state inside them, so the text is held once while it is decoded.
 #[derive(Clone, Debug)]
 pub struct RawSnapshot {
     pub seq: u64,
-    pub state: Box<serde_json::value::RawValue>,
+    text: Vec<u8>,
+    state: std::ops::Range<usize>,
 }
 
 impl RawSnapshot {
     /// Encodes `state` (any serializable type) as a snapshot at `seq`.
     pub fn of<T: Serialize>(seq: u64, state: &T) -> Result<RawSnapshot, StoreError> {
-        let state = serde_json::value::to_raw_value(state)
-            .map_err(|source| StoreError::Encode { seq, source })?;
-        Ok(RawSnapshot { seq, state })
+        let text =
+            serde_json::to_vec(state).map_err(|source| StoreError::Encode { seq, source })?;
+        Ok(RawSnapshot {
+            seq,
+            state: 0..text.len(),
+            text,
+        })
+    }
+
+    /// The state's text at `range` of `text` (a snapshot file as read).
+    fn within(seq: u64, text: Vec<u8>, state: std::ops::Range<usize>) -> RawSnapshot {
+        RawSnapshot { seq, text, state }
     }
 
     pub fn from_value(snap: &Snapshot) -> Result<RawSnapshot, StoreError> {
         Self::of(snap.seq, &snap.state)
     }
 
+    /// The state's JSON text.
+    pub fn state_json(&self) -> &[u8] {
+        self.text.get(self.state.clone()).unwrap_or_default()
+    }
+
     /// Decodes the state into `T` directly from the text.
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        serde_json::from_str(self.state.get())
+        serde_json::from_slice(self.state_json())
     }
 }
 
@@ -248,8 +264,25 @@ impl Store {
     /// keeps it across a reopen.
     pub fn open_with_view(dir: impl Into<PathBuf>, view: ChainView) -> Result<Store, StoreError> {
         let dir = dir.into();
-        let journal = dir.join("journal");
         let loaded = snapshot::load(&dir)?;
+        Self::open_from(dir, view, loaded)
+    }
+
+    /// [`Store::open_with_view`] ignoring the snapshot: everything is replayed from the
+    /// journal (for a snapshot that is damaged or does not decode; it is only a cache).
+    pub fn open_without_snapshot(
+        dir: impl Into<PathBuf>,
+        view: ChainView,
+    ) -> Result<Store, StoreError> {
+        Self::open_from(dir.into(), view, None)
+    }
+
+    fn open_from(
+        dir: PathBuf,
+        view: ChainView,
+        loaded: Option<snapshot::Loaded>,
+    ) -> Result<Store, StoreError> {
+        let journal = dir.join("journal");
         let segments = segment::list_segments(&journal)?;
         for (i, n) in segments.iter().enumerate() {
             let is_last = i + 1 == segments.len();

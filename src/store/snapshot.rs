@@ -36,8 +36,10 @@ struct FormatOnly {
     format: u32,
 }
 
+/// Everything but the state, in the order written: the state follows as the last field.
 #[derive(Serialize, Deserialize)]
-struct Envelope<'a> {
+#[serde(deny_unknown_fields)]
+struct Header {
     format: u32,
     seq: u64,
     head: String,
@@ -45,9 +47,25 @@ struct Envelope<'a> {
     workspace_id: Option<String>,
     journal_from: u64,
     state_sha256: String,
+}
+
+/// The whole envelope, for files not laid out as [`encode`] writes them (unknown fields
+/// ignored, as they always were).
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    format: u32,
+    seq: u64,
+    head: String,
+    #[serde(default)]
+    workspace_id: Option<String>,
+    journal_from: u64,
+    state_sha256: String,
     #[serde(borrow)]
     state: &'a RawValue,
 }
+
+/// Where the state starts after the header.
+const STATE_KEY: &[u8] = b",\"state\":";
 
 pub fn encode(
     snap: &RawSnapshot,
@@ -55,36 +73,72 @@ pub fn encode(
     head: Digest32,
     workspace_id: Option<&str>,
 ) -> Result<Vec<u8>, StoreError> {
-    let encode_err = |source| StoreError::Encode {
-        seq: snap.seq,
-        source,
-    };
-    let raw: &RawValue = &snap.state;
-    let envelope = Envelope {
+    let state = snap.state_json();
+    let header = Header {
         format: FORMAT_VERSION,
         seq: snap.seq,
         head: head.to_hex(),
         workspace_id: workspace_id.map(str::to_string),
         journal_from,
-        state_sha256: sha256_hex(raw.get().as_bytes()),
-        state: raw,
+        state_sha256: sha256_hex(state),
     };
-    serde_json::to_vec(&envelope).map_err(encode_err)
+    let mut out = serde_json::to_vec(&header).map_err(|source| StoreError::Encode {
+        seq: snap.seq,
+        source,
+    })?;
+    // `{..header..}` becomes `{..header..,"state":<state>}`: the state is copied once, as is.
+    out.pop();
+    out.reserve(STATE_KEY.len() + state.len() + 1);
+    out.extend_from_slice(STATE_KEY);
+    out.extend_from_slice(state);
+    out.push(b'}');
+    Ok(out)
 }
 
-pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
+/// The header and the state's byte range, as [`encode`] lays them out: the header object up to
+/// the first `,"state":`, which then runs to the closing brace. None for any other layout
+/// (the header is parsed whole, unknown fields refused, so that `,"state":` is the top level's).
+fn split_written(bytes: &[u8]) -> Option<(Header, std::ops::Range<usize>)> {
+    let at = bytes
+        .windows(STATE_KEY.len())
+        .position(|w| w == STATE_KEY)?;
+    let mut head = bytes[..at].to_vec();
+    head.push(b'}');
+    let header: Header = serde_json::from_slice(&head).ok()?;
+    let end = bytes.len().checked_sub(1)?;
+    (bytes.get(end) == Some(&b'}')).then_some((header, at + STATE_KEY.len()..end))
+}
+
+/// The header and the state's range in any valid envelope (one full parse of the text).
+fn split_any(bytes: &[u8]) -> Result<(Header, std::ops::Range<usize>), serde_json::Error> {
+    let e = serde_json::from_slice::<Envelope<'_>>(bytes)?;
+    let state = e.state.get().as_bytes();
+    let start = state.as_ptr() as usize - bytes.as_ptr() as usize;
+    let header = Header {
+        format: e.format,
+        seq: e.seq,
+        head: e.head,
+        workspace_id: e.workspace_id,
+        journal_from: e.journal_from,
+        state_sha256: e.state_sha256,
+    };
+    Ok((header, start..start + state.len()))
+}
+
+pub fn decode(path: &Path, bytes: Vec<u8>) -> Result<Loaded, StoreError> {
     let bad = |reason: String| StoreError::SnapshotCorrupt {
         path: path.to_path_buf(),
         reason,
     };
-    // One pass over the text in the usual case. When the envelope does not parse, or parses
-    // with another version, the version alone decides the error, so a newer or older layout is
-    // refused as such rather than as damage.
-    let parsed = serde_json::from_slice::<Envelope<'_>>(bytes);
+    // The usual case reads the header alone and leaves the state to its reader: one pass over
+    // the state (its checksum) before it is decoded. When the layout is another, the whole
+    // envelope is parsed; when it does not parse, or parses with another version, the version
+    // alone decides the error, so a newer or older layout is refused as such, not as damage.
+    let parsed = split_written(&bytes).map_or_else(|| split_any(&bytes), Ok);
     let format = match &parsed {
-        Ok(envelope) => envelope.format,
+        Ok((header, _)) => header.format,
         Err(_) => {
-            serde_json::from_slice::<FormatOnly>(bytes)
+            serde_json::from_slice::<FormatOnly>(&bytes)
                 .map_err(|e| bad(format!("not a snapshot envelope: {e}")))?
                 .format
         }
@@ -103,30 +157,27 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
             supported: FORMAT_VERSION,
         });
     }
-    let envelope = parsed.map_err(|e| bad(format!("malformed envelope: {e}")))?;
-    let actual = sha256_hex(envelope.state.get().as_bytes());
-    if actual != envelope.state_sha256 {
+    let (header, range) = parsed.map_err(|e| bad(format!("malformed envelope: {e}")))?;
+    let actual = sha256_hex(&bytes[range.clone()]);
+    if actual != header.state_sha256 {
         return Err(bad(format!(
             "state checksum mismatch (stored {}, computed {actual})",
-            envelope.state_sha256
+            header.state_sha256
         )));
     }
-    if envelope.journal_from == 0 {
+    if header.journal_from == 0 {
         return Err(bad("journal_from must be at least 1".into()));
     }
-    let head = Digest32::from_hex(&envelope.head)
+    let head = Digest32::from_hex(&header.head)
         .ok_or_else(|| bad("head is not 64 lower-case hex digits".into()))?;
-    // The state stays raw text: its reader deserializes it straight into its own type.
-    let state = envelope.state.to_owned();
+    // The state stays text, inside the file's bytes: its reader decodes it into its own type.
+    let state_bytes = range.len();
     Ok(Loaded {
-        snapshot: RawSnapshot {
-            seq: envelope.seq,
-            state,
-        },
-        journal_from: envelope.journal_from,
-        state_bytes: envelope.state.get().len(),
+        snapshot: RawSnapshot::within(header.seq, bytes, range),
+        journal_from: header.journal_from,
+        state_bytes,
         head,
-        workspace_id: envelope.workspace_id,
+        workspace_id: header.workspace_id,
     })
 }
 
@@ -134,7 +185,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Loaded, StoreError> {
 pub fn load(dir: &Path) -> Result<Option<Loaded>, StoreError> {
     let path = dir.join(FILE_NAME);
     match fs::read(&path) {
-        Ok(bytes) => decode(&path, &bytes).map(Some),
+        Ok(bytes) => decode(&path, bytes).map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(StoreError::Io { path, source }),
     }
@@ -180,6 +231,7 @@ pub fn remove_stale_temps(dir: &Path) {
 mod tests {
     use super::*;
     use crate::store::Snapshot;
+    use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -190,9 +242,9 @@ mod tests {
         })
         .unwrap();
         let bytes = encode(&snap, 3, Digest32([7; 32]), Some("ws_a")).unwrap();
-        let loaded = decode(Path::new("s.json"), &bytes).unwrap();
+        let loaded = decode(Path::new("s.json"), bytes).unwrap();
         assert_eq!(loaded.snapshot.seq, 42);
-        assert_eq!(loaded.snapshot.state.get(), snap.state.get());
+        assert_eq!(loaded.snapshot.state_json(), snap.state_json());
         assert_eq!(loaded.journal_from, 3);
         assert_eq!(loaded.head, Digest32([7; 32]));
         assert_eq!(loaded.workspace_id.as_deref(), Some("ws_a"));
@@ -226,7 +278,7 @@ mod tests {
         .unwrap();
         let bytes = encode(&snap, 1, Digest32::default(), None).unwrap();
         let text = String::from_utf8(bytes).unwrap().replace("12345", "12346");
-        match decode(Path::new("s.json"), text.as_bytes()) {
+        match decode(Path::new("s.json"), text.into_bytes()) {
             Err(StoreError::SnapshotCorrupt { reason, .. }) => {
                 assert!(reason.contains("checksum"), "{reason}")
             }
@@ -237,7 +289,7 @@ mod tests {
     #[test]
     fn newer_format_is_refused_as_such() {
         let text = br#"{"format":3,"something_new":true}"#;
-        match decode(Path::new("/w/.gaffer/snapshot.json"), text) {
+        match decode(Path::new("/w/.gaffer/snapshot.json"), text.to_vec()) {
             Err(e @ StoreError::UnsupportedVersion { found: 3, .. }) => {
                 assert!(e.to_string().contains("snapshot.json"), "{e}");
             }
@@ -248,7 +300,7 @@ mod tests {
     #[test]
     fn unchained_format_1_is_refused_as_outdated() {
         let text = br#"{"format":1,"seq":1,"journal_from":1,"state_sha256":"x","state":{}}"#;
-        match decode(Path::new("/w/.gaffer/snapshot.json"), text) {
+        match decode(Path::new("/w/.gaffer/snapshot.json"), text.to_vec()) {
             Err(e @ StoreError::OutdatedVersion { found: 1, .. }) => {
                 assert!(e.to_string().contains("older gaffer"), "{e}");
             }
@@ -271,8 +323,103 @@ mod tests {
         .unwrap();
         let cut = &bytes[..bytes.len() - 3];
         assert!(matches!(
-            decode(Path::new("s.json"), cut),
+            decode(Path::new("s.json"), cut.to_vec()),
             Err(StoreError::SnapshotCorrupt { .. })
         ));
+    }
+
+    /// A JSON value with strings that look like the envelope's own keys.
+    fn value() -> impl Strategy<Value = serde_json::Value> {
+        let text = prop_oneof![
+            Just(",\"state\":".to_string()),
+            Just("\"}{\\".to_string()),
+            "[a-z\"\\\\,:{} ]{0,12}",
+        ];
+        let leaf = prop_oneof![
+            text.clone().prop_map(serde_json::Value::String),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<bool>().prop_map(|b| json!(b)),
+            Just(serde_json::Value::Null),
+        ];
+        leaf.prop_recursive(3, 24, 4, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+                proptest::collection::btree_map(text.clone(), inner, 0..4).prop_map(|m| json!(m)),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Whatever the state and the workspace id hold, a snapshot decodes to what was
+        /// encoded, through the header-only path or the full parse of any other layout.
+        #[test]
+        fn prop_encode_decode_round_trips(
+            state in value(),
+            seq in any::<u64>(),
+            from in 1..u64::MAX,
+            head in any::<[u8; 32]>(),
+            id in proptest::option::of("[a-z_\",:\\\\]{0,16}"),
+        ) {
+            let snap = RawSnapshot::from_value(&Snapshot { seq, state: state.clone() }).unwrap();
+            let bytes = encode(&snap, from, Digest32(head), id.as_deref()).unwrap();
+            // The same envelope with the state first: another layout, the same bytes of state.
+            let (header, range) = split_written(&bytes).unwrap();
+            let mut other = b"{\"state\":".to_vec();
+            other.extend_from_slice(&bytes[range]);
+            other.push(b',');
+            other.extend_from_slice(&serde_json::to_vec(&header).unwrap()[1..]);
+            prop_assert!(split_written(&other).is_none());
+            for text in [bytes, other] {
+                let loaded = decode(Path::new("s.json"), text).unwrap();
+                prop_assert_eq!(loaded.snapshot.seq, seq);
+                prop_assert_eq!(loaded.journal_from, from);
+                prop_assert_eq!(loaded.head, Digest32(head));
+                prop_assert_eq!(&loaded.workspace_id, &id);
+                let back: serde_json::Value = loaded.snapshot.decode().unwrap();
+                prop_assert_eq!(&back, &state);
+            }
+        }
+    }
+
+    fn sample() -> Vec<u8> {
+        let snap = RawSnapshot::from_value(&Snapshot {
+            seq: 9,
+            state: json!({"ops": {"op_1": {"state": "denied", "n": 12}}, "s": ",\"state\":{}"}),
+        })
+        .unwrap();
+        encode(&snap, 2, Digest32([3; 32]), Some("ws_x")).unwrap()
+    }
+
+    /// A snapshot cut anywhere short of its end is refused, never loaded.
+    #[test]
+    fn a_snapshot_cut_at_any_byte_is_refused() {
+        let bytes = sample();
+        for cut in 0..bytes.len() {
+            let r = decode(Path::new("s.json"), bytes[..cut].to_vec());
+            assert!(
+                matches!(r, Err(StoreError::SnapshotCorrupt { .. })),
+                "cut at {cut}: {r:?}"
+            );
+        }
+    }
+
+    /// Any byte of the state changed is caught (by the checksum or by the envelope).
+    #[test]
+    fn a_change_to_any_byte_of_the_state_is_refused() {
+        let bytes = sample();
+        let (_, range) = split_written(&bytes).unwrap();
+        for at in range.clone() {
+            for flip in [0x01u8, 0x20, 0x80] {
+                let mut bad = bytes.clone();
+                bad[at] ^= flip;
+                let r = decode(Path::new("s.json"), bad);
+                assert!(
+                    matches!(r, Err(StoreError::SnapshotCorrupt { .. })),
+                    "byte {at} ^ {flip:#x}: {r:?}"
+                );
+            }
+        }
     }
 }
