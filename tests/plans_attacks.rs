@@ -22,7 +22,15 @@ fn plan_id(r: &Value) -> String {
 fn wait_running(s: &mut Server, id: &str, n: usize) -> Value {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
-        let p = plan(s, id);
+        // A launch submitted through `operations/submit` is a plan once its operation has
+        // executed, which its submitter does not wait for: until then it is not found.
+        let r = s.request("plans/get", json!({"plan_id": id}));
+        if r["error"]["data"]["code"] == "plan_not_found" {
+            assert!(Instant::now() < until, "never a plan: {r:#}");
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let p = r["result"]["plan"].clone();
         let running = p["lanes"]
             .as_array()
             .unwrap()
