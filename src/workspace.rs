@@ -33,6 +33,8 @@ use crate::store::{ChainStatus, ChainView, Head, RawSnapshot, SnapshotTarget, St
 const SNAPSHOT_EVERY: u64 = 50_000;
 /// Most commits folded into one batch (one fdatasync).
 const MAX_BATCH: usize = 512;
+/// Longest a batch waits for the callers of the batch before it (see [`Gather::take`]).
+const MAX_GATHER: Duration = Duration::from_millis(2);
 /// How often the tailer looks for other processes' appends.
 const TAIL_INTERVAL: Duration = Duration::from_millis(25);
 /// A read re-checks the journal itself when the last check is older than this, so a burst of
@@ -160,6 +162,8 @@ struct Io {
     store: Store,
     before_write: Option<WriteHook>,
     since_snapshot: u64,
+    /// The journal directory has been seen to exist.
+    journal_exists: bool,
 }
 
 /// The CPU side: the folded state. Held only to fold, stage or read, never across I/O.
@@ -261,6 +265,7 @@ impl Workspace {
                 store,
                 before_write: None,
                 since_snapshot: replayed,
+                journal_exists: false,
             }),
             folded: Mutex::new(Folded {
                 state,
@@ -601,15 +606,58 @@ fn snapshot_in_background(io: &mut Io, shared: &Shared) {
     }
 }
 
-fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Receiver<Job>) {
-    while let Ok(first) = rx.recv() {
+/// What the writer learned from its last batch, to decide how long the next one gathers.
+struct Gather {
+    /// Jobs in the last batch: their callers are about to commit again (a client's result
+    /// after its intent, its next intent after the result), one commit in flight each.
+    expect: usize,
+    /// How long the last batch took (its fdatasync, mostly).
+    took: Duration,
+}
+
+impl Gather {
+    /// Everything queued, and while fewer than the last batch's callers have come back, up to
+    /// one batch's time (at most [`MAX_GATHER`]) for them: one fdatasync then serves them all
+    /// instead of one carrying the first caller and the next the rest, so the wait costs at
+    /// most the fdatasync it saves. One caller at a time (`expect` 1) never waits.
+    fn take(&self, rx: &mpsc::Receiver<Job>, first: Job) -> Vec<Job> {
         let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(j) => jobs.push(j),
-                Err(_) => break,
+        let drain = |jobs: &mut Vec<Job>| {
+            while jobs.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(j) => jobs.push(j),
+                    Err(_) => break,
+                }
+            }
+        };
+        drain(&mut jobs);
+        let want = self.expect.min(MAX_BATCH);
+        if jobs.len() < want {
+            let until = Instant::now() + self.took.min(MAX_GATHER);
+            while jobs.len() < want {
+                let left = until.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(j) => {
+                        jobs.push(j);
+                        drain(&mut jobs);
+                    }
+                    Err(_) => break,
+                }
             }
         }
+        jobs
+    }
+}
+
+fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Receiver<Job>) {
+    let mut gather = Gather {
+        expect: 1,
+        took: Duration::ZERO,
+    };
+    while let Ok(first) = rx.recv() {
+        let jobs = gather.take(&rx, first);
+        gather.expect = jobs.len();
+        let started = Instant::now();
         let mut io = lock(&shared.io);
         if let Err(e) = run_batch(&mut io, shared, jobs) {
             tracing::error!(error = %e, "commit batch failed; reloading state from disk");
@@ -621,6 +669,7 @@ fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Rece
                 Err(e) => tracing::error!(error = %e, "reloading the store failed"),
             }
         }
+        gather.took = started.elapsed();
         if io.since_snapshot >= SNAPSHOT_EVERY {
             snapshot_in_background(&mut io, shared);
         }
@@ -697,8 +746,11 @@ fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), Workspa
     // Before the first write there is no store to lock, and a batch that writes nothing must
     // not create one: under a lock on the workspace root (which every creator of the store
     // holds), stage against the folded state and create the store only if records result.
+    // Once the journal exists it stays (the store is never deleted under a running process),
+    // so later batches skip the stat.
     let journal = io.store.dir().join("journal");
-    if journal.exists() {
+    if io.journal_exists || journal.exists() {
+        io.journal_exists = true;
         return run_batch_locked(io, shared, jobs);
     }
     let root_lock = io
