@@ -178,6 +178,8 @@ struct Shared {
     io: Mutex<Io>,
     folded: Mutex<Folded>,
     events: broadcast::Sender<Notice>,
+    /// Subscribers to some notices only (see [`Workspace::watch`]).
+    watchers: Mutex<Vec<Watcher>>,
     /// Batches appended (one fdatasync each), for benchmarks and status.
     syncs: std::sync::atomic::AtomicU64,
     /// Set while the writer appends a staged batch: it holds the store lock and has folded
@@ -185,6 +187,12 @@ struct Shared {
     appending: std::sync::atomic::AtomicBool,
     /// Set while an automatic snapshot is being written (by its own thread, no lock held).
     snapshot_writing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A subscriber woken only by the notices it keeps.
+struct Watcher {
+    keep: Box<dyn Fn(&Notice) -> bool + Send + Sync>,
+    tx: tokio::sync::mpsc::UnboundedSender<Notice>,
 }
 
 /// The records a batch has staged so far, and the state they produce.
@@ -272,6 +280,7 @@ impl Workspace {
                 last_poll: Instant::now(),
             }),
             events,
+            watchers: Mutex::new(Vec::new()),
             syncs: std::sync::atomic::AtomicU64::new(0),
             appending: std::sync::atomic::AtomicBool::new(false),
             snapshot_writing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -457,6 +466,21 @@ impl Workspace {
         self.shared.events.subscribe()
     }
 
+    /// The notifications `keep` accepts, from every record folded from now on: a task waiting
+    /// for one operation is not woken by every other one's. Never lags (the queue is
+    /// unbounded, and holds only what `keep` accepted); dropping the receiver unsubscribes.
+    pub fn watch(
+        &self,
+        keep: impl Fn(&Notice) -> bool + Send + Sync + 'static,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<Notice> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        lock(&self.shared.watchers).push(Watcher {
+            keep: Box::new(keep),
+            tx,
+        });
+        rx
+    }
+
     pub fn put_blob(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
         Ok(crate::store::put_blob_in(&self.gaffer_dir, bytes)?)
     }
@@ -503,10 +527,18 @@ impl Stage<'_> {
     }
 }
 
-fn broadcast_all(events: &broadcast::Sender<Notice>, notices: Vec<Notice>) {
+fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
+    if notices.is_empty() {
+        return;
+    }
+    let mut watchers = lock(&shared.watchers);
+    watchers.retain(|w| !w.tx.is_closed());
     for n in notices {
+        for w in watchers.iter().filter(|w| (w.keep)(&n)) {
+            let _ = w.tx.send(n.clone());
+        }
         // No subscribers is fine: nobody is listening yet.
-        let _ = events.send(n);
+        let _ = shared.events.send(n);
     }
 }
 
@@ -525,7 +557,7 @@ fn fold_new(io: &mut Io, shared: &Shared) {
                 folded.state.apply(rec, &mut notices);
             }
             drop(folded);
-            broadcast_all(&shared.events, notices);
+            broadcast_all(shared, notices);
         }
         Err(e) => tracing::error!(error = %e, "reading other processes' records failed"),
     }
@@ -550,7 +582,7 @@ fn prepare_snapshot(
         }
         let target = txn.rotate_for_snapshot(folded.state.last_seq);
         drop(folded);
-        broadcast_all(&shared.events, notices);
+        broadcast_all(shared, notices);
         target?
     };
     let raw = {
@@ -737,7 +769,7 @@ fn publish(shared: &Shared, written: usize, completions: Vec<Completion>, notice
     for c in completions {
         c(Ok(()));
     }
-    broadcast_all(&shared.events, notices);
+    broadcast_all(shared, notices);
 }
 
 /// One group commit, `io` held throughout: stage under the state lock, append and fdatasync

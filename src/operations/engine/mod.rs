@@ -464,7 +464,11 @@ impl OperationRuntime {
                 format!("wait_seconds must be at most {MAX_WAIT_SECONDS}"),
             ));
         }
-        let mut rx = self.ws.subscribe();
+        let watched = id.to_string();
+        let mut rx = self.ws.watch(move |n| {
+            n.method == NOTICE_CHANGED
+                && n.params.get("id").and_then(Value::as_str) == Some(watched.as_str())
+        });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds);
         loop {
             // A view is built only for the answer, not for every notice that wakes the wait.
@@ -480,22 +484,12 @@ impl OperationRuntime {
             if let Some(v) = done {
                 return Ok(v);
             }
-            loop {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Err(_) => return self.get(client, id),
-                    Ok(Ok(n)) => {
-                        if n.method == NOTICE_CHANGED
-                            && n.params.get("id").and_then(Value::as_str) == Some(id)
-                        {
-                            break;
-                        }
-                    }
-                    // Missed notices: re-read the state.
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => break,
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => {
-                        tokio::time::sleep_until(deadline).await;
-                        return self.get(client, id);
-                    }
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(_)) => {}
+                Err(_) => return self.get(client, id),
+                Ok(None) => {
+                    tokio::time::sleep_until(deadline).await;
+                    return self.get(client, id);
                 }
             }
         }

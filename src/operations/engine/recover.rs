@@ -23,7 +23,15 @@ impl OperationRuntime {
         }
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let mut rx = me.ws.subscribe();
+            // Woken only by what can start a drive or bring a deadline nearer: a request
+            // or an approval (not by executions starting and ending).
+            let mut rx = me.ws.watch(|n| {
+                n.method == NOTICE_CHANGED
+                    && matches!(
+                        n.params.get("state").and_then(Value::as_str),
+                        Some("pending" | "approved")
+                    )
+            });
             me.recover(&live_executors()).await;
             me.prune().await;
             let mut last_prune = std::time::Instant::now();
@@ -37,37 +45,28 @@ impl OperationRuntime {
                     .unwrap_or(Duration::from_secs(3600))
                     .min(Duration::from_secs(60));
                 timer.as_mut().reset(tokio::time::Instant::now() + sleep);
-                // Only a deadline nearer than the timer's moves it: most notices (an execution
-                // starting or ending) leave it alone, and cost no state read.
+                // Only a deadline nearer than the timer's resets it.
                 loop {
                     tokio::select! {
                         n = rx.recv() => match n {
-                            Ok(n) if n.method == NOTICE_CHANGED => {
+                            Some(n) => {
                                 let state = n.params.get("state").and_then(Value::as_str);
                                 if state == Some("approved")
                                     && let Some(id) = n.params.get("id").and_then(Value::as_str)
                                 {
                                     me.spawn_drive(id.to_string());
                                 }
-                                if matches!(state, Some("pending" | "approved")) {
-                                    let now_next = me.ws.read(|s| next_deadline(&s.operations));
-                                    let nearer = match (now_next, next) {
-                                        (Some(a), Some(b)) => a < b,
-                                        (a, b) => a.is_some() && b.is_none(),
-                                    };
-                                    if nearer {
-                                        next = now_next;
-                                        break;
-                                    }
+                                let now_next = me.ws.read(|s| next_deadline(&s.operations));
+                                let nearer = match (now_next, next) {
+                                    (Some(a), Some(b)) => a < b,
+                                    (a, b) => a.is_some() && b.is_none(),
+                                };
+                                if nearer {
+                                    next = now_next;
+                                    break;
                                 }
                             }
-                            Ok(_) => {}
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                                me.recover(&live_executors()).await;
-                                next = me.ws.read(|s| next_deadline(&s.operations));
-                                break;
-                            }
-                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                            None => return,
                         },
                         () = &mut timer => {
                             me.expire_due().await;
