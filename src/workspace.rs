@@ -935,6 +935,54 @@ mod tests {
         assert_eq!(b.seq(), head.seq + 1);
     }
 
+    /// A watcher gets only the notices it keeps; a dropped one is forgotten at the next batch.
+    #[tokio::test]
+    async fn a_watch_delivers_only_what_it_keeps_and_ends_with_its_receiver() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        let mut odd = ws.watch(|n| n.params["n"].as_u64().is_some_and(|v| v % 2 == 1));
+        let dropped = ws.watch(|_| true);
+        drop(dropped);
+        let notices = (0..4u64)
+            .map(|n| Notice::everyone("test", json!({ "n": n })))
+            .collect();
+        broadcast_all(&ws.shared, notices);
+        assert_eq!(
+            lock(&ws.shared.watchers).len(),
+            1,
+            "the dropped watcher is gone"
+        );
+        let got: Vec<u64> = std::iter::from_fn(|| odd.try_recv().ok())
+            .filter_map(|n| n.params["n"].as_u64())
+            .collect();
+        assert_eq!(got, vec![1, 3]);
+    }
+
+    /// A batch takes everything queued, and its wait for the last batch's callers ends (at
+    /// `MAX_GATHER`) when they do not come.
+    #[test]
+    fn gathering_takes_everything_queued_and_its_wait_ends() {
+        let job = || -> Job { Box::new(|_stage: Result<&mut Stage<'_>, WorkspaceError>| None) };
+        let (tx, rx) = mpsc::channel::<Job>();
+        let lone = Gather {
+            expect: 1,
+            took: Duration::from_secs(60),
+        };
+        tx.send(job()).expect("send");
+        assert_eq!(lone.take(&rx, job()).len(), 2, "everything queued joins");
+        let three = Gather {
+            expect: 3,
+            took: Duration::from_secs(60),
+        };
+        tx.send(job()).expect("send");
+        assert_eq!(
+            three.take(&rx, job()).len(),
+            2,
+            "the wait ends without them"
+        );
+        drop(tx);
+    }
+
     #[tokio::test]
     async fn commits_are_durable_ordered_and_rejections_write_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
