@@ -12,7 +12,8 @@
 //! - growth: the same per-operation cost with 1k and 100k operations held (pending awaiting
 //!   approval, and terminal), `operations/list` (limit 1 and 100) at each size, and what one
 //!   snapshot of that state costs (written before the submits, so it is printed, not mixed in);
-//!   `--growth-only N` runs just these rows at N held;
+//!   `--growth-only N` runs just these rows at N held (`--success-only`: the submit ->
+//!   succeeded rows alone);
 //! - recovery: opening a workspace whose journal holds 100,000 operations, and a serving
 //!   process on it: time to its first reply, to its first reply that needs the operations, and
 //!   its RSS holding them (`--recovery-only N`);
@@ -258,6 +259,18 @@ struct Cost {
     rate: f64,
     syncs_per_op: f64,
     cpu_us_per_op: f64,
+    /// Context switches (voluntary and not) of the whole process per operation.
+    switches_per_op: f64,
+}
+
+/// Context switches of this whole process so far.
+fn process_switches() -> f64 {
+    // SAFETY: getrusage only writes the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    (u.ru_nvcsw + u.ru_nivcsw) as f64
 }
 
 /// User + system CPU time of this whole process, in µs.
@@ -273,15 +286,22 @@ fn process_cpu_us() -> f64 {
 
 /// The disk's limit: `n` write(208 B) + fdatasync on a plain file in a fresh temp dir.
 fn raw_fdatasync(n: usize) -> f64 {
+    raw_fdatasync_cost(n).0
+}
+
+/// [`raw_fdatasync`]'s rate, and the process CPU (mostly kernel) one write+fdatasync costs,
+/// in µs: the floor under a commit's CPU.
+fn raw_fdatasync_cost(n: usize) -> (f64, f64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut f = std::fs::File::create(dir.path().join("raw.log")).expect("raw file");
     let buf = [b'r'; 208];
+    let cpu = process_cpu_us();
     let t = Instant::now();
     for _ in 0..n {
         f.write_all(&buf).expect("write");
         f.sync_data().expect("fdatasync");
     }
-    rate(n, t.elapsed())
+    (rate(n, t.elapsed()), (process_cpu_us() - cpu) / n as f64)
 }
 
 async fn to_success(clients: usize, per_client: usize) -> Cost {
@@ -301,6 +321,7 @@ async fn run_to_success(
 ) -> Cost {
     let syncs = ws.syncs();
     let cpu = process_cpu_us();
+    let switches = process_switches();
     let t = Instant::now();
     let mut tasks = vec![];
     for c in 0..clients {
@@ -333,6 +354,7 @@ async fn run_to_success(
         rate: rate(n, t.elapsed()),
         syncs_per_op: (ws.syncs() - syncs) as f64 / n as f64,
         cpu_us_per_op: (process_cpu_us() - cpu) / n as f64,
+        switches_per_op: (process_switches() - switches) / n as f64,
     }
 }
 
@@ -442,6 +464,7 @@ async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64, f64) {
     let cost = if pending {
         let syncs = ws.syncs();
         let cpu = process_cpu_us();
+        let switches = process_switches();
         let t = Instant::now();
         for i in 0..n {
             let (v, _) = rt
@@ -458,6 +481,7 @@ async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64, f64) {
             rate: rate(n, t.elapsed()),
             syncs_per_op: (ws.syncs() - syncs) as f64 / n as f64,
             cpu_us_per_op: (process_cpu_us() - cpu) / n as f64,
+            switches_per_op: (process_switches() - switches) / n as f64,
         }
     } else {
         run_to_success(&ws, &rt, 1, n, "g").await
@@ -867,11 +891,12 @@ async fn growth_row(held: usize, pending: bool, raw_n: usize, n: usize) {
 
 fn show(c: &Cost, raw: f64) -> String {
     format!(
-        "{:.0}/s = {:.2}x raw {raw:.0}/s; {:.2} syncs/op; {:.0} µs CPU/op",
+        "{:.0}/s = {:.2}x raw {raw:.0}/s; {:.2} syncs/op; {:.0} µs CPU/op; {:.1} context switches/op",
         c.rate,
         c.rate / raw,
         c.syncs_per_op,
-        c.cpu_us_per_op
+        c.cpu_us_per_op,
+        c.switches_per_op
     )
 }
 
@@ -905,6 +930,10 @@ fn main() {
         });
         return;
     }
+    if std::env::args().any(|a| a == "--success-only") {
+        rt.block_on(success_rows(n, raw_n, 3));
+        return;
+    }
     let raw = rt.block_on(async {
         let raw = raw_fdatasync(raw_n);
         println!("raw write+fdatasync (208 B, plain file): {raw:.0}/s");
@@ -925,14 +954,7 @@ fn main() {
             "durable submits, 1 client with 32 in flight: {p:.0}/s ({:.2}x raw {raw:.0}/s)",
             p / raw
         );
-        for _ in 0..2 {
-            let raw = raw_fdatasync(raw_n);
-            let one = to_success(1, n / 2).await;
-            println!("submit -> succeeded, 1 client: {}", show(&one, raw));
-            let raw = raw_fdatasync(raw_n);
-            let eight = to_success(8, n / 8).await;
-            println!("submit -> succeeded, 8 clients: {}", show(&eight, raw));
-        }
+        success_rows(n, raw_n, 2).await;
         let big = if quick { 10_000 } else { 100_000 };
         for pending in [true, false] {
             for held in [1_000, big] {
@@ -959,6 +981,25 @@ fn main() {
         1e6 / raw,
         1e6 / raw_again
     );
+}
+
+/// submit -> succeeded with 1 and 8 clients, `rounds` times, each beside the raw rate just
+/// before it (`--success-only` runs just these rows).
+async fn success_rows(n: usize, raw_n: usize, rounds: usize) {
+    for _ in 0..rounds {
+        let (raw, raw_cpu) = raw_fdatasync_cost(raw_n);
+        let one = to_success(1, n / 2).await;
+        println!(
+            "submit -> succeeded, 1 client: {}; raw costs {raw_cpu:.0} µs CPU per write+fdatasync",
+            show(&one, raw)
+        );
+        let (raw, raw_cpu) = raw_fdatasync_cost(raw_n);
+        let eight = to_success(8, n / 8).await;
+        println!(
+            "submit -> succeeded, 8 clients: {}; raw costs {raw_cpu:.0} µs CPU per write+fdatasync",
+            show(&eight, raw)
+        );
+    }
 }
 
 /// Opening a workspace holding `count` operations: in process, and as a serving process.

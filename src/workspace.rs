@@ -33,6 +33,8 @@ use crate::store::{ChainStatus, ChainView, Head, RawSnapshot, SnapshotTarget, St
 const SNAPSHOT_EVERY: u64 = 50_000;
 /// Most commits folded into one batch (one fdatasync).
 const MAX_BATCH: usize = 512;
+/// Longest a batch waits for the callers of the batch before it (see [`Gather::take`]).
+const MAX_GATHER: Duration = Duration::from_millis(2);
 /// How often the tailer looks for other processes' appends.
 const TAIL_INTERVAL: Duration = Duration::from_millis(25);
 /// A read re-checks the journal itself when the last check is older than this, so a burst of
@@ -160,6 +162,8 @@ struct Io {
     store: Store,
     before_write: Option<WriteHook>,
     since_snapshot: u64,
+    /// The journal directory has been seen to exist.
+    journal_exists: bool,
 }
 
 /// The CPU side: the folded state. Held only to fold, stage or read, never across I/O.
@@ -174,6 +178,8 @@ struct Shared {
     io: Mutex<Io>,
     folded: Mutex<Folded>,
     events: broadcast::Sender<Notice>,
+    /// Subscribers to some notices only (see [`Workspace::watch`]).
+    watchers: Mutex<Vec<Watcher>>,
     /// Batches appended (one fdatasync each), for benchmarks and status.
     syncs: std::sync::atomic::AtomicU64,
     /// Set while the writer appends a staged batch: it holds the store lock and has folded
@@ -181,6 +187,12 @@ struct Shared {
     appending: std::sync::atomic::AtomicBool,
     /// Set while an automatic snapshot is being written (by its own thread, no lock held).
     snapshot_writing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A subscriber woken only by the notices it keeps.
+struct Watcher {
+    keep: Box<dyn Fn(&Notice) -> bool + Send + Sync>,
+    tx: tokio::sync::mpsc::UnboundedSender<Notice>,
 }
 
 /// The records a batch has staged so far, and the state they produce.
@@ -273,12 +285,14 @@ impl Workspace {
                 store,
                 before_write: None,
                 since_snapshot: replayed,
+                journal_exists: false,
             }),
             folded: Mutex::new(Folded {
                 state,
                 last_poll: Instant::now(),
             }),
             events,
+            watchers: Mutex::new(Vec::new()),
             syncs: std::sync::atomic::AtomicU64::new(0),
             appending: std::sync::atomic::AtomicBool::new(false),
             snapshot_writing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -464,6 +478,21 @@ impl Workspace {
         self.shared.events.subscribe()
     }
 
+    /// The notifications `keep` accepts, from every record folded from now on: a task waiting
+    /// for one operation is not woken by every other one's. Never lags (the queue is
+    /// unbounded, and holds only what `keep` accepted); dropping the receiver unsubscribes.
+    pub fn watch(
+        &self,
+        keep: impl Fn(&Notice) -> bool + Send + Sync + 'static,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<Notice> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        lock(&self.shared.watchers).push(Watcher {
+            keep: Box::new(keep),
+            tx,
+        });
+        rx
+    }
+
     pub fn put_blob(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
         Ok(crate::store::put_blob_in(&self.gaffer_dir, bytes)?)
     }
@@ -510,10 +539,18 @@ impl Stage<'_> {
     }
 }
 
-fn broadcast_all(events: &broadcast::Sender<Notice>, notices: Vec<Notice>) {
+fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
+    if notices.is_empty() {
+        return;
+    }
+    let mut watchers = lock(&shared.watchers);
+    watchers.retain(|w| !w.tx.is_closed());
     for n in notices {
+        for w in watchers.iter().filter(|w| (w.keep)(&n)) {
+            let _ = w.tx.send(n.clone());
+        }
         // No subscribers is fine: nobody is listening yet.
-        let _ = events.send(n);
+        let _ = shared.events.send(n);
     }
 }
 
@@ -532,7 +569,7 @@ fn fold_new(io: &mut Io, shared: &Shared) {
                 folded.state.apply(rec, &mut notices);
             }
             drop(folded);
-            broadcast_all(&shared.events, notices);
+            broadcast_all(shared, notices);
         }
         Err(e) => tracing::error!(error = %e, "reading other processes' records failed"),
     }
@@ -557,7 +594,7 @@ fn prepare_snapshot(
         }
         let target = txn.rotate_for_snapshot(folded.state.last_seq);
         drop(folded);
-        broadcast_all(&shared.events, notices);
+        broadcast_all(shared, notices);
         target?
     };
     let raw = {
@@ -613,15 +650,58 @@ fn snapshot_in_background(io: &mut Io, shared: &Shared) {
     }
 }
 
-fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Receiver<Job>) {
-    while let Ok(first) = rx.recv() {
+/// What the writer learned from its last batch, to decide how long the next one gathers.
+struct Gather {
+    /// Jobs in the last batch: their callers are about to commit again (a client's result
+    /// after its intent, its next intent after the result), one commit in flight each.
+    expect: usize,
+    /// How long the last batch took (its fdatasync, mostly).
+    took: Duration,
+}
+
+impl Gather {
+    /// Everything queued, and while fewer than the last batch's callers have come back, up to
+    /// one batch's time (at most [`MAX_GATHER`]) for them: one fdatasync then serves them all
+    /// instead of one carrying the first caller and the next the rest, so the wait costs at
+    /// most the fdatasync it saves. One caller at a time (`expect` 1) never waits.
+    fn take(&self, rx: &mpsc::Receiver<Job>, first: Job) -> Vec<Job> {
         let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(j) => jobs.push(j),
-                Err(_) => break,
+        let drain = |jobs: &mut Vec<Job>| {
+            while jobs.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(j) => jobs.push(j),
+                    Err(_) => break,
+                }
+            }
+        };
+        drain(&mut jobs);
+        let want = self.expect.min(MAX_BATCH);
+        if jobs.len() < want {
+            let until = Instant::now() + self.took.min(MAX_GATHER);
+            while jobs.len() < want {
+                let left = until.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(j) => {
+                        jobs.push(j);
+                        drain(&mut jobs);
+                    }
+                    Err(_) => break,
+                }
             }
         }
+        jobs
+    }
+}
+
+fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Receiver<Job>) {
+    let mut gather = Gather {
+        expect: 1,
+        took: Duration::ZERO,
+    };
+    while let Ok(first) = rx.recv() {
+        let jobs = gather.take(&rx, first);
+        gather.expect = jobs.len();
+        let started = Instant::now();
         let mut io = lock(&shared.io);
         if let Err(e) = run_batch(&mut io, shared, jobs) {
             tracing::error!(error = %e, "commit batch failed; reloading state from disk");
@@ -633,6 +713,7 @@ fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Rece
                 Err(e) => tracing::error!(error = %e, "reloading the store failed"),
             }
         }
+        gather.took = started.elapsed();
         if io.since_snapshot >= SNAPSHOT_EVERY {
             snapshot_in_background(&mut io, shared);
         }
@@ -700,7 +781,7 @@ fn publish(shared: &Shared, written: usize, completions: Vec<Completion>, notice
     for c in completions {
         c(Ok(()));
     }
-    broadcast_all(&shared.events, notices);
+    broadcast_all(shared, notices);
 }
 
 /// One group commit, `io` held throughout: stage under the state lock, append and fdatasync
@@ -709,8 +790,11 @@ fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), Workspa
     // Before the first write there is no store to lock, and a batch that writes nothing must
     // not create one: under a lock on the workspace root (which every creator of the store
     // holds), stage against the folded state and create the store only if records result.
+    // Once the journal exists it stays (the store is never deleted under a running process),
+    // so later batches skip the stat.
     let journal = io.store.dir().join("journal");
-    if journal.exists() {
+    if io.journal_exists || journal.exists() {
+        io.journal_exists = true;
         return run_batch_locked(io, shared, jobs);
     }
     let root_lock = io
@@ -910,6 +994,54 @@ mod tests {
             assert_eq!(b.journal_head(), head);
             assert_eq!(b.chain_status().broken_at, None);
         }
+    }
+
+    /// A watcher gets only the notices it keeps; a dropped one is forgotten at the next batch.
+    #[tokio::test]
+    async fn a_watch_delivers_only_what_it_keeps_and_ends_with_its_receiver() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        let mut odd = ws.watch(|n| n.params["n"].as_u64().is_some_and(|v| v % 2 == 1));
+        let dropped = ws.watch(|_| true);
+        drop(dropped);
+        let notices = (0..4u64)
+            .map(|n| Notice::everyone("test", json!({ "n": n })))
+            .collect();
+        broadcast_all(&ws.shared, notices);
+        assert_eq!(
+            lock(&ws.shared.watchers).len(),
+            1,
+            "the dropped watcher is gone"
+        );
+        let got: Vec<u64> = std::iter::from_fn(|| odd.try_recv().ok())
+            .filter_map(|n| n.params["n"].as_u64())
+            .collect();
+        assert_eq!(got, vec![1, 3]);
+    }
+
+    /// A batch takes everything queued, and its wait for the last batch's callers ends (at
+    /// `MAX_GATHER`) when they do not come.
+    #[test]
+    fn gathering_takes_everything_queued_and_its_wait_ends() {
+        let job = || -> Job { Box::new(|_stage: Result<&mut Stage<'_>, WorkspaceError>| None) };
+        let (tx, rx) = mpsc::channel::<Job>();
+        let lone = Gather {
+            expect: 1,
+            took: Duration::from_secs(60),
+        };
+        tx.send(job()).expect("send");
+        assert_eq!(lone.take(&rx, job()).len(), 2, "everything queued joins");
+        let three = Gather {
+            expect: 3,
+            took: Duration::from_secs(60),
+        };
+        tx.send(job()).expect("send");
+        assert_eq!(
+            three.take(&rx, job()).len(),
+            2,
+            "the wait ends without them"
+        );
+        drop(tx);
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use super::super::adapter::{Adapter, AdapterCtx, FailureKind, Outcome, Resolved}
 use super::super::authorize::{Check, authorize};
 use super::super::lifecycle::{OpState, codes};
 use super::super::plan::Plan;
-use super::super::policy::Classification;
+use super::super::policy::{Classification, Policy};
 use super::super::state::{ApprovalChange, ApprovalEffect, KIND_TRANSITIONED, Operation, UseState};
 use super::*;
 
@@ -26,6 +26,8 @@ pub(super) enum Settle {
 enum Claim {
     Run {
         approval_id: Option<String>,
+        /// The policy that authorized the claim (its sandbox setting governs the run).
+        policy: Arc<Policy>,
     },
     /// The operation changed before the claim (another process took it, or it moved on).
     Skip,
@@ -53,12 +55,19 @@ impl OperationRuntime {
         tokio::spawn(async move { me.drive(&id).await });
     }
 
-    /// Runs an operation claimed in the submit commit.
-    pub(super) fn spawn_execute(&self, id: String, plan: Plan, approval_id: Option<String>) {
+    /// Runs an operation claimed in the submit commit, under the policy that authorized it.
+    pub(super) fn spawn_execute(
+        &self,
+        id: String,
+        plan: Plan,
+        approval_id: Option<String>,
+        policy: Arc<Policy>,
+    ) {
         let Some(me) = self.me.upgrade() else { return };
         tokio::spawn(async move {
             failpoint("after_claim");
-            if let Err(e) = me.execute_claimed(&id, Box::new(plan), approval_id).await {
+            let run = me.execute_claimed(&id, Box::new(plan), approval_id, &policy);
+            if let Err(e) = run.await {
                 tracing::error!(operation = %id, error = %e, "operation could not be executed");
             }
         });
@@ -107,11 +116,18 @@ impl OperationRuntime {
         if !matches!(claim, Claim::Skip) {
             self.unvouch(id);
         }
-        let (Claim::Run { approval_id }, Ok(d)) = (claim, derived) else {
+        let (
+            Claim::Run {
+                approval_id,
+                policy,
+            },
+            Ok(d),
+        ) = (claim, derived)
+        else {
             return Ok(());
         };
         failpoint("after_claim");
-        self.execute_claimed(id, Box::new(d.plan), approval_id)
+        self.execute_claimed(id, Box::new(d.plan), approval_id, &policy)
             .await
     }
 
@@ -219,8 +235,7 @@ impl OperationRuntime {
         derived: &Result<Rederived, Unfit>,
         now: u64,
     ) -> Result<Claim, OpError> {
-        let policy = self.policy();
-        let key = crate::operator::current_public();
+        let Authority { policy, key, .. } = self.authority();
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok() && self.signed_head_on_chain(op);
         let executor = self.executor.clone();
@@ -287,6 +302,7 @@ impl OperationRuntime {
                 vec![rec(KIND_TRANSITIONED, &t)?],
                 Claim::Run {
                     approval_id: reserve,
+                    policy: Arc::clone(&policy),
                 },
             ))
         })
@@ -300,13 +316,19 @@ impl OperationRuntime {
         id: &str,
         plan: Box<Plan>,
         approval_id: Option<String>,
+        policy: &Policy,
     ) -> Result<(), OpError> {
         let Some(adapter) = self.registry.lookup(&plan.operation).cloned() else {
             return Ok(());
         };
-        let op = self.ws.read(|s| s.operations.get(id).cloned());
-        let Some(op) = op else { return Ok(()) };
-        let ctx = self.ctx(&op.id, &op.client_id);
+        let who = self.ws.read(|s| {
+            let op = s.operations.get(id)?;
+            Some((op.client_id.clone(), op.operation.clone()))
+        });
+        let Some((client, operation)) = who else {
+            return Ok(());
+        };
+        let ctx = self.ctx_with(id, &client, policy);
         let resolved = plan.resolved();
         let exec = adapter.execute(&ctx, &resolved).await;
         failpoint("after_execute");
@@ -344,15 +366,15 @@ impl OperationRuntime {
             Settle::Failed { .. } => (false, None),
         };
         self.remember_execution(
-            &op.id,
+            id,
             super::ExecutedHere {
-                client: op.client_id.clone(),
-                operation: op.operation.clone(),
+                client,
+                operation: operation.clone(),
                 succeeded,
                 exit_code,
             },
         );
-        self.finish(&op, approval_id, settle).await?;
+        self.finish(id, &operation, approval_id, settle).await?;
         adapter.cleanup(&ctx, &resolved).await;
         Ok(())
     }
@@ -384,12 +406,13 @@ impl OperationRuntime {
 
     pub(super) async fn finish(
         &self,
-        op: &Operation,
+        id: &str,
+        operation: &str,
         approval_id: Option<String>,
         settle: Settle,
     ) -> Result<(), OpError> {
-        let id = op.id.clone();
-        let operation = op.operation.clone();
+        let id = id.to_string();
+        let operation = operation.to_string();
         let now = crate::util::now_ms();
         self.commit(move |s: &crate::workspace::State| {
             let ops = &s.operations;

@@ -29,6 +29,7 @@ use super::state::{
 };
 use super::trust::TrustStatus;
 use super::views::OperationView;
+use crate::operator::OperatorPublic;
 use crate::workspace::{CommitError, NewRecord, Workspace};
 
 pub const MAX_KEY_BYTES: usize = 128;
@@ -193,7 +194,16 @@ impl Default for RuntimeConfig {
 type FileStamp = Option<(Option<std::time::SystemTime>, u64)>;
 /// The trust records folded, the policy file, and the operator's public key: a change to any
 /// of them rebuilds the policy.
-type PolicyStamp = (u64, FileStamp, Option<String>);
+type PolicyStamp = (u64, FileStamp, Option<OperatorPublic>);
+
+/// The policy to decide and authorize with, the operator key it was checked against, and the
+/// trust records folded when it was (a claim refuses to use it once more have been folded).
+#[derive(Clone)]
+pub(super) struct Authority {
+    pub policy: Arc<Policy>,
+    pub key: Option<OperatorPublic>,
+    pub trust_seq: u64,
+}
 
 fn file_stamp(path: &std::path::Path) -> FileStamp {
     std::fs::metadata(path)
@@ -346,32 +356,47 @@ impl OperationRuntime {
     }
 
     fn ctx(&self, op_id: &str, client: &str) -> AdapterCtx {
+        self.ctx_with(op_id, client, &self.policy())
+    }
+
+    /// [`Self::ctx`] under a policy already looked up (the one that decided or authorized).
+    fn ctx_with(&self, op_id: &str, client: &str, policy: &Policy) -> AdapterCtx {
         AdapterCtx {
             workspace_root: self.ws.root().to_path_buf(),
             operation_id: op_id.to_string(),
             client_id: client.to_string(),
-            sandbox: self.policy().sandbox,
+            sandbox: policy.sandbox,
         }
     }
 
-    /// The policy to decide and authorize with, rebuilt when the trust records, the policy
-    /// file or the operator's public key change.
     fn policy(&self) -> Arc<Policy> {
+        self.authority().policy
+    }
+
+    /// The policy to decide and authorize with, rebuilt when the trust records, the policy
+    /// file or the operator's public key change (one stat of each, one state read).
+    fn authority(&self) -> Authority {
         let key = crate::operator::current_public();
+        let trust_seq = self.ws.read(|s| s.trust.last_seq);
         let stamp: PolicyStamp = (
-            self.ws.read(|s| s.trust.last_seq),
+            trust_seq,
             file_stamp(&self.ws.gaffer_dir().join(super::policy::POLICY_FILE)),
-            key.as_ref().map(|k| k.fingerprint()),
+            key.clone(),
         );
         let mut cache = self.policy_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((cached, p)) = cache.as_ref()
-            && *cached == stamp
-        {
-            return Arc::clone(p);
+        let policy = match cache.as_ref() {
+            Some((cached, p)) if *cached == stamp => Arc::clone(p),
+            _ => {
+                let p = Arc::new(super::trust::effective_policy(&self.ws, key.as_ref()));
+                *cache = Some((stamp, Arc::clone(&p)));
+                p
+            }
+        };
+        Authority {
+            policy,
+            key,
+            trust_seq,
         }
-        let p = Arc::new(super::trust::effective_policy(&self.ws, key.as_ref()));
-        *cache = Some((stamp, Arc::clone(&p)));
-        p
     }
 
     /// Where `policy.yaml` stands now.
@@ -439,29 +464,32 @@ impl OperationRuntime {
                 format!("wait_seconds must be at most {MAX_WAIT_SECONDS}"),
             ));
         }
-        let mut rx = self.ws.subscribe();
+        let watched = id.to_string();
+        let mut rx = self.ws.watch(move |n| {
+            n.method == NOTICE_CHANGED
+                && n.params.get("id").and_then(Value::as_str) == Some(watched.as_str())
+        });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds);
         loop {
-            let v = self.get(client, id)?;
-            if v.revision > after_revision || v.state.is_terminal() {
+            // A view is built only for the answer, not for every notice that wakes the wait.
+            let done = self.ws.read(|s| {
+                let op = s
+                    .operations
+                    .get(id)
+                    .filter(|op| client.is_none_or(|c| c == op.client_id))
+                    .ok_or_else(OpError::not_found)?;
+                let done = op.revision > after_revision || op.state.is_terminal();
+                Ok::<_, OpError>(done.then(|| OperationView::of(op)))
+            })?;
+            if let Some(v) = done {
                 return Ok(v);
             }
-            loop {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Err(_) => return self.get(client, id),
-                    Ok(Ok(n)) => {
-                        if n.method == NOTICE_CHANGED
-                            && n.params.get("id").and_then(Value::as_str) == Some(id)
-                        {
-                            break;
-                        }
-                    }
-                    // Missed notices: re-read the state.
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => break,
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => {
-                        tokio::time::sleep_until(deadline).await;
-                        return self.get(client, id);
-                    }
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(_)) => {}
+                Err(_) => return self.get(client, id),
+                Ok(None) => {
+                    tokio::time::sleep_until(deadline).await;
+                    return self.get(client, id);
                 }
             }
         }

@@ -23,37 +23,59 @@ impl OperationRuntime {
         }
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let mut rx = me.ws.subscribe();
+            // Woken only by what can start a drive or bring a deadline nearer: a request
+            // or an approval (not by executions starting and ending).
+            let mut rx = me.ws.watch(|n| {
+                n.method == NOTICE_CHANGED
+                    && matches!(
+                        n.params.get("state").and_then(Value::as_str),
+                        Some("pending" | "approved")
+                    )
+            });
             me.recover(&live_executors()).await;
             me.prune().await;
             let mut last_prune = std::time::Instant::now();
+            let mut next = me.ws.read(|s| next_deadline(&s.operations));
+            let timer = tokio::time::sleep(Duration::ZERO);
+            tokio::pin!(timer);
             loop {
-                let next = me.ws.read(|s| next_deadline(&s.operations));
                 let now = crate::util::now_ms();
                 let sleep = next
                     .map(|d| Duration::from_millis(d.saturating_sub(now).max(5)))
                     .unwrap_or(Duration::from_secs(3600))
                     .min(Duration::from_secs(60));
-                tokio::select! {
-                    n = rx.recv() => match n {
-                        Ok(n) if n.method == NOTICE_CHANGED => {
-                            if n.params.get("state").and_then(Value::as_str) == Some("approved")
-                                && let Some(id) = n.params.get("id").and_then(Value::as_str)
-                            {
-                                me.spawn_drive(id.to_string());
+                timer.as_mut().reset(tokio::time::Instant::now() + sleep);
+                // Only a deadline nearer than the timer's resets it.
+                loop {
+                    tokio::select! {
+                        n = rx.recv() => match n {
+                            Some(n) => {
+                                let state = n.params.get("state").and_then(Value::as_str);
+                                if state == Some("approved")
+                                    && let Some(id) = n.params.get("id").and_then(Value::as_str)
+                                {
+                                    me.spawn_drive(id.to_string());
+                                }
+                                let now_next = me.ws.read(|s| next_deadline(&s.operations));
+                                let nearer = match (now_next, next) {
+                                    (Some(a), Some(b)) => a < b,
+                                    (a, b) => a.is_some() && b.is_none(),
+                                };
+                                if nearer {
+                                    next = now_next;
+                                    break;
+                                }
                             }
-                        }
-                        Ok(_) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                            me.recover(&live_executors()).await;
-                        }
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                    },
-                    _ = tokio::time::sleep(sleep) => {
-                        me.expire_due().await;
-                        if last_prune.elapsed() > Duration::from_secs(3600) {
-                            me.prune().await;
-                            last_prune = std::time::Instant::now();
+                            None => return,
+                        },
+                        () = &mut timer => {
+                            me.expire_due().await;
+                            if last_prune.elapsed() > Duration::from_secs(3600) {
+                                me.prune().await;
+                                last_prune = std::time::Instant::now();
+                            }
+                            next = me.ws.read(|s| next_deadline(&s.operations));
+                            break;
                         }
                     }
                 }
@@ -143,7 +165,8 @@ impl OperationRuntime {
                 effect: ApprovalEffect::Retain,
             },
         };
-        self.finish(&op, op.approval_id.clone(), settle).await
+        self.finish(&op.id, &op.operation, op.approval_id.clone(), settle)
+            .await
     }
 
     /// Moves pending requests and unused approvals past their deadline to `expired`.

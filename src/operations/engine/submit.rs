@@ -68,12 +68,15 @@ impl OperationRuntime {
             return Ok((v, false));
         }
         let id = new_id("op_")?;
-        let prepared = self.prepare(client, &key, &id, &input).await?;
+        // One policy for the adapter's context, the decision and the claim that may follow it
+        // in the same commit (which refuses it if trust records were folded since).
+        let auth = self.authority();
+        let prepared = self
+            .prepare(client, &key, &id, &input, &auth.policy)
+            .await?;
         let now = crate::util::now_ms();
-        // One policy for the decision and the claim that may follow it in the same commit.
-        let policy = self.policy();
         let decision = decide_policy(
-            &policy,
+            &auth.policy,
             &self.ws,
             client,
             self.lane_scope(client),
@@ -84,7 +87,8 @@ impl OperationRuntime {
         let (op, approval, plan) = build(
             client, &id, key, reason, submitted, &prepared, &decision, &outcome, now,
         );
-        let (view, created, claimed) = self.record(op, approval, &prepared, policy).await?;
+        let sandbox_policy = Arc::clone(&auth.policy);
+        let (view, created, claimed) = self.record(op, approval, &prepared, auth).await?;
         if created {
             if view.state == OpState::Approved {
                 self.vouch(&view.id);
@@ -97,7 +101,7 @@ impl OperationRuntime {
                     .await;
             }
             if claimed {
-                self.spawn_execute(view.id.clone(), plan, None);
+                self.spawn_execute(view.id.clone(), plan, None, sandbox_policy);
             } else if view.state == OpState::Approved {
                 self.spawn_drive(view.id.clone());
             }
@@ -111,6 +115,7 @@ impl OperationRuntime {
         key: &str,
         id: &str,
         input: &SubmitInput,
+        policy: &Policy,
     ) -> Result<Prepared, OpError> {
         let Some(adapter) = self.registry.lookup(&input.operation).cloned() else {
             return Err(self.not_registered(&input.operation));
@@ -126,7 +131,7 @@ impl OperationRuntime {
         adapter
             .validate_client(&decoded, client, key)
             .map_err(OpError::from_adapter)?;
-        let ctx = self.ctx(id, client);
+        let ctx = self.ctx_with(id, client, policy);
         let resolved = adapter
             .resolve(&ctx, decoded)
             .await
@@ -171,14 +176,18 @@ impl OperationRuntime {
         op: Operation,
         approval: Option<Approval>,
         p: &Prepared,
-        policy: Arc<Policy>,
+        auth: Authority,
     ) -> Result<(OperationView, bool, bool), OpError> {
         let claim_now = op.state == OpState::Approved
             && op.approval_id.is_none()
             && self.autorun.load(std::sync::atomic::Ordering::Acquire);
         let executor = self.executor.clone();
         let lane_scope = self.lane_scope(&op.client_id);
-        let key = crate::operator::current_public();
+        let Authority {
+            policy,
+            key,
+            trust_seq,
+        } = auth;
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok();
         let class = p.class.clone();
@@ -198,7 +207,9 @@ impl OperationRuntime {
             let now = op.created_at_ms;
             let mut follow = None;
             let mut claimed = false;
-            if claim_now {
+            // Trust records folded since the policy was built: the claim is left to `drive`,
+            // which authorizes with the policy they make.
+            if claim_now && s.trust.last_seq == trust_seq {
                 let check = Check {
                     operation_id: &op.id,
                     client: &op.client_id,
