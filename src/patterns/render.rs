@@ -10,6 +10,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use super::lanes::{Lane, LaneModelPolicy};
 use super::plan::{Plan, PlanOutcome};
@@ -289,8 +290,9 @@ pub struct EphemeralSpec<'a> {
     pub mechanism: Mechanism,
     pub dry_run: bool,
     pub selected_pattern: Pattern,
-    pub workers: Vec<EphemeralTask<'a>>,
-    pub tasks: Vec<EphemeralTask<'a>>,
+    /// The task list, encoded once: `tasks` repeats it.
+    pub workers: Box<RawValue>,
+    pub tasks: Box<RawValue>,
     pub safety_notes: &'a [Cow<'static, str>],
 }
 
@@ -324,7 +326,7 @@ fn ephemeral_tasks<'a>(plan: &'a Plan<'a>) -> Vec<EphemeralTask<'a>> {
 }
 
 pub fn ephemeral_spec<'a>(plan: &'a Plan<'a>) -> EphemeralSpec<'a> {
-    let workers = ephemeral_tasks(plan);
+    let workers = encoded(&ephemeral_tasks(plan));
     EphemeralSpec {
         mechanism: Mechanism::EphemeralWorkers,
         dry_run: true,
@@ -483,34 +485,35 @@ pub struct ExecutionPlan<'a> {
     pub lanes: Vec<PlanLane<'a>>,
     /// Always empty: gaffer renders plans, it does not issue commands.
     pub commands: Vec<String>,
-    pub ephemeral_worker_tasks: Vec<EphemeralTask<'a>>,
+    /// Task lists encoded once, since each is written twice (see [`encoded`]).
+    pub ephemeral_worker_tasks: Box<RawValue>,
     pub worker_specs: Vec<PersistentWorker<'a>>,
-    pub task_graph_tasks: Vec<GraphTask<'a>>,
+    pub task_graph_tasks: Box<RawValue>,
     /// Deprecated copy of `ephemeral_worker_tasks`.
-    pub delegate_tasks: Vec<EphemeralTask<'a>>,
+    pub delegate_tasks: Box<RawValue>,
     /// Deprecated copy of `task_graph_tasks`.
-    pub kanban_tasks: Vec<GraphTask<'a>>,
+    pub kanban_tasks: Box<RawValue>,
     pub safety_notes: Vec<Cow<'static, str>>,
     pub dry_run: bool,
 }
 
 pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
     let mechanism = plan.runtime_mapping.primary_mechanism;
-    let ephemeral = if mechanism == Mechanism::EphemeralWorkers {
+    let ephemeral = encoded(&if mechanism == Mechanism::EphemeralWorkers {
         ephemeral_tasks(plan)
     } else {
         Vec::new()
-    };
+    });
     let persistent = if mechanism == Mechanism::PersistentWorkers {
         persistent_workers(plan)
     } else {
         Vec::new()
     };
-    let graph = if mechanism == Mechanism::TaskGraph {
+    let graph = encoded(&if mechanism == Mechanism::TaskGraph {
         graph_tasks(plan)
     } else {
         Vec::new()
-    };
+    });
     let mut notes = plan.safety_notes.clone();
     notes.push("This execution plan only renders specs; it runs nothing.".into());
     notes
@@ -557,6 +560,14 @@ pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
     }
 }
 
+/// `value` as compact JSON text. Parts the output repeats are encoded once and copied: a copy
+/// is a memcpy, a second encoding escapes every string again.
+fn encoded<T: Serialize>(value: &T) -> Box<RawValue> {
+    // These types always encode (string keys, no fallible Serialize impls); null is only a
+    // guard, never expected.
+    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
+}
+
 // ----- the wrapper ---------------------------------------------------------------------------
 
 /// The result of a selection call for one `output` value.
@@ -570,18 +581,19 @@ pub struct Rendered<'a> {
     pub execution_plan: Option<ExecutionPlan<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_bundle: Option<PromptBundle<'a>>,
+    /// Specs are encoded once: a deprecated alias (`delegate`, `swarm`, `kanban`) repeats them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ephemeral_workers: Option<EphemeralSpec<'a>>,
+    pub ephemeral_workers: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub delegate: Option<EphemeralSpec<'a>>,
+    pub delegate: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub persistent_workers: Option<PersistentSpec<'a>>,
+    pub persistent_workers: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub swarm: Option<PersistentSpec<'a>>,
+    pub swarm: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_graph: Option<TaskGraphSpec<'a>>,
+    pub task_graph: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kanban: Option<TaskGraphSpec<'a>>,
+    pub kanban: Option<Box<RawValue>>,
     /// gaffer addition: problems with optional inputs that did not affect the plan.
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     pub diagnostics: &'a [String],
@@ -610,21 +622,23 @@ pub fn render_output<'a>(outcome: &'a PlanOutcome<'a>, output: OutputKind) -> Re
             r.execution_plan = Some(execution_plan(plan));
         }
         OutputKind::PromptBundle => r.prompt_bundle = Some(prompt_bundle(plan)),
-        OutputKind::EphemeralWorkers => r.ephemeral_workers = Some(ephemeral_spec(plan)),
+        OutputKind::EphemeralWorkers => r.ephemeral_workers = Some(encoded(&ephemeral_spec(plan))),
         OutputKind::Delegate => {
-            let spec = ephemeral_spec(plan);
+            let spec = encoded(&ephemeral_spec(plan));
             r.delegate = Some(spec.clone());
             r.ephemeral_workers = Some(spec);
         }
-        OutputKind::PersistentWorkers => r.persistent_workers = Some(persistent_spec(plan)),
+        OutputKind::PersistentWorkers => {
+            r.persistent_workers = Some(encoded(&persistent_spec(plan)));
+        }
         OutputKind::Swarm => {
-            let spec = persistent_spec(plan);
+            let spec = encoded(&persistent_spec(plan));
             r.swarm = Some(spec.clone());
             r.persistent_workers = Some(spec);
         }
-        OutputKind::TaskGraph => r.task_graph = Some(task_graph_spec(plan)),
+        OutputKind::TaskGraph => r.task_graph = Some(encoded(&task_graph_spec(plan))),
         OutputKind::Kanban => {
-            let spec = task_graph_spec(plan);
+            let spec = encoded(&task_graph_spec(plan));
             r.kanban = Some(spec.clone());
             r.task_graph = Some(spec);
         }
