@@ -10,10 +10,12 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use serde_json::value::RawValue;
+
+use crate::json_out::{self, Raw};
 
 use super::lanes::{Lane, LaneModelPolicy};
 use super::plan::{Plan, PlanOutcome};
+use super::policy::SharedList;
 use super::runtime::{Mechanism, overlays_summary, scope_summary};
 use super::vocab::{LaneRole, Pattern};
 
@@ -218,7 +220,7 @@ pub struct BundleLane<'a> {
     pub scope_summary: String,
     pub selected_profile: &'a str,
     pub fallback_profiles: &'a [String],
-    pub toolsets: &'a [String],
+    pub toolsets: &'a SharedList,
     pub allowed_edits: String,
     pub expected_output: &'static str,
     pub proof_expectations: Vec<Cow<'static, str>>,
@@ -279,7 +281,7 @@ pub fn prompt_bundle<'a>(plan: &'a Plan<'a>) -> PromptBundle<'a> {
 pub struct EphemeralTask<'a> {
     pub goal: String,
     pub context: String,
-    pub toolsets: &'a [String],
+    pub toolsets: &'a SharedList,
     pub role: LaneRole,
     pub selected_profile: &'a str,
     pub fallback_profiles: &'a [String],
@@ -291,8 +293,8 @@ pub struct EphemeralSpec<'a> {
     pub dry_run: bool,
     pub selected_pattern: Pattern,
     /// The task list, encoded once: `tasks` repeats it.
-    pub workers: Box<RawValue>,
-    pub tasks: Box<RawValue>,
+    pub workers: Raw,
+    pub tasks: Raw,
     pub safety_notes: &'a [Cow<'static, str>],
 }
 
@@ -343,7 +345,7 @@ pub struct PersistentWorker<'a> {
     pub worker_profile: &'a str,
     pub profile: &'a str,
     pub fallback_profiles: &'a [String],
-    pub toolsets: &'a [String],
+    pub toolsets: &'a SharedList,
     pub prompt: String,
     pub adapter_command: Option<String>,
     pub adapter_hint: &'static str,
@@ -475,7 +477,7 @@ pub struct PlanLane<'a> {
     pub purpose: &'a str,
     pub selected_profile: &'a str,
     pub fallback_profiles: &'a [String],
-    pub toolsets: &'a [String],
+    pub toolsets: &'a SharedList,
     pub runtime_hint: &'a str,
 }
 
@@ -486,13 +488,13 @@ pub struct ExecutionPlan<'a> {
     /// Always empty: gaffer renders plans, it does not issue commands.
     pub commands: Vec<String>,
     /// Task lists encoded once, since each is written twice (see [`encoded`]).
-    pub ephemeral_worker_tasks: Box<RawValue>,
+    pub ephemeral_worker_tasks: Raw,
     pub worker_specs: Vec<PersistentWorker<'a>>,
-    pub task_graph_tasks: Box<RawValue>,
+    pub task_graph_tasks: Raw,
     /// Deprecated copy of `ephemeral_worker_tasks`.
-    pub delegate_tasks: Box<RawValue>,
+    pub delegate_tasks: Raw,
     /// Deprecated copy of `task_graph_tasks`.
-    pub kanban_tasks: Box<RawValue>,
+    pub kanban_tasks: Raw,
     pub safety_notes: Vec<Cow<'static, str>>,
     pub dry_run: bool,
 }
@@ -562,10 +564,10 @@ pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
 
 /// `value` as compact JSON text. Parts the output repeats are encoded once and copied: a copy
 /// is a memcpy, a second encoding escapes every string again.
-fn encoded<T: Serialize>(value: &T) -> Box<RawValue> {
+fn encoded<T: Serialize>(value: &T) -> Raw {
     // These types always encode (string keys, no fallible Serialize impls); null is only a
     // guard, never expected.
-    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
+    json_out::to_raw(value).unwrap_or_else(|_| Raw::null())
 }
 
 // ----- the wrapper ---------------------------------------------------------------------------
@@ -583,17 +585,17 @@ pub struct Rendered<'a> {
     pub prompt_bundle: Option<PromptBundle<'a>>,
     /// Specs are encoded once: a deprecated alias (`delegate`, `swarm`, `kanban`) repeats them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ephemeral_workers: Option<Box<RawValue>>,
+    pub ephemeral_workers: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub delegate: Option<Box<RawValue>>,
+    pub delegate: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub persistent_workers: Option<Box<RawValue>>,
+    pub persistent_workers: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub swarm: Option<Box<RawValue>>,
+    pub swarm: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_graph: Option<Box<RawValue>>,
+    pub task_graph: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kanban: Option<Box<RawValue>>,
+    pub kanban: Option<Raw>,
     /// gaffer addition: problems with optional inputs that did not affect the plan.
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     pub diagnostics: &'a [String],
@@ -644,6 +646,15 @@ pub fn render_output<'a>(outcome: &'a PlanOutcome<'a>, output: OutputKind) -> Re
         }
     }
     r
+}
+
+/// Appends the wrapper for `output` to `out` as compact JSON: what a reply carries.
+pub fn write_output(
+    outcome: &PlanOutcome<'_>,
+    output: OutputKind,
+    out: &mut Vec<u8>,
+) -> Result<(), json_out::Error> {
+    json_out::write(out, &render_output(outcome, output))
 }
 
 // ----- text forms ----------------------------------------------------------------------------
