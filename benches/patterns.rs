@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gaffer::patterns::{
-    RosterEnv, SelectContext, build_plan, parse_params, render::render_output, select,
+    RosterEnv, SelectContext, build_plan, parse_params, render::write_output, select,
 };
 use serde_json::{Value, json};
 
@@ -109,7 +109,7 @@ fn main() {
             let p = parse_params(black_box(params)).unwrap();
             let outcome = build_plan(&p.request, p.roster_path.as_deref(), &ctx).unwrap();
             buf.clear();
-            serde_json::to_writer(&mut buf, &render_output(&outcome, p.output)).unwrap();
+            write_output(&outcome, p.output, &mut buf).unwrap();
             black_box(buf.len());
         });
         println!(
@@ -155,7 +155,7 @@ fn conformance_mix() {
         if let Ok(p) = parse_params(request)
             && let Ok(outcome) = build_plan(&p.request, p.roster_path.as_deref(), ctx)
         {
-            let _ = serde_json::to_writer(&mut buf, &render_output(&outcome, p.output));
+            let _ = write_output(&outcome, p.output, &mut buf);
         }
         bytes += buf.len();
     }
@@ -165,7 +165,7 @@ fn conformance_mix() {
             if let Ok(p) = parse_params(black_box(request))
                 && let Ok(outcome) = build_plan(&p.request, p.roster_path.as_deref(), ctx)
             {
-                let _ = serde_json::to_writer(&mut buf, &render_output(&outcome, p.output));
+                let _ = write_output(&outcome, p.output, &mut buf);
             }
             black_box(buf.len());
         }

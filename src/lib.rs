@@ -11,6 +11,7 @@ pub mod bundles;
 pub mod cli;
 pub mod clients;
 pub mod jcs;
+pub mod json_out;
 pub mod methods;
 pub mod operations;
 pub mod operator;

@@ -16,9 +16,9 @@ use std::time::SystemTime;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use super::App;
+use crate::json_out::{self, Raw};
 use crate::patterns::request::{PatternRequestSchema, SelectParamsSchema};
 use crate::patterns::roster::{self, RosterOrigin};
 use crate::patterns::{
@@ -178,7 +178,7 @@ pub struct RenderResult {
 /// A selection result: one of the reference's wrappers, already encoded (the typed plan is
 /// written straight to JSON text rather than built up as a `Value` tree).
 #[derive(Debug)]
-pub struct PatternsResult(pub Box<RawValue>);
+pub struct PatternsResult(pub Raw);
 
 impl Serialize for PatternsResult {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -304,11 +304,7 @@ async fn validate(
 }
 
 /// Parse, select and render `params` for the workspace of `app`, as encoded JSON.
-pub fn run_select(
-    app: &App,
-    params: &Value,
-    forced: Option<OutputKind>,
-) -> Result<Box<RawValue>, RpcError> {
+pub fn run_select(app: &App, params: &Value, forced: Option<OutputKind>) -> Result<Raw, RpcError> {
     let root = app.workspace.root();
     let sctx = context(root, app.config.patterns_policy.as_deref())?;
     let mut parsed = patterns::parse_params(params).map_err(invalid)?;
@@ -317,11 +313,13 @@ pub fn run_select(
     }
     let roster_path = confined_param(root, parsed.roster_path.as_deref())?;
     let outcome = build_plan(&parsed.request, roster_path.as_deref(), &sctx).map_err(invalid)?;
-    let rendered = patterns::render::render_output(&outcome, parsed.output);
-    serde_json::value::to_raw_value(&rendered).map_err(|e| {
-        tracing::error!(error = %e, "selection result did not serialize");
-        RpcError::internal("encoding the selection")
-    })
+    let mut out = Vec::with_capacity(16 * 1024);
+    patterns::render::write_output(&outcome, parsed.output, &mut out)
+        .and_then(|()| json_out::into_raw(out))
+        .map_err(|e| {
+            tracing::error!(error = %e, "selection result did not serialize");
+            RpcError::internal("encoding the selection")
+        })
 }
 
 fn invalid(e: PatternError) -> RpcError {

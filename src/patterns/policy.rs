@@ -114,20 +114,41 @@ pub struct Escalation {
 
 // ----- the compiled policy -------------------------------------------------------------------
 
-/// A list shared by every lane that uses it (toolsets are the same for a role in every plan).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SharedList(pub Arc<[String]>);
+/// A list shared by every lane that uses it (toolsets are the same for a role in every plan),
+/// with its JSON encoding made once per policy: every rendering of a lane copies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedList {
+    items: Arc<[String]>,
+    json: Arc<crate::json_out::Raw>,
+}
+
+impl SharedList {
+    pub fn new(items: Vec<String>) -> Self {
+        // A list of strings always encodes; `null` is only a guard.
+        let json = crate::json_out::to_raw(&items).unwrap_or_else(|_| crate::json_out::Raw::null());
+        SharedList {
+            items: items.into(),
+            json: Arc::new(json),
+        }
+    }
+}
+
+impl Default for SharedList {
+    fn default() -> Self {
+        SharedList::new(Vec::new())
+    }
+}
 
 impl std::ops::Deref for SharedList {
     type Target = [String];
     fn deref(&self) -> &[String] {
-        &self.0
+        &self.items
     }
 }
 
 impl Serialize for SharedList {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter())
+        self.json.serialize(s)
     }
 }
 
@@ -476,7 +497,7 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
     let lane_toolsets: [SharedList; 7] = std::array::from_fn(|i| {
         doc.roles
             .get(&lane_roles[i])
-            .map(|r| SharedList(r.toolsets.clone().into()))
+            .map(|r| SharedList::new(r.toolsets.clone()))
             .unwrap_or_default()
     });
 

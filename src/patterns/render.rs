@@ -11,8 +11,11 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::json_out::{self, Raw};
+
 use super::lanes::{Lane, LaneModelPolicy};
 use super::plan::{Plan, PlanOutcome};
+use super::policy::SharedList;
 use super::runtime::{Mechanism, overlays_summary, scope_summary};
 use super::vocab::{LaneRole, Pattern};
 
@@ -217,7 +220,7 @@ pub struct BundleLane<'a> {
     pub scope_summary: String,
     pub selected_profile: &'a str,
     pub fallback_profiles: &'a [String],
-    pub toolsets: &'a [String],
+    pub toolsets: &'a SharedList,
     pub allowed_edits: String,
     pub expected_output: &'static str,
     pub proof_expectations: Vec<Cow<'static, str>>,
@@ -278,7 +281,7 @@ pub fn prompt_bundle<'a>(plan: &'a Plan<'a>) -> PromptBundle<'a> {
 pub struct EphemeralTask<'a> {
     pub goal: String,
     pub context: String,
-    pub toolsets: &'a [String],
+    pub toolsets: &'a SharedList,
     pub role: LaneRole,
     pub selected_profile: &'a str,
     pub fallback_profiles: &'a [String],
@@ -289,8 +292,9 @@ pub struct EphemeralSpec<'a> {
     pub mechanism: Mechanism,
     pub dry_run: bool,
     pub selected_pattern: Pattern,
-    pub workers: Vec<EphemeralTask<'a>>,
-    pub tasks: Vec<EphemeralTask<'a>>,
+    /// The task list, encoded once: `tasks` repeats it.
+    pub workers: Raw,
+    pub tasks: Raw,
     pub safety_notes: &'a [Cow<'static, str>],
 }
 
@@ -324,7 +328,7 @@ fn ephemeral_tasks<'a>(plan: &'a Plan<'a>) -> Vec<EphemeralTask<'a>> {
 }
 
 pub fn ephemeral_spec<'a>(plan: &'a Plan<'a>) -> EphemeralSpec<'a> {
-    let workers = ephemeral_tasks(plan);
+    let workers = encoded(&ephemeral_tasks(plan));
     EphemeralSpec {
         mechanism: Mechanism::EphemeralWorkers,
         dry_run: true,
@@ -341,7 +345,7 @@ pub struct PersistentWorker<'a> {
     pub worker_profile: &'a str,
     pub profile: &'a str,
     pub fallback_profiles: &'a [String],
-    pub toolsets: &'a [String],
+    pub toolsets: &'a SharedList,
     pub prompt: String,
     pub adapter_command: Option<String>,
     pub adapter_hint: &'static str,
@@ -473,7 +477,7 @@ pub struct PlanLane<'a> {
     pub purpose: &'a str,
     pub selected_profile: &'a str,
     pub fallback_profiles: &'a [String],
-    pub toolsets: &'a [String],
+    pub toolsets: &'a SharedList,
     pub runtime_hint: &'a str,
 }
 
@@ -483,34 +487,35 @@ pub struct ExecutionPlan<'a> {
     pub lanes: Vec<PlanLane<'a>>,
     /// Always empty: gaffer renders plans, it does not issue commands.
     pub commands: Vec<String>,
-    pub ephemeral_worker_tasks: Vec<EphemeralTask<'a>>,
+    /// Task lists encoded once, since each is written twice (see [`encoded`]).
+    pub ephemeral_worker_tasks: Raw,
     pub worker_specs: Vec<PersistentWorker<'a>>,
-    pub task_graph_tasks: Vec<GraphTask<'a>>,
+    pub task_graph_tasks: Raw,
     /// Deprecated copy of `ephemeral_worker_tasks`.
-    pub delegate_tasks: Vec<EphemeralTask<'a>>,
+    pub delegate_tasks: Raw,
     /// Deprecated copy of `task_graph_tasks`.
-    pub kanban_tasks: Vec<GraphTask<'a>>,
+    pub kanban_tasks: Raw,
     pub safety_notes: Vec<Cow<'static, str>>,
     pub dry_run: bool,
 }
 
 pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
     let mechanism = plan.runtime_mapping.primary_mechanism;
-    let ephemeral = if mechanism == Mechanism::EphemeralWorkers {
+    let ephemeral = encoded(&if mechanism == Mechanism::EphemeralWorkers {
         ephemeral_tasks(plan)
     } else {
         Vec::new()
-    };
+    });
     let persistent = if mechanism == Mechanism::PersistentWorkers {
         persistent_workers(plan)
     } else {
         Vec::new()
     };
-    let graph = if mechanism == Mechanism::TaskGraph {
+    let graph = encoded(&if mechanism == Mechanism::TaskGraph {
         graph_tasks(plan)
     } else {
         Vec::new()
-    };
+    });
     let mut notes = plan.safety_notes.clone();
     notes.push("This execution plan only renders specs; it runs nothing.".into());
     notes
@@ -557,6 +562,14 @@ pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
     }
 }
 
+/// `value` as compact JSON text. Parts the output repeats are encoded once and copied: a copy
+/// is a memcpy, a second encoding escapes every string again.
+fn encoded<T: Serialize>(value: &T) -> Raw {
+    // These types always encode (string keys, no fallible Serialize impls); null is only a
+    // guard, never expected.
+    json_out::to_raw(value).unwrap_or_else(|_| Raw::null())
+}
+
 // ----- the wrapper ---------------------------------------------------------------------------
 
 /// The result of a selection call for one `output` value.
@@ -570,18 +583,19 @@ pub struct Rendered<'a> {
     pub execution_plan: Option<ExecutionPlan<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_bundle: Option<PromptBundle<'a>>,
+    /// Specs are encoded once: a deprecated alias (`delegate`, `swarm`, `kanban`) repeats them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ephemeral_workers: Option<EphemeralSpec<'a>>,
+    pub ephemeral_workers: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub delegate: Option<EphemeralSpec<'a>>,
+    pub delegate: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub persistent_workers: Option<PersistentSpec<'a>>,
+    pub persistent_workers: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub swarm: Option<PersistentSpec<'a>>,
+    pub swarm: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_graph: Option<TaskGraphSpec<'a>>,
+    pub task_graph: Option<Raw>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kanban: Option<TaskGraphSpec<'a>>,
+    pub kanban: Option<Raw>,
     /// gaffer addition: problems with optional inputs that did not affect the plan.
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     pub diagnostics: &'a [String],
@@ -610,26 +624,37 @@ pub fn render_output<'a>(outcome: &'a PlanOutcome<'a>, output: OutputKind) -> Re
             r.execution_plan = Some(execution_plan(plan));
         }
         OutputKind::PromptBundle => r.prompt_bundle = Some(prompt_bundle(plan)),
-        OutputKind::EphemeralWorkers => r.ephemeral_workers = Some(ephemeral_spec(plan)),
+        OutputKind::EphemeralWorkers => r.ephemeral_workers = Some(encoded(&ephemeral_spec(plan))),
         OutputKind::Delegate => {
-            let spec = ephemeral_spec(plan);
+            let spec = encoded(&ephemeral_spec(plan));
             r.delegate = Some(spec.clone());
             r.ephemeral_workers = Some(spec);
         }
-        OutputKind::PersistentWorkers => r.persistent_workers = Some(persistent_spec(plan)),
+        OutputKind::PersistentWorkers => {
+            r.persistent_workers = Some(encoded(&persistent_spec(plan)));
+        }
         OutputKind::Swarm => {
-            let spec = persistent_spec(plan);
+            let spec = encoded(&persistent_spec(plan));
             r.swarm = Some(spec.clone());
             r.persistent_workers = Some(spec);
         }
-        OutputKind::TaskGraph => r.task_graph = Some(task_graph_spec(plan)),
+        OutputKind::TaskGraph => r.task_graph = Some(encoded(&task_graph_spec(plan))),
         OutputKind::Kanban => {
-            let spec = task_graph_spec(plan);
+            let spec = encoded(&task_graph_spec(plan));
             r.kanban = Some(spec.clone());
             r.task_graph = Some(spec);
         }
     }
     r
+}
+
+/// Appends the wrapper for `output` to `out` as compact JSON: what a reply carries.
+pub fn write_output(
+    outcome: &PlanOutcome<'_>,
+    output: OutputKind,
+    out: &mut Vec<u8>,
+) -> Result<(), json_out::Error> {
+    json_out::write(out, &render_output(outcome, output))
 }
 
 // ----- text forms ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
 use serde_yaml::Value as Yaml;
@@ -197,10 +198,29 @@ pub fn load(path: &Path) -> RosterLoad {
         Ok(t) => t,
         Err(e) => return RosterLoad::Broken(format!("cannot read the roster: {e}")),
     };
-    match serde_yaml::from_str::<Yaml>(&text) {
+    parse_cached(text)
+}
+
+/// Rosters parsed so far, by file text: the file is read on every selection (so an edit
+/// applies at once) but parsed again only when its text changes.
+static PARSED: Mutex<Vec<(String, RosterLoad)>> = Mutex::new(Vec::new());
+const PARSED_KEPT: usize = 8;
+
+fn parse_cached(text: String) -> RosterLoad {
+    let lock = || PARSED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, load)) = lock().iter().find(|(t, _)| *t == text) {
+        return load.clone();
+    }
+    let load = match serde_yaml::from_str::<Yaml>(&text) {
         Ok(doc) => RosterLoad::Loaded(entries_of(&doc)),
         Err(e) => RosterLoad::Broken(format!("the roster is not valid YAML: {e}")),
+    };
+    let mut cache = lock();
+    if cache.len() >= PARSED_KEPT {
+        cache.remove(0);
     }
+    cache.push((text, load.clone()));
+    load
 }
 
 /// Entries of a parsed roster: a top-level list, or a mapping's `workers` list. Anything that is
