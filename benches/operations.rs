@@ -35,6 +35,8 @@ use gaffer::operations::policy::Classification;
 use gaffer::workspace::{NewRecord, Workspace};
 use serde_json::{Value, json};
 
+mod common;
+
 /// A provider whose operation does nothing and proves it immediately: the numbers measure
 /// gaffer, not a provider.
 struct Noop(Descriptor);
@@ -568,35 +570,7 @@ async fn recovery(n: usize) -> (tempfile::TempDir, Duration, Duration, u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let ws = Workspace::open(dir.path()).expect("open");
-        let per = 1000;
-        for b in 0..n / per {
-            ws.commit(move |_s: &gaffer::workspace::State| {
-                // Terminal now, so the serving processes below hold them (retention is 30 days).
-                let now = gaffer::util::now_ms();
-                let recs = (0..per)
-                    .map(|i| {
-                        let id = format!("op_{b}_{i}");
-                        NewRecord::new(
-                            "operation.created",
-                            json!({"operation": {
-                                "id": id, "client_id": "c", "idempotency_key": id, "operation": "bench.noop",
-                                "provider": "bench", "submitted": "{}", "reason": "r", "target": {}, "arguments": {},
-                                "state": "denied", "revision": 1, "approval_id": null, "created_at_ms": now,
-                                "updated_at_ms": now, "terminal_at_ms": now,
-                                "presentation": {"title": "t", "summary": ""}, "plan_digest": null, "plan": null,
-                                "result": null, "upstream_status": null,
-                                "error": {"code": "operation_policy_denied", "message": "no"}},
-                              "approval": null}),
-                        )
-                        .expect("rec")
-                    })
-                    .collect();
-                Ok::<_, String>((recs, ()))
-            })
-            .await
-            .map_err(|_| "commit")
-            .expect("commit");
-        }
+        common::commit_terminal_operations(&ws, n).await;
         // Settle the store (snapshot + rotation) before timing a cold open.
         ws.compact().await.expect("compact");
     }

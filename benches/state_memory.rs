@@ -16,8 +16,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use gaffer::workspace::{NewRecord, State, Workspace};
-use serde_json::json;
+use gaffer::workspace::{State, Workspace};
+
+mod common;
 
 struct Counting;
 
@@ -90,35 +91,7 @@ fn mib(b: usize) -> f64 {
 /// A workspace holding `n` terminal operations, settled by a snapshot.
 async fn build(dir: &Path, n: usize) {
     let ws = Workspace::open(dir).expect("open");
-    let per = 1000;
-    for b in 0..n.div_ceil(per) {
-        let count = per.min(n - b * per);
-        ws.commit(move |_s: &State| {
-            let now = gaffer::util::now_ms();
-            let recs = (0..count)
-                .map(|i| {
-                    let id = format!("op_{b}_{i}");
-                    NewRecord::new(
-                        "operation.created",
-                        json!({"operation": {
-                            "id": id, "client_id": "c", "idempotency_key": id, "operation": "bench.noop",
-                            "provider": "bench", "submitted": "{}", "reason": "r", "target": {}, "arguments": {},
-                            "state": "denied", "revision": 1, "approval_id": null, "created_at_ms": now,
-                            "updated_at_ms": now, "terminal_at_ms": now,
-                            "presentation": {"title": "t", "summary": ""}, "plan_digest": null, "plan": null,
-                            "result": null, "upstream_status": null,
-                            "error": {"code": "operation_policy_denied", "message": "no"}},
-                          "approval": null}),
-                    )
-                    .expect("rec")
-                })
-                .collect();
-            Ok::<_, String>((recs, ()))
-        })
-        .await
-        .map_err(|_| "commit")
-        .expect("commit");
-    }
+    common::commit_terminal_operations(&ws, n).await;
     ws.compact().await.expect("compact");
 }
 

@@ -1,0 +1,38 @@
+//! Fixtures shared by the benches.
+
+use gaffer::workspace::{NewRecord, State, Workspace};
+use serde_json::json;
+
+/// Commits `n` operations, terminal (denied) now, in batches of 1,000 records, so a serving
+/// process holds them (the 30-day retention does not prune them) and a snapshot carries them.
+pub async fn commit_terminal_operations(ws: &Workspace, n: usize) {
+    let per = 1000;
+    for b in 0..n.div_ceil(per) {
+        let count = per.min(n - b * per);
+        ws.commit(move |_s: &State| {
+            let now = gaffer::util::now_ms();
+            let recs = (0..count)
+                .map(|i| {
+                    let id = format!("op_{b}_{i}");
+                    NewRecord::new(
+                        "operation.created",
+                        json!({"operation": {
+                            "id": id, "client_id": "c", "idempotency_key": id, "operation": "bench.noop",
+                            "provider": "bench", "submitted": "{}", "reason": "r", "target": {}, "arguments": {},
+                            "state": "denied", "revision": 1, "approval_id": null, "created_at_ms": now,
+                            "updated_at_ms": now, "terminal_at_ms": now,
+                            "presentation": {"title": "t", "summary": ""}, "plan_digest": null, "plan": null,
+                            "result": null, "upstream_status": null,
+                            "error": {"code": "operation_policy_denied", "message": "no"}},
+                          "approval": null}),
+                    )
+                    .expect("rec")
+                })
+                .collect();
+            Ok::<_, String>((recs, ()))
+        })
+        .await
+        .map_err(|_| "commit")
+        .expect("commit");
+    }
+}
