@@ -10,8 +10,6 @@ use gaffer::methods::{self, App, AppConfig, Server};
 use gaffer::rpc::Role;
 use gaffer::rpc::session::{self, ProfileChoice};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 fn init_logging(g: &Global) -> Result<(), String> {
     let filter = g
@@ -19,29 +17,21 @@ fn init_logging(g: &Global) -> Result<(), String> {
         .clone()
         .or_else(|| std::env::var("GAFFER_LOG").ok())
         .unwrap_or_else(|| "warn".to_string());
-    let writer = match &g.log_file {
+    let filter =
+        EnvFilter::try_new(&filter).map_err(|e| format!("bad --log-level {filter:?}: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
+    match &g.log_file {
         Some(path) => {
             let file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)
                 .map_err(|e| format!("cannot open log file {}: {e}", path.display()))?;
-            BoxMakeWriter::new(Arc::new(file))
+            builder.with_writer(Arc::new(file)).init();
         }
-        None => BoxMakeWriter::new(std::io::stderr),
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(writer);
-    // A plain level (the default `warn`) needs no directive parser: a level filter costs a
-    // serving process's start nothing, where an `EnvFilter` is built for every start.
-    match filter.parse::<LevelFilter>() {
-        Ok(level) => builder.with_max_level(level).init(),
-        Err(_) => {
-            let filter = EnvFilter::try_new(&filter)
-                .map_err(|e| format!("bad --log-level {filter:?}: {e}"))?;
-            builder.with_env_filter(filter).init()
-        }
+        None => builder.with_writer(std::io::stderr).init(),
     }
     Ok(())
 }
