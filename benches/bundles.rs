@@ -14,6 +14,9 @@ use gaffer::workers::state::records;
 use gaffer::workers::{self, RunState, Stream, Worker, WorkerState, WorkerStatus};
 use serde_json::{Value, json};
 
+mod common;
+use common::percentile;
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -66,19 +69,8 @@ fn measure<F: FnMut()>(secs: f64, mut f: F) -> (u64, Duration) {
     (n, thread_cpu() - cpu)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
+    common::rss_kib("self").unwrap_or(0)
 }
 
 fn bench_digest(secs: f64) {

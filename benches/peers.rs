@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::percentile as pct;
+
 const GAFFER: &str = env!("CARGO_BIN_EXE_gaffer");
 
 #[derive(Clone, Copy, PartialEq)]
@@ -129,14 +132,7 @@ impl Conn {
     }
 
     fn rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
+        common::rss_kib(&self.child.id().to_string())
     }
 }
 
@@ -165,10 +161,6 @@ fn ready(s: &Server) -> Conn {
         c.send(done);
     }
     c
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn show(d: Duration) -> String {

@@ -7,23 +7,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{percentile, rss_kib};
+
 const BIN: &str = env!("CARGO_BIN_EXE_gaffer");
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
 
 fn main() {
     let ws = tempfile::tempdir().expect("tempdir");
@@ -55,7 +42,7 @@ fn main() {
         roundtrip(&mut stdin, id);
     }
     std::thread::sleep(Duration::from_millis(300));
-    let idle = rss_kib(child.id());
+    let idle = rss_kib(&child.id().to_string());
 
     let n = 20_000u64;
     let mut samples = Vec::with_capacity(n as usize);
@@ -96,7 +83,7 @@ fn main() {
     }
     let pipelined = start.elapsed();
     let stdin = writer.join().expect("writer");
-    let busy = rss_kib(child.id());
+    let busy = rss_kib(&child.id().to_string());
     drop(stdin);
     let _ = child.wait();
 

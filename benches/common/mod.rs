@@ -1,7 +1,27 @@
-//! Fixtures shared by the benches.
+//! Fixtures and readings shared by the benches (each bench uses a part of them).
+#![allow(dead_code)]
+
+use std::time::Duration;
 
 use gaffer::workspace::{NewRecord, State, Workspace};
 use serde_json::json;
+
+/// The resident set of process `pid` ("self" for this one), in KiB.
+pub fn rss_kib(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The `p` quantile (0..=1) of sorted samples, nearest rank.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
 
 /// Commits `n` operations, terminal (denied) now, in batches of 1,000 records, so a serving
 /// process holds them (the 30-day retention does not prune them) and a snapshot carries them.
