@@ -31,6 +31,8 @@ enum Claim {
     },
     /// The operation changed before the claim (another process took it, or it moved on).
     Skip,
+    /// A trust record arrived after the authority was looked up: look it up again.
+    Stale,
     /// Refused and recorded as failed.
     Refused,
 }
@@ -235,7 +237,30 @@ impl OperationRuntime {
         derived: &Result<Rederived, Unfit>,
         now: u64,
     ) -> Result<Claim, OpError> {
-        let Authority { policy, key, .. } = self.authority();
+        // The policy and key that authorize are the ones trusted when the claim is staged: a
+        // trust record folded in while this claim waited for its batch sends it back for a
+        // fresh look-up (bounded: trust records are operator acts, rare).
+        for _ in 0..8 {
+            match self.claim_under(op, derived, now, self.authority()).await? {
+                Claim::Stale => continue,
+                decided => return Ok(decided),
+            }
+        }
+        Ok(Claim::Skip)
+    }
+
+    async fn claim_under(
+        &self,
+        op: &Operation,
+        derived: &Result<Rederived, Unfit>,
+        now: u64,
+        authority: Authority,
+    ) -> Result<Claim, OpError> {
+        let Authority {
+            policy,
+            key,
+            trust_seq,
+        } = authority;
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok() && self.signed_head_on_chain(op);
         let executor = self.executor.clone();
@@ -258,6 +283,9 @@ impl OperationRuntime {
             else {
                 return Ok((vec![], Claim::Skip));
             };
+            if s.trust.last_seq != trust_seq {
+                return Ok((vec![], Claim::Stale));
+            }
             let fail = |code: &str, msg: &str| -> Result<(Vec<NewRecord>, Claim), OpError> {
                 tracing::warn!(operation = %op.id, code, reason = msg, "execution refused");
                 let t = transition(op, OpState::Failed, now).error(code, msg);
