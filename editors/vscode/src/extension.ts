@@ -42,7 +42,9 @@ class Gaffer {
   approvals: m.Approval[] = [];
   operations: m.Operation[] = [];
   workers: m.Worker[] = [];
-  private workerChannels = new Map<string, vscode.OutputChannel>();
+  /** Per opened worker: its output channel, the last seq shown, and (while its transcript loads)
+   *  the live chunks that arrived meanwhile, so none is shown twice or lost. */
+  private workerChannels = new Map<string, WorkerChannel>();
   private refreshTimer: NodeJS.Timeout | undefined;
   private stopping = false;
 
@@ -110,9 +112,11 @@ class Gaffer {
     });
     client.onNotification("operations/changed", () => this.scheduleRefresh());
     client.onNotification("workers/changed", () => this.scheduleRefresh());
-    client.onNotification("workers/output", (p: { worker_id: string; stream: string; text: string }) => {
-      const ch = this.workerChannels.get(p.worker_id);
-      if (ch) ch.append(m.transcriptText(p.stream, p.text));
+    client.onNotification("workers/output", (p: OutputChunk & { worker_id: string }) => {
+      const w = this.workerChannels.get(p.worker_id);
+      if (!w) return;
+      if (w.loading) w.loading.push(p);
+      else showChunk(w, p);
     });
     try {
       await client.start();
@@ -231,23 +235,30 @@ class Gaffer {
   async openWorker(w: m.Worker): Promise<void> {
     const c = this.client;
     if (!c) return;
-    let ch = this.workerChannels.get(w.id);
-    if (!ch) {
-      ch = vscode.window.createOutputChannel(`gaffer worker ${w.display_name || w.id}`);
-      this.workerChannels.set(w.id, ch);
-      let after = 0;
-      for (;;) {
-        const page = await c.sendRequest<{
-          entries: { stream: string; text: string }[];
-          has_more: boolean;
-          next_after_seq: number;
-        }>("workers/transcript", { worker_id: w.id, after_seq: after, limit: 500 });
-        for (const e of page.entries) ch.append(m.transcriptText(e.stream, e.text));
-        after = page.next_after_seq;
-        if (!page.has_more) break;
+    let wc = this.workerChannels.get(w.id);
+    if (!wc) {
+      const ch = vscode.window.createOutputChannel(`gaffer worker ${w.display_name || w.id}`);
+      wc = { ch, shown: 0, loading: [] };
+      this.workerChannels.set(w.id, wc);
+      try {
+        for (;;) {
+          const page = await c.sendRequest<{
+            entries: OutputChunk[];
+            has_more: boolean;
+            next_after_seq: number;
+          }>("workers/transcript", { worker_id: w.id, after_seq: wc.shown, limit: 500 });
+          for (const e of page.entries) showChunk(wc, e);
+          wc.shown = Math.max(wc.shown, page.next_after_seq);
+          if (!page.has_more) break;
+        }
+      } finally {
+        // Live chunks that arrived while the transcript loaded: only those it did not hold.
+        const early = wc.loading ?? [];
+        wc.loading = undefined;
+        for (const p of early) showChunk(wc, p);
       }
     }
-    ch.show(true);
+    wc.ch.show(true);
   }
 
   async stopWorker(w: m.Worker): Promise<void> {
@@ -256,6 +267,16 @@ class Gaffer {
   }
 }
 
+
+type OutputChunk = { seq: number; stream: string; text: string };
+type WorkerChannel = { ch: vscode.OutputChannel; shown: number; loading?: OutputChunk[] };
+
+/** Appends a chunk once: transcript pages and live notifications share the store's seq. */
+function showChunk(w: WorkerChannel, c: OutputChunk): void {
+  if (c.seq <= w.shown) return;
+  w.ch.append(m.transcriptText(c.stream, c.text));
+  w.shown = c.seq;
+}
 
 async function withServerProgress(client: LanguageClient, title: string, method: string, params: object): Promise<unknown> {
   const token = crypto.randomUUID();
