@@ -7,6 +7,7 @@
 //! - [`patterns`], [`bundles`], [`workers`] and [`operations`] are the domains.
 //! - [`methods`] binds the domains to the router: one typed handler per method.
 
+pub mod anchor;
 pub mod bundles;
 pub mod cli;
 pub mod clients;

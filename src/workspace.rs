@@ -26,8 +26,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
 
+use crate::anchor::{Anchor, HeadMark, Standing};
 pub use crate::store::Record;
-use crate::store::{ChainStatus, ChainView, Head, RawSnapshot, SnapshotTarget, Store, StoreError};
+use crate::store::{
+    ChainStatus, ChainView, Head, RawSnapshot, SnapshotMark, SnapshotTarget, Store, StoreError,
+};
 
 /// Write a snapshot after this many records since the last one, so opening stays fast.
 const SNAPSHOT_EVERY: u64 = 50_000;
@@ -187,6 +190,18 @@ struct Shared {
     appending: std::sync::atomic::AtomicBool,
     /// Set while an automatic snapshot is being written (by its own thread, no lock held).
     snapshot_writing: Arc<std::sync::atomic::AtomicBool>,
+    /// The workspace root (canonical), which names its anchor.
+    root: PathBuf,
+    /// The chain as the store publishes it (the same view across reloads).
+    chain: ChainView,
+    /// The anchor and how the store stands against it.
+    guard: Arc<Mutex<Guard>>,
+}
+
+/// The workspace's anchor (outside it; see [`crate::anchor`]) and the store's standing.
+struct Guard {
+    anchor: Option<Arc<Anchor>>,
+    standing: Standing,
 }
 
 /// A subscriber woken only by the notices it keeps.
@@ -235,7 +250,8 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 /// a fresh state. The snapshot's text is decoded straight into the state and then dropped.
 /// A snapshot is a cache: one that is damaged or does not decode is skipped (logged) and the
 /// whole journal replayed.
-fn load(dir: &Path, view: &ChainView) -> Result<(Store, State, u64), WorkspaceError> {
+fn load(dir: &Path, view: &ChainView) -> Result<Loaded, WorkspaceError> {
+    let root = dir.parent().unwrap_or(dir);
     let mut store = match Store::open_with_view(dir, view.clone()) {
         Err(e @ StoreError::SnapshotCorrupt { .. }) => {
             tracing::warn!(error = %e, "snapshot skipped; replaying the journal");
@@ -243,6 +259,18 @@ fn load(dir: &Path, view: &ChainView) -> Result<(Store, State, u64), WorkspaceEr
         }
         opened => opened?,
     };
+    // Anyone can write a snapshot with a valid checksum: only one gaffer wrote on this machine
+    // (its mark is anchored) is loaded.
+    if let Some(mark) = store.snapshot_mark()
+        && !snapshot_known(root, mark)
+    {
+        tracing::warn!(
+            seq = mark.seq,
+            "snapshot not written by gaffer on this machine; replaying the journal"
+        );
+        store = Store::open_without_snapshot(dir, view.clone())?;
+    }
+    let mark = store.snapshot_mark().cloned();
     let (mut state, after) = match store.take_raw_snapshot() {
         Some(raw) => match raw.decode::<State>() {
             Ok(state) => (state, raw.seq),
@@ -254,6 +282,7 @@ fn load(dir: &Path, view: &ChainView) -> Result<(Store, State, u64), WorkspaceEr
         },
         None => (State::default(), 0),
     };
+    let from_snapshot = mark.filter(|_| after > 0).map(|m| (m.seq, m.head));
     let mut scratch = Vec::new();
     let mut replayed = 0u64;
     store.replay(after, |rec: Record| -> Result<(), WorkspaceError> {
@@ -263,7 +292,118 @@ fn load(dir: &Path, view: &ChainView) -> Result<(Store, State, u64), WorkspaceEr
         Ok(())
     })?;
     state.last_seq = state.last_seq.max(after);
-    Ok((store, state, replayed))
+    let guard = guard_of(
+        root,
+        view,
+        from_snapshot.as_ref().map(|(s, h)| (*s, h.as_str())),
+    );
+    Ok(Loaded {
+        store,
+        state,
+        replayed,
+        guard,
+    })
+}
+
+/// A store opened and folded, with its standing against the anchor.
+struct Loaded {
+    store: Store,
+    state: State,
+    replayed: u64,
+    guard: Guard,
+}
+
+fn snapshot_known(root: &Path, mark: &SnapshotMark) -> bool {
+    let Some(id) = mark.workspace_id.as_deref() else {
+        return false;
+    };
+    match Anchor::locate(root, id).and_then(|a| a.knows_snapshot(mark)) {
+        Ok(known) => known,
+        Err(e) => {
+            tracing::warn!(error = %e, "the workspace anchor cannot be read");
+            false
+        }
+    }
+}
+
+/// How the journal as read (`view`) stands against the head this machine anchored; a journal
+/// first seen here is anchored now. `snapshot` is the authenticated snapshot the state starts
+/// from (seq, head).
+fn guard_of(root: &Path, view: &ChainView, snapshot: Option<(u64, &str)>) -> Guard {
+    let Some(id) = view.workspace_id() else {
+        return Guard {
+            anchor: None,
+            standing: Standing::Empty,
+        };
+    };
+    let unavailable = |e: crate::anchor::AnchorError| Guard {
+        anchor: None,
+        standing: Standing::Unavailable {
+            detail: e.to_string(),
+        },
+    };
+    let anchor = match Anchor::locate(root, &id) {
+        Ok(a) => Arc::new(a),
+        Err(e) => return unavailable(e),
+    };
+    let head = view.head();
+    let standing = match anchor.head() {
+        Err(e) => return unavailable(e),
+        Ok(None) => Standing::Intact,
+        Ok(Some(m)) => crate::anchor::judge(&m, head.seq, |s| view.hash_at(s), snapshot),
+    };
+    if let Standing::RolledBack { detail } = &standing {
+        tracing::error!(detail = %detail, "the store does not reach its anchored head");
+    }
+    let mut guard = Guard {
+        anchor: Some(anchor),
+        standing,
+    };
+    advance_guard(&mut guard, &head);
+    guard
+}
+
+/// Anchors `head` while the store stands intact. A rolled-back store is never anchored: its
+/// head would hide the rollback from the next open.
+fn advance_guard(guard: &mut Guard, head: &Head) {
+    if guard.standing != Standing::Intact {
+        return;
+    }
+    if let Some(a) = &guard.anchor
+        && let Err(e) = a.advance(&HeadMark {
+            seq: head.seq,
+            hash: head.hash.clone(),
+        })
+    {
+        tracing::error!(error = %e, "the workspace anchor cannot be written");
+        guard.standing = Standing::Unavailable {
+            detail: e.to_string(),
+        };
+    }
+}
+
+/// After an append (the store lock still held): the first journal this process sees is
+/// judged against the anchor; then the new head is anchored.
+fn anchor_appended(shared: &Shared) {
+    let mut guard = lock(&shared.guard);
+    if guard.standing == Standing::Empty {
+        *guard = guard_of(&shared.root, &shared.chain, None);
+        return;
+    }
+    advance_guard(&mut guard, &shared.chain.head());
+}
+
+/// Remembers a snapshot this process wrote, while the store stands intact.
+fn anchor_snapshot(guard: &Mutex<Guard>, mark: SnapshotMark) {
+    let guard = lock(guard);
+    if guard.standing != Standing::Intact {
+        return;
+    }
+    if let Some(a) = &guard.anchor
+        && let Err(e) = a.remember_snapshot(mark)
+    {
+        tracing::warn!(error = %e, "the snapshot cannot be anchored; the next open replays");
+    }
 }
 
 impl Workspace {
@@ -277,7 +417,12 @@ impl Workspace {
         let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
         let gaffer_dir = root.join(".gaffer");
         let chain = ChainView::default();
-        let (store, state, replayed) = load(&gaffer_dir, &chain)?;
+        let Loaded {
+            store,
+            state,
+            replayed,
+            guard,
+        } = load(&gaffer_dir, &chain)?;
         tracing::info!(workspace = %root.display(), seq = state.last_seq, replayed, "workspace opened");
         let (events, _) = broadcast::channel(4096);
         let shared = Arc::new(Shared {
@@ -296,6 +441,9 @@ impl Workspace {
             syncs: std::sync::atomic::AtomicU64::new(0),
             appending: std::sync::atomic::AtomicBool::new(false),
             snapshot_writing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            root: root.clone(),
+            chain: chain.clone(),
+            guard: Arc::new(Mutex::new(guard)),
         });
         let (tx, rx) = mpsc::channel::<Job>();
         let spawn_err = |e| StoreError::Io {
@@ -448,6 +596,40 @@ impl Workspace {
     }
 
     /// Notifications from every record folded from now on (this process's and others').
+    /// How the store stands against what this machine anchored of it: anything but intact (or
+    /// empty) and nothing executes.
+    pub fn standing(&self) -> Standing {
+        lock(&self.shared.guard).standing.clone()
+    }
+
+    /// The workspace's anchor while the store stands intact (approval uses and trust versions
+    /// are recorded there).
+    pub fn anchor(&self) -> Option<Arc<Anchor>> {
+        let guard = lock(&self.shared.guard);
+        guard.anchor.clone().filter(|_| guard.standing.is_intact())
+    }
+
+    /// The operator accepts the store as it is now: its head becomes the anchored one.
+    pub fn reanchor(&self) -> Result<Head, WorkspaceError> {
+        let head = self.chain.head();
+        let id = self.workspace_id().ok_or(WorkspaceError::Unavailable(
+            "there is no journal to anchor".into(),
+        ))?;
+        let anchor = Anchor::locate(&self.root, &id)
+            .map_err(|e| WorkspaceError::Unavailable(e.to_string()))?;
+        anchor
+            .reanchor(&HeadMark {
+                seq: head.seq,
+                hash: head.hash.clone(),
+            })
+            .map_err(|e| WorkspaceError::Unavailable(e.to_string()))?;
+        *lock(&self.shared.guard) = Guard {
+            anchor: Some(Arc::new(anchor)),
+            standing: Standing::Intact,
+        };
+        Ok(head)
+    }
+
     /// Whether the hash chain verifies over everything this process has read. While it does
     /// not, no operator signature is taken as authority.
     pub fn chain_ok(&self) -> bool {
@@ -608,7 +790,8 @@ fn prepare_snapshot(
 /// Writes a snapshot now and waits for it (used by `gaffer store compact`).
 fn snapshot(io: &mut Io, shared: &Shared) -> Result<u64, WorkspaceError> {
     let (target, raw) = prepare_snapshot(io, shared)?;
-    target.write(&raw)?;
+    let mark = target.write(&raw)?;
+    anchor_snapshot(&shared.guard, mark);
     Ok(raw.seq)
 }
 
@@ -630,12 +813,14 @@ fn snapshot_in_background(io: &mut Io, shared: &Shared) {
     // The thread takes the encoded snapshot from the slot; if no thread can be started, this
     // one writes it: slower commits, same result.
     let slot = Arc::new(Mutex::new(Some((target, raw))));
+    let guard = Arc::clone(&shared.guard);
     let write = move |slot: &Mutex<Option<(SnapshotTarget, RawSnapshot)>>| {
         let taken = lock(slot).take();
-        if let Some((target, raw)) = taken
-            && let Err(e) = target.write(&raw)
-        {
-            tracing::warn!(error = %e, "automatic snapshot failed");
+        if let Some((target, raw)) = taken {
+            match target.write(&raw) {
+                Ok(mark) => anchor_snapshot(&guard, mark),
+                Err(e) => tracing::warn!(error = %e, "automatic snapshot failed"),
+            }
         }
         done.store(false, Ordering::Release);
     };
@@ -706,9 +891,10 @@ fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Rece
         if let Err(e) = run_batch(&mut io, shared, jobs) {
             tracing::error!(error = %e, "commit batch failed; reloading state from disk");
             match load(dir, view) {
-                Ok((store, state, _)) => {
-                    io.store = store;
-                    lock(&shared.folded).state = state;
+                Ok(loaded) => {
+                    io.store = loaded.store;
+                    lock(&shared.folded).state = loaded.state;
+                    *lock(&shared.guard) = loaded.guard;
                 }
                 Err(e) => tracing::error!(error = %e, "reloading the store failed"),
             }
@@ -814,7 +1000,7 @@ fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), Workspa
         (staged, notices, completions, next_seq)
     };
     if !staged.is_empty()
-        && let Err(e) = create_journal(io, &staged, next_seq)
+        && let Err(e) = create_journal(io, shared, &staged, next_seq)
     {
         fail(completions, &e);
         return Err(e);
@@ -826,7 +1012,12 @@ fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), Workspa
 }
 
 /// The first append, which creates the journal (the caller holds the workspace root's lock).
-fn create_journal(io: &mut Io, staged: &[Record], next_seq: u64) -> Result<(), WorkspaceError> {
+fn create_journal(
+    io: &mut Io,
+    shared: &Shared,
+    staged: &[Record],
+    next_seq: u64,
+) -> Result<(), WorkspaceError> {
     let hook = io.before_write.clone();
     let mut txn = io.store.begin()?;
     if let Some(h) = hook {
@@ -840,6 +1031,7 @@ fn create_journal(io: &mut Io, staged: &[Record], next_seq: u64) -> Result<(), W
         ));
     }
     txn.append(staged)?;
+    anchor_appended(shared);
     Ok(())
 }
 
@@ -882,6 +1074,10 @@ fn run_batch_locked(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), 
         txn.append(&staged)
     };
     shared.appending.store(false, Ordering::Release);
+    if appended.is_ok() && !staged.is_empty() {
+        // Under the store lock, so heads reach the anchor in the journal's order.
+        anchor_appended(shared);
+    }
     drop(txn);
     if let Err(e) = appended {
         let e = WorkspaceError::from(e);

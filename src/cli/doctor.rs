@@ -235,6 +235,9 @@ fn trust_checks(root: &Path, checks: &mut Vec<Check>) {
                     TrustStatus::ContentMissing => {
                         ": every operation is refused until the operator trusts the file again"
                     }
+                    TrustStatus::RolledBack => {
+                        ": every operation is refused; see `gaffer store verify`, and trust the file again once the store is accepted"
+                    }
                     _ if file == "policy.yaml" => {
                         ": its allow rules are ignored (every operation not denied needs a human); run `gaffer trust` after reviewing it"
                     }

@@ -28,6 +28,20 @@ pub enum StoreCmd {
     },
     /// Write a snapshot now and start a new journal segment.
     Compact,
+    /// Accept the store as it is now: its head becomes the one this machine remembers
+    /// (outside the workspace). Run it only after `gaffer store verify` reported a rollback you
+    /// understand (a backup restored, say): executions stay refused until then.
+    Reanchor,
+}
+
+/// How the store stands against this machine's anchor (opening it as a serving process would).
+fn standing_of(root: &Path) -> crate::anchor::Standing {
+    match Workspace::open(root) {
+        Ok(ws) => ws.standing(),
+        Err(e) => crate::anchor::Standing::Unavailable {
+            detail: format!("the workspace cannot be opened: {e}"),
+        },
+    }
 }
 
 pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
@@ -35,10 +49,18 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
     match cmd {
         StoreCmd::Verify => match store::verify(&dir) {
             Ok(report) => {
+                let standing = standing_of(root);
+                let mut shown = serde_json::to_value(&report).unwrap_or_default();
+                shown["standing"] = serde_json::to_value(&standing).unwrap_or_default();
+                let intact = standing.is_intact();
+                shown["ok"] = serde_json::Value::Bool(report.ok && intact);
                 crate::outln!(
                     "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                    serde_json::to_string_pretty(&shown).unwrap_or_default()
                 );
+                if let Some(why) = standing.refusal() {
+                    eprintln!("gaffer: store verify: {why}");
+                }
                 if let Some(b) = &report.chain.broken_at {
                     eprintln!(
                         "gaffer: store verify: hash chain broken at seq {} ({}, offset {}): {}",
@@ -48,7 +70,7 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
                         b.reason
                     );
                 }
-                if report.ok {
+                if report.ok && intact {
                     ExitCode::SUCCESS
                 } else {
                     ExitCode::FAILURE
@@ -105,6 +127,26 @@ pub async fn run(cmd: StoreCmd, root: &Path) -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("gaffer: store log: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        StoreCmd::Reanchor => {
+            let ws = match Workspace::open(root) {
+                Ok(ws) => ws,
+                Err(e) => {
+                    eprintln!("gaffer: store reanchor: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let before = ws.standing();
+            match ws.reanchor() {
+                Ok(head) => {
+                    crate::outln!("{}", serde_json::json!({"anchored": head, "was": before}));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("gaffer: store reanchor: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -55,6 +55,10 @@ pub struct StoreStatus {
     /// The journal's hash chain as this process has read it: its head (what an operator
     /// signature covers) and the first broken link, if any.
     pub chain: ChainStatus,
+    /// The store against what this machine anchored of it, outside the workspace: `intact`
+    /// (or `empty`), `rolled_back` (cut or rewritten since: nothing executes) or
+    /// `unavailable` (no anchor can be kept: nothing executes).
+    pub standing: crate::anchor::Standing,
 }
 
 pub fn register(r: &mut Router<App>) {
@@ -100,6 +104,7 @@ async fn status(app: Arc<App>, ctx: CallCtx, p: StatusParams) -> Result<StatusRe
             dir: dir.display().to_string(),
             seq: ws.seq(),
             chain: ws.chain_status(),
+            standing: ws.standing(),
         },
         profile: ctx.client.profile,
         client: ctx.client.id.clone(),

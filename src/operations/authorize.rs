@@ -15,8 +15,13 @@ use crate::operator::OperatorPublic;
 pub enum Authority {
     /// An allow rule of the trusted policy.
     Policy { rule_ids: Vec<String> },
-    /// An operator-signed approval; its use is reserved by the claim.
-    Approval { approval_id: String },
+    /// An operator-signed approval; its use is reserved by the claim, and claimed again on
+    /// this machine's anchor (with the signed limits) before the effect.
+    Approval {
+        approval_id: String,
+        max_uses: u32,
+        expires_at_ms: u64,
+    },
 }
 
 /// Why an execution is refused: a stable code and words for the audit log and the agent.
@@ -54,6 +59,9 @@ pub struct Check<'a> {
     pub workspace_id: Option<&'a str>,
     /// The journal's hash chain verifies over what this process has read.
     pub chain_ok: bool,
+    /// Why the store cannot be relied on (it does not reach its anchored head, or no anchor
+    /// can be kept): then nothing is authorized.
+    pub store_refusal: Option<&'a str>,
     /// This process accepted the submission and checked its client identity itself. A record's
     /// client name is otherwise only a claim, so authority that depends on who the client is
     /// (a policy rule, a window grant) needs it; an approval of exactly this plan does not.
@@ -65,6 +73,9 @@ pub struct Check<'a> {
 }
 
 pub fn authorize(c: &Check<'_>) -> Result<Authority, Refusal> {
+    if let Some(why) = c.store_refusal {
+        return Err(refuse(codes::STORE_ROLLED_BACK, why));
+    }
     let req = PolicyRequest {
         client: c.client,
         operation: c.operation,
@@ -120,6 +131,8 @@ pub fn authorize(c: &Check<'_>) -> Result<Authority, Refusal> {
     usable(c, approval, &payload)?;
     Ok(Authority::Approval {
         approval_id: approval.id.clone(),
+        max_uses: payload.max_uses,
+        expires_at_ms: payload.expires_at_ms.unwrap_or(0),
     })
 }
 
@@ -391,6 +404,7 @@ rules:
                 key: Some(&key),
                 workspace_id: Some("ws_1"),
                 chain_ok: true,
+            store_refusal: None,
                 now_ms: now,
                 vouched,
                 lane_scope: None,
@@ -410,7 +424,7 @@ rules:
             };
             let got = authorize(&check);
             prop_assert_eq!(got.is_ok(), expected, "{:?} {:?}", f, got);
-            if let Ok(Authority::Approval { approval_id }) = &got {
+            if let Ok(Authority::Approval { approval_id, .. }) = &got {
                 prop_assert_eq!(approval_id.as_str(), "ap_1");
             }
         }
@@ -435,6 +449,7 @@ rules:
             key: Some(&key),
             workspace_id: Some("ws_1"),
             chain_ok: true,
+            store_refusal: None,
             now_ms: 1000,
             vouched: false,
             lane_scope: None,
@@ -445,5 +460,11 @@ rules:
         check.chain_ok = true;
         check.key = None;
         assert_eq!(authorize(&check).unwrap_err().code, codes::APPROVAL_INVALID);
+        check.key = Some(&key);
+        check.store_refusal = Some("rolled back");
+        assert_eq!(
+            authorize(&check).unwrap_err().code,
+            codes::STORE_ROLLED_BACK
+        );
     }
 }

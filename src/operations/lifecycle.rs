@@ -101,6 +101,7 @@ pub mod codes {
     pub const INVALID_STORED: &str = "invalid_stored_operation";
     pub const APPROVAL_INVALID: &str = "approval_invalid";
     pub const APPROVAL_UNAVAILABLE: &str = "approval_unavailable";
+    pub const STORE_ROLLED_BACK: &str = "store_rolled_back";
     pub const APPROVAL_RESERVATION_MISSING: &str = "approval_reservation_missing";
     pub const UPSTREAM_UNKNOWN: &str = "upstream_result_unknown";
     pub const PRECONDITION_FAILED: &str = "operation_precondition_failed";

@@ -77,7 +77,11 @@ pub fn open_runtime(
             all.extend(ext_adapters);
         }
         (None, status)
-            if providers.disk.is_some() || status == trust::TrustStatus::ContentMissing =>
+            if providers.disk.is_some()
+                || matches!(
+                    status,
+                    trust::TrustStatus::ContentMissing | trust::TrustStatus::RolledBack
+                ) =>
         {
             tracing::warn!(
                 ?status,

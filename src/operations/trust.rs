@@ -25,8 +25,11 @@ pub const TRUSTED_FILES: [&str; 2] = [
     super::policy::POLICY_FILE,
     super::adapters::external::PROVIDERS_FILE,
 ];
-/// Records kept per file: a flood of forged ones cannot grow memory, and a valid one is
-/// always among the newest (the operator's next trust appends after any flood).
+/// Records kept per file, so a flood cannot grow memory. When one more arrives, the one
+/// claiming the lowest version goes and an exact copy of a kept one is dropped: replayed old
+/// records cannot push the newest out. Records claiming versions they were never signed for can
+/// (they do not verify), and then the version anchored outside the workspace refuses the older
+/// trust that is left ([`TrustStatus::RolledBack`]).
 const MAX_RECORDS_KEPT: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -74,9 +77,13 @@ impl TrustState {
         match TrustRecord::deserialize(&rec.payload) {
             Ok(r) if rec.kind == KIND_SIGNED && TRUSTED_FILES.contains(&r.file.as_str()) => {
                 let v = self.files.entry(r.file).or_default();
-                v.push(r.operator_signature);
-                if v.len() > MAX_RECORDS_KEPT {
-                    v.remove(0);
+                if !v.contains(&r.operator_signature) {
+                    v.push(r.operator_signature);
+                }
+                if v.len() > MAX_RECORDS_KEPT
+                    && let Some(lowest) = (0..v.len()).min_by_key(|i| claimed_version(&v[*i]))
+                {
+                    v.remove(lowest);
                 }
                 self.last_seq = rec.seq;
             }
@@ -107,6 +114,15 @@ impl TrustState {
     }
 }
 
+/// The version a trust record says it has, unverified (only to choose which records to keep).
+fn claimed_version(sig: &OperatorSignature) -> u64 {
+    #[derive(Deserialize)]
+    struct Version {
+        version: u64,
+    }
+    serde_json::from_str::<Version>(&sig.payload).map_or(0, |v| v.version)
+}
+
 /// Where a trust-gated file stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -125,6 +141,9 @@ pub enum TrustStatus {
     NoOperatorKey,
     /// A valid trust record whose kept bytes are missing or corrupt: everything is refused.
     ContentMissing,
+    /// The newest valid trust is older than the newest this machine verified (records were
+    /// removed from the store), or the store was rolled back: everything is refused.
+    RolledBack,
 }
 
 impl TrustStatus {
@@ -153,6 +172,10 @@ impl TrustStatus {
             TrustStatus::NoOperatorKey => "no operator public key on this machine",
             TrustStatus::ContentMissing => {
                 "trusted, but the trusted bytes are missing from the store (everything is refused)"
+            }
+            TrustStatus::RolledBack => {
+                "its newest trust is gone from the store, which was rolled back (everything is \
+                 refused)"
             }
         }
     }
@@ -275,6 +298,11 @@ pub fn check(
     };
     let (latest, invalid) = sigs.latest(file, key, &ws_id);
     out.invalid_records = invalid;
+    if !version_holds(ws, file, latest.as_ref().map_or(0, |t| t.version)) {
+        out.status = TrustStatus::RolledBack;
+        out.trust = latest;
+        return Ok(out);
+    }
     let disk_sha = out.disk.as_deref().map(crate::util::sha256_hex);
     out.status = match &latest {
         None if out.disk.is_none() => TrustStatus::Absent,
@@ -294,6 +322,37 @@ pub fn check(
     }
     out.trust = latest;
     Ok(out)
+}
+
+/// Whether `version` (0: none) is at least the newest trust of `file` this machine verified;
+/// a newer one is anchored now. A store that does not stand intact holds no trust.
+fn version_holds(ws: &Workspace, file: &str, version: u64) -> bool {
+    let Some(anchor) = ws.anchor() else {
+        return ws.standing() == crate::anchor::Standing::Empty;
+    };
+    match anchor.trusted_version(file) {
+        Ok(floor) if version < floor => {
+            tracing::error!(
+                file,
+                version,
+                floor,
+                "the newest valid trust is older than one this machine verified"
+            );
+            false
+        }
+        Ok(floor) => {
+            if version > floor
+                && let Err(e) = anchor.raise_trusted(file, version)
+            {
+                tracing::warn!(file, error = %e, "the trust version cannot be anchored");
+            }
+            true
+        }
+        Err(e) => {
+            tracing::error!(file, error = %e, "the workspace anchor cannot be read");
+            false
+        }
+    }
 }
 
 impl TrustState {
@@ -424,6 +483,11 @@ pub fn effective_policy(ws: &Workspace, key: Option<&OperatorPublic>) -> super::
     };
     if checked.status == TrustStatus::ContentMissing {
         return Policy::refuse_all("the trusted policy's bytes are missing from the store");
+    }
+    if checked.status == TrustStatus::RolledBack {
+        return Policy::refuse_all(
+            "the store was rolled back: its newest policy trust is not the newest this machine saw",
+        );
     }
     let disk = match checked.disk.as_deref().map(parse) {
         None => None,

@@ -72,6 +72,7 @@ use serde::{Deserialize, Serialize};
 pub use chain::{ChainBreak, ChainStatus, ChainView, Digest32, GENESIS, Head, STORE_CREATED};
 pub use codec::{HEADER_LEN, MAX_RECORD_BODY};
 pub use error::StoreError;
+pub use snapshot::SnapshotMark;
 pub use verify::{
     ChainReport, Problem, SegmentReport, SignatureReport, SnapshotReport, VerifyReport, verify,
 };
@@ -140,6 +141,11 @@ fn ensure_root(dir: &Path) -> Result<(), StoreError> {
 pub fn put_blob_in(dir: &Path, bytes: &[u8]) -> Result<String, StoreError> {
     ensure_root(dir)?;
     blob::put(dir, bytes)
+}
+
+/// Durably replaces `target` with `bytes` (temp file, fsync, rename, directory fsync).
+pub fn write_file_atomic(target: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    durable::write_atomic(target, bytes)
 }
 
 /// [`Store::get_blob`] without a `Store`, for the same reason.
@@ -240,6 +246,8 @@ pub struct Store {
     head: Digest32,
     /// The chain head the snapshot recorded (genesis without one).
     snapshot_head: Digest32,
+    /// The mark of the snapshot this Store opened with (or last wrote).
+    snapshot_mark: Option<snapshot::SnapshotMark>,
     /// Shared with readers that must not take the store's lock (the workspace's status).
     view: ChainView,
     /// Records read past by a write transaction's catch-up but not yet handed to the caller.
@@ -288,9 +296,15 @@ impl Store {
             let is_last = i + 1 == segments.len();
             segment::check_segment_header(&segment::segment_path(&journal, *n), is_last)?;
         }
-        let (snapshot, snapshot_from, snapshot_head, workspace_id) = match loaded {
-            Some(l) => (Some(l.snapshot), l.journal_from, l.head, l.workspace_id),
-            None => (None, 1, GENESIS, None),
+        let (snapshot, snapshot_from, snapshot_head, workspace_id, snapshot_mark) = match loaded {
+            Some(l) => (
+                Some(l.snapshot),
+                l.journal_from,
+                l.head,
+                l.workspace_id,
+                Some(l.mark),
+            ),
+            None => (None, 1, GENESIS, None, None),
         };
         let last_seq = snapshot.as_ref().map_or(0, |s| s.seq);
         let snapshot_seq = last_seq;
@@ -308,6 +322,7 @@ impl Store {
             last_seq,
             head: snapshot_head,
             snapshot_head,
+            snapshot_mark,
             view,
             undelivered: Vec::new(),
             writer: None,
@@ -346,6 +361,11 @@ impl Store {
     /// not kept twice (text here, decoded there). Replays still start after its seq.
     pub fn take_raw_snapshot(&mut self) -> Option<RawSnapshot> {
         self.snapshot.take()
+    }
+
+    /// The mark of the snapshot the state starts from (none: replayed from the first record).
+    pub fn snapshot_mark(&self) -> Option<&snapshot::SnapshotMark> {
+        self.snapshot_mark.as_ref()
     }
 
     /// Seq of the last record this Store has read or written (the snapshot's seq before that).
@@ -884,8 +904,9 @@ impl WriteTxn<'_> {
     /// [`WriteTxn::write_snapshot`] for an already encoded state.
     pub fn write_raw_snapshot(&mut self, snap: RawSnapshot) -> Result<(), StoreError> {
         let target = self.rotate_for_snapshot(snap.seq)?;
-        target.write(&snap)?;
+        let mark = target.write(&snap)?;
         let store = &mut *self.store;
+        store.snapshot_mark = Some(mark);
         store.snapshot_seq = snap.seq;
         store.snapshot = Some(snap);
         store.snapshot_from = target.journal_from;
@@ -952,8 +973,9 @@ impl SnapshotTarget {
         self.seq
     }
 
-    /// Durably writes `snap` (temp, fsync, rename, directory fsync); needs no lock.
-    pub fn write(&self, snap: &RawSnapshot) -> Result<(), StoreError> {
+    /// Durably writes `snap` (temp, fsync, rename, directory fsync); needs no lock. Returns
+    /// the mark of the file written.
+    pub fn write(&self, snap: &RawSnapshot) -> Result<snapshot::SnapshotMark, StoreError> {
         if snap.seq != self.seq {
             return Err(StoreError::SnapshotNotAtTail {
                 snapshot_seq: snap.seq,

@@ -20,6 +20,19 @@ use crate::util::sha256_hex;
 
 pub const FILE_NAME: &str = "snapshot.json";
 
+/// What identifies a snapshot file: its header and the checksum of its state. A process that
+/// writes a snapshot gets its mark back so it can remember, outside the workspace, that it
+/// wrote exactly this one (the checksum alone proves nothing: anyone can compute it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMark {
+    pub seq: u64,
+    pub head: String,
+    pub journal_from: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
+    pub state_sha256: String,
+}
+
 /// A snapshot as loaded, plus where the journal continues after it.
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -29,6 +42,7 @@ pub struct Loaded {
     /// Hash of the record at the snapshot's seq.
     pub head: Digest32,
     pub workspace_id: Option<String>,
+    pub mark: SnapshotMark,
 }
 
 #[derive(Deserialize)]
@@ -172,12 +186,20 @@ pub fn decode(path: &Path, bytes: Vec<u8>) -> Result<Loaded, StoreError> {
         .ok_or_else(|| bad("head is not 64 lower-case hex digits".into()))?;
     // The state stays text, inside the file's bytes: its reader decodes it into its own type.
     let state_bytes = range.len();
+    let mark = SnapshotMark {
+        seq: header.seq,
+        head: header.head,
+        journal_from: header.journal_from,
+        workspace_id: header.workspace_id.clone(),
+        state_sha256: header.state_sha256,
+    };
     Ok(Loaded {
         snapshot: RawSnapshot::within(header.seq, bytes, range),
         journal_from: header.journal_from,
         state_bytes,
         head,
         workspace_id: header.workspace_id,
+        mark,
     })
 }
 
@@ -198,9 +220,16 @@ pub fn store(
     journal_from: u64,
     head: Digest32,
     workspace_id: Option<&str>,
-) -> Result<(), StoreError> {
+) -> Result<SnapshotMark, StoreError> {
     let bytes = encode(snap, journal_from, head, workspace_id)?;
-    durable::write_atomic(&dir.join(FILE_NAME), &bytes)
+    durable::write_atomic(&dir.join(FILE_NAME), &bytes)?;
+    Ok(SnapshotMark {
+        seq: snap.seq,
+        head: head.to_hex(),
+        journal_from,
+        workspace_id: workspace_id.map(str::to_string),
+        state_sha256: sha256_hex(snap.state_json()),
+    })
 }
 
 /// Removes temp files of snapshot writes that a crash interrupted. Call only under the lock,

@@ -344,7 +344,32 @@ impl OperationRuntime {
         self.commit(move |s: &crate::workspace::State| revoke_records(s, &p, sig, idem, now))
             .await
             .map_err(commit_err)?;
+        self.anchor_revocation(&aid, now).await;
         self.view(&aid).await
+    }
+
+    /// Remembers the revocation on this machine's anchor, outside the workspace, until the
+    /// approval's signed expiry has passed: a store rewritten to forget it changes nothing.
+    async fn anchor_revocation(&self, aid: &str, now: u64) {
+        const FALLBACK_MS: u64 = 400 * 24 * 3600 * 1000;
+        let Some(anchor) = self.ws.anchor() else {
+            return;
+        };
+        let sig = self.ws.read(|s| {
+            let d = s.operations.approvals.get(aid)?.decision.as_ref()?;
+            Some(d.operator_signature.clone())
+        });
+        let key = crate::operator::current_public();
+        let expires = sig
+            .zip(key)
+            .and_then(|(sig, key)| sig.open::<DecisionPayload>(&key).ok())
+            .and_then(|p| p.expires_at_ms)
+            .unwrap_or(now.saturating_add(FALLBACK_MS));
+        let aid = aid.to_string();
+        let done = tokio::task::spawn_blocking(move || anchor.revoke(&aid, expires)).await;
+        if let Ok(Err(e)) = done {
+            tracing::error!(error = %e, "the revocation cannot be anchored");
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use super::super::plan::Plan;
 use super::super::policy::{Classification, Policy};
 use super::super::state::{ApprovalChange, ApprovalEffect, KIND_TRANSITIONED, Operation, UseState};
 use super::*;
+use crate::anchor::ClaimRefused;
 
 /// The outcome of an execution, as recorded.
 #[derive(Clone)]
@@ -22,10 +23,17 @@ pub(super) enum Settle {
     },
 }
 
+/// An approval's use as signed: claimed again on the anchor before the effect.
+struct Spend {
+    approval_id: String,
+    max_uses: u32,
+    expires_at_ms: u64,
+}
+
 /// What the claim commit decided.
 enum Claim {
     Run {
-        approval_id: Option<String>,
+        spend: Option<Spend>,
         /// The policy that authorized the claim (its sandbox setting governs the run).
         policy: Arc<Policy>,
     },
@@ -118,19 +126,51 @@ impl OperationRuntime {
         if !matches!(claim, Claim::Skip) {
             self.unvouch(id);
         }
-        let (
-            Claim::Run {
-                approval_id,
-                policy,
-            },
-            Ok(d),
-        ) = (claim, derived)
-        else {
+        let (Claim::Run { spend, policy }, Ok(d)) = (claim, derived) else {
             return Ok(());
         };
         failpoint("after_claim");
+        let approval_id = spend.as_ref().map(|s| s.approval_id.clone());
+        if let Some(spend) = spend
+            && let Err(why) = self.spend_here(id, spend).await
+        {
+            tracing::error!(operation = id, reason = %why, "approval use refused by the anchor");
+            let settle = Settle::Failed {
+                code: codes::APPROVAL_UNAVAILABLE.into(),
+                message: format!("the approval cannot be used: {why}"),
+                effect: ApprovalEffect::Release,
+            };
+            return self.finish(id, &op.operation, approval_id, settle).await;
+        }
         self.execute_claimed(id, Box::new(d.plan), approval_id, &policy)
             .await
+    }
+
+    /// Claims the approval's use on this machine's anchor, outside the workspace, before the
+    /// effect: the journal's reservation alone can be undone by whoever writes the store.
+    async fn spend_here(&self, id: &str, spend: Spend) -> Result<(), ClaimRefused> {
+        let anchor = self
+            .ws
+            .anchor()
+            .ok_or_else(|| ClaimRefused::Unrecorded("the store does not stand intact".into()))?;
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            anchor.claim(&spend.approval_id, &id, spend.max_uses, spend.expires_at_ms)
+        })
+        .await
+        .unwrap_or_else(|e| Err(ClaimRefused::Unrecorded(e.to_string())))
+    }
+
+    /// Gives back, on the anchor, a use this process claimed for an effect that never started.
+    async fn unspend_here(&self, id: &str, approval_id: &str) {
+        let Some(anchor) = self.ws.anchor() else {
+            return;
+        };
+        let (id, aid) = (id.to_string(), approval_id.to_string());
+        let released = tokio::task::spawn_blocking(move || anchor.release(&aid, &id)).await;
+        if let Ok(Err(e)) = released {
+            tracing::warn!(operation = %approval_id, error = %e, "the released use stays spent");
+        }
     }
 
     /// An operation whose authority depends on who submitted it (a policy rule, or a window
@@ -263,6 +303,7 @@ impl OperationRuntime {
         } = authority;
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok() && self.signed_head_on_chain(op);
+        let store_refusal = self.ws.standing().refusal();
         let executor = self.executor.clone();
         let vouched = self.vouched(&op.id);
         let lane_scope = self.lane_scope(&op.client_id);
@@ -308,28 +349,35 @@ impl OperationRuntime {
                 key: key.as_ref(),
                 workspace_id: workspace_id.as_deref(),
                 chain_ok,
+                store_refusal: store_refusal.as_deref(),
                 vouched,
                 lane_scope: lane_scope.as_deref(),
                 now_ms: now,
             };
-            let reserve = match authorize(&check) {
-                Ok(super::super::authorize::Authority::Approval { approval_id }) => {
-                    Some(approval_id)
-                }
+            let spend = match authorize(&check) {
+                Ok(super::super::authorize::Authority::Approval {
+                    approval_id,
+                    max_uses,
+                    expires_at_ms,
+                }) => Some(Spend {
+                    approval_id,
+                    max_uses,
+                    expires_at_ms,
+                }),
                 Ok(super::super::authorize::Authority::Policy { .. }) => None,
                 Err(r) => return fail(r.code, &r.message),
             };
-            let mut t = transition(op, OpState::Executing, now).approval(reserve.clone().map(
-                |approval_id| ApprovalChange {
-                    approval_id,
+            let mut t = transition(op, OpState::Executing, now).approval(spend.as_ref().map(|s| {
+                ApprovalChange {
+                    approval_id: s.approval_id.clone(),
                     effect: ApprovalEffect::Reserve,
-                },
-            ));
+                }
+            }));
             t.executor = Some(executor);
             Ok((
                 vec![rec(KIND_TRANSITIONED, &t)?],
                 Claim::Run {
-                    approval_id: reserve,
+                    spend,
                     policy: Arc::clone(&policy),
                 },
             ))
@@ -383,6 +431,11 @@ impl OperationRuntime {
                 }
             },
         };
+        if let (Settle::Failed { effect, .. }, Some(aid)) = (&settle, &approval_id)
+            && *effect == ApprovalEffect::Release
+        {
+            self.unspend_here(id, aid).await;
+        }
         let (succeeded, exit_code) = match &settle {
             Settle::Succeeded(o) => (
                 true,

@@ -190,6 +190,7 @@ impl OperationRuntime {
         } = auth;
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok();
+        let store_refusal = self.ws.standing().refusal();
         let class = p.class.clone();
         let requires_approval = p.adapter.descriptor().requires_approval;
         let digest = op.plan_digest.clone().unwrap_or_default();
@@ -223,6 +224,7 @@ impl OperationRuntime {
                     key: key.as_ref(),
                     workspace_id: workspace_id.as_deref(),
                     chain_ok,
+                    store_refusal: store_refusal.as_deref(),
                     vouched: true,
                     lane_scope: lane_scope.as_deref(),
                     now_ms: now,

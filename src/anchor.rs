@@ -1,0 +1,619 @@
+//! What this machine remembers about a workspace, kept outside it.
+//!
+//! The agent may write every file in the workspace, `.gaffer/` included, and the journal's hash
+//! chain and the snapshot's checksum are keyless: the agent can recompute both. So nothing in
+//! the store can vouch for itself against being cut back, rewritten or replaced. The anchor
+//! lives in the operator's state directory (`$GAFFER_STATE_DIR`, else
+//! `$XDG_STATE_HOME/gaffer`, else `~/.local/state/gaffer`), which the processes gaffer starts
+//! cannot reach, one directory per workspace (its canonical path and id):
+//!
+//! - `head`: the seq and hash of the last record this machine saw durable, rewritten after
+//!   every commit (two checksummed slots, so a torn write leaves the other; no fsync: it is
+//!   written after the journal's fdatasync, so it is never ahead of the journal);
+//! - `facts.json` (replaced atomically under `lock`): the marks of the snapshots gaffer wrote
+//!   (any other snapshot is not loaded), the highest trust version verified per file (an older
+//!   trust is never enforced again), the approvals' uses claimed here and approvals revoked
+//!   (a use claimed here is never claimed again, whatever the journal says).
+//!
+//! An agent that can write the state directory is outside what this protects against, as is
+//! one that can read the operator's private key.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::store::SnapshotMark;
+
+pub const STATE_DIR_ENV: &str = "GAFFER_STATE_DIR";
+/// Snapshot marks kept: enough for the snapshots that can be in place while processes race.
+const SNAPSHOTS_KEPT: usize = 4;
+const SLOT: usize = 128;
+/// How long a claim or revocation outlives its approval's signed expiry (clock adjustments).
+const KEEP_AFTER_EXPIRY_MS: u64 = 24 * 3600 * 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AnchorError {
+    #[error(
+        "no state directory for the workspace anchor: set {STATE_DIR_ENV}, XDG_STATE_HOME or HOME"
+    )]
+    NoLocation,
+    #[error(
+        "the state directory {0} is inside the workspace, where the agent can write; set \
+         {STATE_DIR_ENV} to a directory outside it"
+    )]
+    InsideWorkspace(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> AnchorError + '_ {
+    move |source| AnchorError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn non_empty_env(k: &str) -> Option<PathBuf> {
+    std::env::var_os(k)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// `$GAFFER_STATE_DIR`, else `$XDG_STATE_HOME/gaffer`, else `~/.local/state/gaffer`.
+pub fn state_dir() -> Result<PathBuf, AnchorError> {
+    if let Some(p) = non_empty_env(STATE_DIR_ENV) {
+        return Ok(p);
+    }
+    non_empty_env("XDG_STATE_HOME")
+        .or_else(|| non_empty_env("HOME").map(|h| h.join(".local").join("state")))
+        .map(|d| d.join("gaffer"))
+        .ok_or(AnchorError::NoLocation)
+}
+
+/// The last record this machine saw durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadMark {
+    pub seq: u64,
+    pub hash: String,
+}
+
+/// Whether the store reaches what this machine remembers of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Standing {
+    /// No journal yet: nothing to protect.
+    Empty,
+    /// The journal reaches the last head this machine saw (or this machine sees it first).
+    Intact,
+    /// The journal no longer reaches the head this machine saw: it was cut or rewritten.
+    /// Nothing executes until the operator accepts the store as it is
+    /// (`gaffer store reanchor`).
+    RolledBack { detail: String },
+    /// No anchor can be kept here, so a rollback could not be told: nothing executes.
+    Unavailable { detail: String },
+}
+
+impl Standing {
+    pub fn is_intact(&self) -> bool {
+        matches!(self, Standing::Empty | Standing::Intact)
+    }
+
+    /// Why nothing may execute, when that is so.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            Standing::Empty | Standing::Intact => None,
+            Standing::RolledBack { detail } => Some(format!(
+                "the store was rolled back ({detail}); nothing executes until the operator \
+                 accepts it as it is (gaffer store reanchor)"
+            )),
+            Standing::Unavailable { detail } => Some(format!(
+                "no workspace anchor can be kept ({detail}), so a rolled-back store could not \
+                 be told; nothing executes"
+            )),
+        }
+    }
+}
+
+/// How one approval's uses stand on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UseMark {
+    /// Claimed for execution: spent, whatever the journal later says.
+    Claimed,
+    /// Claimed, then given back by the process that claimed it (the effect never started).
+    Released,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct ApprovalUses {
+    keep_until_ms: u64,
+    ops: BTreeMap<String, UseMark>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Facts {
+    #[serde(default)]
+    snapshots: Vec<SnapshotMark>,
+    /// Trust file → the highest version verified on this machine.
+    #[serde(default)]
+    trust: BTreeMap<String, u64>,
+    #[serde(default)]
+    uses: BTreeMap<String, ApprovalUses>,
+    /// Approval id → kept until (ms).
+    #[serde(default)]
+    revoked: BTreeMap<String, u64>,
+}
+
+impl Facts {
+    fn forget_expired(&mut self, now_ms: u64) {
+        self.uses.retain(|_, u| u.keep_until_ms > now_ms);
+        self.revoked.retain(|_, until| *until > now_ms);
+    }
+}
+
+/// Why an approval's use is refused here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimRefused {
+    #[error("this machine already claimed this approval for this operation")]
+    AlreadyClaimed,
+    #[error("this machine already spent every use of this approval")]
+    UsedUp,
+    #[error("the operator revoked this approval")]
+    Revoked,
+    #[error("the workspace anchor cannot record the use: {0}")]
+    Unrecorded(String),
+}
+
+/// One workspace's anchor directory.
+#[derive(Debug)]
+pub struct Anchor {
+    dir: PathBuf,
+    head: Mutex<Option<File>>,
+}
+
+impl Anchor {
+    /// The anchor of the workspace at `root` (canonical) whose journal declares `workspace_id`.
+    /// Nothing is created until something is recorded.
+    pub fn locate(root: &Path, workspace_id: &str) -> Result<Anchor, AnchorError> {
+        let base = state_dir()?;
+        let absolute = if base.is_absolute() {
+            base
+        } else {
+            std::env::current_dir().map_err(io_err(&base))?.join(base)
+        };
+        let canonical = absolute.canonicalize().unwrap_or_else(|_| absolute.clone());
+        if canonical.starts_with(root) {
+            return Err(AnchorError::InsideWorkspace(canonical));
+        }
+        let mut key = root.as_os_str().as_encoded_bytes().to_vec();
+        key.push(0);
+        key.extend_from_slice(workspace_id.as_bytes());
+        let name = crate::util::sha256_hex(&key);
+        Ok(Anchor {
+            dir: canonical.join("workspaces").join(&name[..32]),
+            head: Mutex::new(None),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn ensure_dir(&self) -> Result<(), AnchorError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(io_err(&self.dir))
+    }
+
+    /// The last head recorded, if any (the newer of the two slots that check).
+    pub fn head(&self) -> Result<Option<HeadMark>, AnchorError> {
+        let path = self.dir.join("head");
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let best = bytes
+            .chunks(SLOT)
+            .filter_map(parse_slot)
+            .max_by_key(|m| m.seq);
+        if best.is_none() && !bytes.is_empty() {
+            return Err(AnchorError::Corrupt {
+                path,
+                reason: "no slot checks".into(),
+            });
+        }
+        Ok(best)
+    }
+
+    /// Records `mark` as the last head seen durable. Callers hold the store's lock, so heads
+    /// arrive in order across processes.
+    pub fn advance(&self, mark: &HeadMark) -> Result<(), AnchorError> {
+        let path = self.dir.join("head");
+        let mut file = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        if file.is_none() {
+            self.ensure_dir()?;
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            *file = Some(f);
+        }
+        let Some(f) = file.as_ref() else {
+            return Ok(());
+        };
+        let slot = (mark.seq % 2) * SLOT as u64;
+        f.write_all_at(&encode_slot(mark), slot)
+            .map_err(io_err(&path))
+    }
+
+    /// Replaces the head outright, both slots (the operator accepting the store as it is).
+    pub fn reset_head(&self, mark: &HeadMark) -> Result<(), AnchorError> {
+        self.ensure_dir()?;
+        let path = self.dir.join("head");
+        let mut both = encode_slot(mark).to_vec();
+        both.extend_from_slice(&encode_slot(mark));
+        crate::store::write_file_atomic(&path, &both).map_err(|e| AnchorError::Corrupt {
+            path,
+            reason: e.to_string(),
+        })?;
+        *self.head.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
+    }
+
+    fn facts_path(&self) -> PathBuf {
+        self.dir.join("facts.json")
+    }
+
+    fn read_facts(&self) -> Result<Facts, AnchorError> {
+        let path = self.facts_path();
+        match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| AnchorError::Corrupt {
+                path,
+                reason: e.to_string(),
+            }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Facts::default()),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    /// Reads the facts under the anchor's lock, lets `f` change them, and writes them back
+    /// durably when `f` says so (another process may be doing the same).
+    fn update<T>(&self, f: impl FnOnce(&mut Facts) -> (bool, T)) -> Result<T, AnchorError> {
+        self.ensure_dir()?;
+        let lock_path = self.dir.join("lock");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?;
+        lock.lock().map_err(io_err(&lock_path))?;
+        let mut facts = self.read_facts()?;
+        let (changed, out) = f(&mut facts);
+        if changed {
+            facts.forget_expired(crate::util::now_ms());
+            let path = self.facts_path();
+            let bytes = serde_json::to_vec(&facts).map_err(|e| AnchorError::Corrupt {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            crate::store::write_file_atomic(&path, &bytes).map_err(|e| AnchorError::Corrupt {
+                path,
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Remembers a snapshot this process wrote.
+    pub fn remember_snapshot(&self, mark: SnapshotMark) -> Result<(), AnchorError> {
+        self.update(|f| {
+            if f.snapshots.contains(&mark) {
+                return (false, ());
+            }
+            f.snapshots.push(mark);
+            let extra = f.snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
+            f.snapshots.drain(..extra);
+            (true, ())
+        })
+    }
+
+    /// Whether gaffer on this machine wrote exactly this snapshot.
+    pub fn knows_snapshot(&self, mark: &SnapshotMark) -> Result<bool, AnchorError> {
+        Ok(self.read_facts()?.snapshots.contains(mark))
+    }
+
+    /// The highest version of `file` trusted on this machine (0: none).
+    pub fn trusted_version(&self, file: &str) -> Result<u64, AnchorError> {
+        Ok(self.read_facts()?.trust.get(file).copied().unwrap_or(0))
+    }
+
+    /// Raises the highest trusted version of `file` to `version` (never lowers it).
+    pub fn raise_trusted(&self, file: &str, version: u64) -> Result<(), AnchorError> {
+        self.update(|f| {
+            let v = f.trust.entry(file.to_string()).or_default();
+            let raise = version > *v;
+            if raise {
+                *v = version;
+            }
+            (raise, ())
+        })
+    }
+
+    /// Claims one use of `approval_id` for `op_id`, durably, before its effect: refused when
+    /// this machine claimed it for that operation already, spent its `max_uses`, or saw it
+    /// revoked.
+    pub fn claim(
+        &self,
+        approval_id: &str,
+        op_id: &str,
+        max_uses: u32,
+        expires_at_ms: u64,
+    ) -> Result<(), ClaimRefused> {
+        let outcome = self.update(|f| {
+            if f.revoked.contains_key(approval_id) {
+                return (false, Err(ClaimRefused::Revoked));
+            }
+            let uses = f.uses.entry(approval_id.to_string()).or_default();
+            if uses.ops.contains_key(op_id) {
+                return (false, Err(ClaimRefused::AlreadyClaimed));
+            }
+            let spent = uses
+                .ops
+                .values()
+                .filter(|u| **u == UseMark::Claimed)
+                .count();
+            if spent >= max_uses as usize {
+                return (false, Err(ClaimRefused::UsedUp));
+            }
+            uses.ops.insert(op_id.to_string(), UseMark::Claimed);
+            uses.keep_until_ms = uses
+                .keep_until_ms
+                .max(expires_at_ms.saturating_add(KEEP_AFTER_EXPIRY_MS));
+            (true, Ok(()))
+        });
+        outcome.unwrap_or_else(|e| Err(ClaimRefused::Unrecorded(e.to_string())))
+    }
+
+    /// Gives back a use this process claimed and whose effect never started.
+    pub fn release(&self, approval_id: &str, op_id: &str) -> Result<(), AnchorError> {
+        self.update(|f| {
+            let entry = f
+                .uses
+                .get_mut(approval_id)
+                .and_then(|u| u.ops.get_mut(op_id));
+            match entry {
+                Some(u) if *u == UseMark::Claimed => {
+                    *u = UseMark::Released;
+                    (true, ())
+                }
+                _ => (false, ()),
+            }
+        })
+    }
+
+    /// Remembers that the operator revoked `approval_id` (kept past `expires_at_ms`).
+    pub fn revoke(&self, approval_id: &str, expires_at_ms: u64) -> Result<(), AnchorError> {
+        let until = expires_at_ms.saturating_add(KEEP_AFTER_EXPIRY_MS);
+        self.update(|f| {
+            let v = f.revoked.entry(approval_id.to_string()).or_default();
+            let later = until > *v;
+            if later {
+                *v = until;
+            }
+            (later, ())
+        })
+    }
+
+    /// The operator accepts the store as it is: the head is `mark`, and trust versions are
+    /// forgotten (the trust records the store holds now count again). Claimed uses and
+    /// revocations stay.
+    pub fn reanchor(&self, mark: &HeadMark) -> Result<(), AnchorError> {
+        self.reset_head(mark)?;
+        self.update(|f| {
+            f.trust.clear();
+            f.snapshots.clear();
+            (true, ())
+        })
+    }
+}
+
+fn slot_body(mark: &HeadMark) -> String {
+    format!("{:020} {}", mark.seq, mark.hash)
+}
+
+fn encode_slot(mark: &HeadMark) -> [u8; SLOT] {
+    let body = slot_body(mark);
+    let line = format!("{body} {:08x}\n", crc32fast::hash(body.as_bytes()));
+    let mut out = [b' '; SLOT];
+    let n = line.len().min(SLOT);
+    out[..n].copy_from_slice(&line.as_bytes()[..n]);
+    out
+}
+
+fn parse_slot(slot: &[u8]) -> Option<HeadMark> {
+    let text = std::str::from_utf8(slot).ok()?;
+    let line = text.split('\n').next()?;
+    let (body, crc) = line.rsplit_once(' ')?;
+    if u32::from_str_radix(crc, 16).ok()? != crc32fast::hash(body.as_bytes()) {
+        return None;
+    }
+    let (seq, hash) = body.split_once(' ')?;
+    let ok_hash = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit());
+    ok_hash.then(|| {
+        Some(HeadMark {
+            seq: seq.parse().ok()?,
+            hash: hash.to_string(),
+        })
+    })?
+}
+
+/// Compares the journal as opened with the anchored head. `hash_at` gives the hash of a record
+/// the journal holds (recent ones); `snapshot` is the authenticated snapshot the state starts
+/// from, if any (its seq and head).
+pub fn judge(
+    anchored: &HeadMark,
+    last_seq: u64,
+    hash_at: impl Fn(u64) -> Option<String>,
+    snapshot: Option<(u64, &str)>,
+) -> Standing {
+    let rolled = |detail: String| Standing::RolledBack { detail };
+    if last_seq < anchored.seq {
+        return rolled(format!(
+            "the journal ends at seq {last_seq}, but this machine saw it reach seq {}",
+            anchored.seq
+        ));
+    }
+    let found = match snapshot {
+        Some((seq, head)) if seq == anchored.seq => Some(head.to_string()),
+        Some((seq, _)) if seq > anchored.seq => return Standing::Intact,
+        _ => hash_at(anchored.seq),
+    };
+    match found {
+        Some(h) if h == anchored.hash => Standing::Intact,
+        Some(h) => rolled(format!(
+            "record {} hashes to {h}, but this machine saw {}: the journal was rewritten",
+            anchored.seq, anchored.hash
+        )),
+        None => rolled(format!(
+            "record {} (the last this machine saw) cannot be found to compare",
+            anchored.seq
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(seq: u64, c: char) -> HeadMark {
+        HeadMark {
+            seq,
+            hash: c.to_string().repeat(64),
+        }
+    }
+
+    #[test]
+    fn a_slot_round_trips_and_any_damage_is_refused() {
+        let m = mark(42, 'a');
+        let s = encode_slot(&m);
+        assert_eq!(parse_slot(&s), Some(m));
+        for i in 0..s.len() {
+            let mut d = s;
+            d[i] ^= 0x01;
+            let parsed = parse_slot(&d);
+            assert!(
+                parsed.is_none() || parsed == Some(mark(42, 'a')),
+                "byte {i} changed gave {parsed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn judging_the_journal_against_the_anchored_head() {
+        let a = mark(10, 'a');
+        let at = |seq: u64| (seq == 10).then(|| "a".repeat(64));
+        assert_eq!(judge(&a, 12, at, None), Standing::Intact);
+        assert!(matches!(
+            judge(&a, 9, at, None),
+            Standing::RolledBack { .. }
+        ));
+        let other = |_| Some("b".repeat(64));
+        assert!(matches!(
+            judge(&a, 12, other, None),
+            Standing::RolledBack { .. }
+        ));
+        assert!(matches!(
+            judge(&a, 12, |_| None, None),
+            Standing::RolledBack { .. }
+        ));
+        let head = "a".repeat(64);
+        assert_eq!(judge(&a, 10, |_| None, Some((10, &head))), Standing::Intact);
+        assert_eq!(judge(&a, 20, |_| None, Some((15, "x"))), Standing::Intact);
+        assert!(matches!(
+            judge(&a, 10, |_| None, Some((10, "x"))),
+            Standing::RolledBack { .. }
+        ));
+    }
+
+    fn anchor_in(dir: &Path) -> Anchor {
+        Anchor {
+            dir: dir.join("ws"),
+            head: Mutex::new(None),
+        }
+    }
+
+    #[test]
+    fn heads_advance_and_the_newest_slot_wins() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let a = anchor_in(d.path());
+        assert_eq!(a.head().expect("read"), None);
+        for seq in 1..6 {
+            a.advance(&mark(seq, 'c')).expect("advance");
+            assert_eq!(a.head().expect("read"), Some(mark(seq, 'c')));
+        }
+        // A torn newest slot leaves the other one.
+        let path = a.dir().join("head");
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[SLOT + 3] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("write");
+        assert_eq!(a.head().expect("read"), Some(mark(4, 'c')));
+    }
+
+    #[test]
+    fn a_use_is_claimed_once_and_revocation_refuses_the_rest() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let a = anchor_in(d.path());
+        let later = crate::util::now_ms() + 60_000;
+        assert_eq!(a.claim("ap_1", "op_1", 2, later), Ok(()));
+        assert_eq!(
+            a.claim("ap_1", "op_1", 2, later),
+            Err(ClaimRefused::AlreadyClaimed)
+        );
+        assert_eq!(a.claim("ap_1", "op_2", 2, later), Ok(()));
+        assert_eq!(a.claim("ap_1", "op_3", 2, later), Err(ClaimRefused::UsedUp));
+        a.release("ap_1", "op_2").expect("release");
+        assert_eq!(a.claim("ap_1", "op_3", 2, later), Ok(()));
+        a.revoke("ap_2", later).expect("revoke");
+        assert_eq!(
+            a.claim("ap_2", "op_9", 5, later),
+            Err(ClaimRefused::Revoked)
+        );
+        // Uses past their keep are forgotten at the next write.
+        assert_eq!(a.claim("ap_old", "op_1", 1, 0), Ok(()));
+        a.raise_trusted("policy.yaml", 3).expect("raise");
+        assert_eq!(a.claim("ap_old", "op_2", 1, 0), Ok(()));
+    }
+
+    #[test]
+    fn trust_versions_only_rise_and_reanchoring_forgets_them() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let a = anchor_in(d.path());
+        a.raise_trusted("policy.yaml", 3).expect("raise");
+        a.raise_trusted("policy.yaml", 2).expect("raise");
+        assert_eq!(a.trusted_version("policy.yaml").expect("read"), 3);
+        a.reanchor(&mark(7, 'd')).expect("reanchor");
+        assert_eq!(a.trusted_version("policy.yaml").expect("read"), 0);
+        assert_eq!(a.head().expect("read"), Some(mark(7, 'd')));
+    }
+}
