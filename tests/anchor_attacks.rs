@@ -1,0 +1,312 @@
+//! Rollback and replay attacks on the store, played end to end on the real binary by an agent
+//! that can write every file of the workspace, `.gaffer/` included, and nothing outside it.
+//!
+//! Each attack rewrites facts that authority is folded from (an approval's uses and status, an
+//! operation's state, the set of trust signatures of `policy.yaml`) so that every record still
+//! has a valid crc and every link of the hash chain holds: a snapshot with its `state_sha256`
+//! recomputed, a journal cut back at a batch boundary, a journal with a record removed and
+//! every later one re-chained, records appended after the head. The primary assertion is
+//! always that the side effect did not happen (a line in `kv-exec.log`, a file under `docs/`).
+//!
+//! What refuses them is the anchor gaffer keeps outside the workspace (`GAFFER_STATE_DIR`):
+//! the journal head after each commit, the headers of the snapshots gaffer wrote, the ledger
+//! of approval uses and the highest trusted version per file. Without it every attack here
+//! succeeds: each test's doc comment says how it fails on the code before the anchor.
+//!
+//! The agent edits the files directly, as a program with write access to `.gaffer/` can, and
+//! never through gaffer's own writer (`append_as_agent`): that writer is gaffer's, and once
+//! gaffer anchors its commits it advances the anchor, which the agent cannot reach.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::Server;
+use common::gate::*;
+use serde_json::{Value, json};
+
+/// How long a test watches for a side effect that must not happen, when nothing tells it
+/// earlier that the server is done with the operation. On the code before the anchor the
+/// side effect shows within a second or two; this is for loaded CI machines.
+const WATCH: Duration = Duration::from_secs(15);
+
+/// Every process this test binary starts (servers, CLI) keeps its anchor in one directory
+/// outside every workspace, as an operator's `$XDG_STATE_HOME/gaffer` is.
+fn anchor_outside_the_workspace() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("anchor-attacks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("the anchor directory");
+        // SAFETY: every test calls this before it starts a process or reads the environment,
+        // and `Once` holds the others back until the variable is set.
+        unsafe { std::env::set_var("GAFFER_STATE_DIR", &dir) };
+    });
+}
+
+// ---- operations as the tests drive them ----
+
+fn kv_log(env: &Env) -> usize {
+    lines(&env.root().join("kv-exec.log"))
+}
+
+/// The operation's state as `s` sees it (`None` while the server refuses to say).
+fn state_of(s: &mut Server, id: &str) -> Option<String> {
+    let r = s.request("operations/get", json!({ "id": id }));
+    r["result"]["state"].as_str().map(str::to_string)
+}
+
+fn is_terminal(state: Option<&str>) -> bool {
+    matches!(
+        state,
+        Some("succeeded" | "failed" | "denied" | "expired" | "canceled")
+    )
+}
+
+/// Polls until `done` holds or `WATCH` has passed; returns whether it held.
+fn watch(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + WATCH;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An operator approval of exactly one `kv.set` plan (one use), executed once by a serving
+/// agent process: (the agent still serving, operation id, approval id).
+fn one_use_approval_ran_once(env: &Env) -> (Server, String, String) {
+    let mut a = env.agent("agent-1");
+    let p = ok(&submit(
+        &mut a,
+        "kv.set",
+        json!({"key": "c"}),
+        json!({"value": 1}),
+        "replay",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "kv.set waits for the operator: {p}");
+    let id = p["id"].as_str().unwrap().to_string();
+    let (code, out, err) = env.cli(&["approve", &id]);
+    assert_eq!(code, 0, "gaffer approve: {out}{err}");
+    let v = wait_state(&mut a, &id, &["succeeded", "failed"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    let aid = v["approval_id"].as_str().expect("an approval").to_string();
+    assert_eq!(kv_log(env), 1, "the approved plan ran once");
+    (a, id, aid)
+}
+
+/// `gaffer store verify`: (exit code, stdout and stderr).
+fn verify(env: &Env) -> (i32, String) {
+    let (code, out, err) = env.cli(&["store", "verify"]);
+    (code, format!("{out}{err}"))
+}
+
+/// Submits `file.write` of `path`; the reply and the operation id, if one was made.
+fn submit_write(s: &mut Server, path: &str, key: &str) -> (Value, Option<String>) {
+    let r = submit(
+        s,
+        "file.write",
+        json!({ "path": path }),
+        json!({"content": "x"}),
+        key,
+    );
+    let id = r["result"]["id"].as_str().map(str::to_string);
+    (r, id)
+}
+
+/// Submits a write of `path` and waits until it is written or its operation ended (or `WATCH`
+/// passed); returns whether the file was written.
+fn write_lands(env: &Env, s: &mut Server, path: &str, key: &str) -> bool {
+    let file = env.root().join(path);
+    let (r, id) = submit_write(s, path, key);
+    watch(|| {
+        file.exists()
+            || match &id {
+                Some(id) => is_terminal(state_of(s, id).as_deref()),
+                None => true,
+            }
+    });
+    let landed = file.exists();
+    eprintln!(
+        "write of {path}: {r}; now {:?}; written: {landed}",
+        id.as_deref().map(|id| state_of(s, id))
+    );
+    landed
+}
+
+/// The v1 policy (`ALLOW_DOCS`) with its docs rule turned to deny: what the operator trusts
+/// as v2.
+fn deny_docs(v1: &[u8]) -> String {
+    let v2 = String::from_utf8(v1.to_vec()).unwrap().replacen(
+        "  - id: docs\n    effect: allow",
+        "  - id: docs\n    effect: deny",
+        1,
+    );
+    assert_ne!(v2.as_bytes(), v1, "the docs rule was found");
+    v2
+}
+
+/// With v1 (`ALLOW_DOCS`, as `Env::new` trusted it) a docs write lands; the operator then
+/// trusts v2 (docs/ denied) and a docs write does not land. Returns v1's bytes; the agent
+/// connection is closed.
+fn trust_v1_then_v2(env: &Env) -> Vec<u8> {
+    let policy = env.root().join(".gaffer/policy.yaml");
+    let v1 = std::fs::read(&policy).unwrap();
+    let mut a = env.agent("agent-1");
+    assert!(
+        write_lands(env, &mut a, "docs/v1.md", "under-v1"),
+        "control: the trusted v1 allows docs/ writes"
+    );
+    std::fs::write(&policy, deny_docs(&v1)).unwrap();
+    let (code, out, err) = env.cli(&["trust"]);
+    assert_eq!(code, 0, "gaffer trust (v2): {out}{err}");
+    assert!(
+        !write_lands(env, &mut a, "docs/v2.md", "under-v2"),
+        "control: the trusted v2 denies docs/ writes"
+    );
+    v1
+}
+
+// ---- forged snapshots ----
+
+/// Every array whose first element is `id` (an operation in the snapshot's compact form,
+/// `src/operations/compact.rs`) and every object whose `id` is `aid` (the approval),
+/// rewritten to "approved, never used".
+fn rewind(v: &mut Value, id: &str, aid: &str, plan: &Value) {
+    // Positions in the compact form.
+    const STATE: usize = 9;
+    const TERMINAL_AT: usize = 14;
+    const PLAN: usize = 18;
+    const RESULT_TO_EXECUTOR: [usize; 4] = [19, 20, 21, 22];
+    match v {
+        Value::Array(a) => {
+            if a.len() == 23 && a[0] == id {
+                a[STATE] = json!("approved");
+                a[TERMINAL_AT] = Value::Null;
+                for i in RESULT_TO_EXECUTOR {
+                    a[i] = Value::Null;
+                }
+                // A terminal operation's entry drops its plan; the journal has it.
+                a[PLAN] = plan.clone();
+                return;
+            }
+            for x in a {
+                rewind(x, id, aid, plan);
+            }
+        }
+        Value::Object(o) => {
+            if o.get("id").and_then(Value::as_str) == Some(aid) && o.contains_key("uses") {
+                o.insert("uses".into(), json!({}));
+                o.insert("status".into(), json!("active"));
+                return;
+            }
+            for (_, x) in o.iter_mut() {
+                rewind(x, id, aid, plan);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Rewrites `.gaffer/snapshot.json`'s state with `edit` and recomputes `state_sha256`, as
+/// anyone can.
+fn forge_snapshot(env: &Env, edit: impl FnOnce(&mut Value)) {
+    let path = env.root().join(".gaffer/snapshot.json");
+    let mut snap: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let before = snap["state"].clone();
+    edit(&mut snap["state"]);
+    assert_ne!(before, snap["state"], "the edit changed the state");
+    let state = serde_json::to_vec(&snap["state"]).unwrap();
+    snap["state_sha256"] = json!(gaffer::util::sha256_hex(&state));
+    std::fs::write(&path, serde_json::to_vec(&snap).unwrap()).unwrap();
+}
+
+/// (Taken over from the review PoC.) After a one-use approval ran its `kv.set` and gaffer
+/// wrote a snapshot, the agent edits the snapshot's state back to "operation approved,
+/// approval active and unused" and recomputes `state_sha256`; the next serving process must
+/// not run the plan a second time.
+///
+/// Before the anchor the forged snapshot is decoded as the state: the restarted server drives
+/// the "approved" operation and `kv-exec.log` gets a second line (fails at "an approval of one
+/// use ran its plan again from a forged snapshot": left 2, right 1).
+#[test]
+fn a_forged_snapshot_does_not_replay_a_used_one_use_approval() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(ALLOW_DOCS));
+    let (a, id, aid) = one_use_approval_ran_once(&env);
+    drop(a);
+    let (code, out, err) = env.cli(&["store", "compact"]);
+    assert_eq!(code, 0, "gaffer store compact: {out}{err}");
+    // Control: a restart on gaffer's own snapshot sees the operation done and runs nothing.
+    {
+        let mut b = env.agent("agent-1");
+        let state = state_of(&mut b, &id);
+        assert_eq!(
+            state.as_deref(),
+            Some("succeeded"),
+            "control: genuine snapshot"
+        );
+    }
+    assert_eq!(kv_log(&env), 1, "control: a restart runs nothing again");
+    // The plan text, which a terminal operation's snapshot entry no longer holds.
+    let (code, log, err) = env.cli(&["store", "log", "--kind", "operation.created"]);
+    assert_eq!(code, 0, "{err}");
+    let plan = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["payload"]["operation"]["id"] == id.as_str())
+        .expect("the operation.created record")["payload"]["operation"]["plan"]
+        .clone();
+    assert!(plan.is_string(), "the plan text: {plan}");
+    forge_snapshot(&env, |state| rewind(state, &id, &aid, &plan));
+    // The next serving process (an editor restart) recovers "approved" work.
+    let mut b = env.agent("agent-1");
+    watch(|| kv_log(&env) >= 2 || state_of(&mut b, &id).as_deref() == Some("succeeded"));
+    let v = b.request("operations/get", json!({ "id": id }));
+    let (code, text) = verify(&env);
+    eprintln!("after the forged snapshot: {v}\nstore verify: exit {code}\n{text}");
+    assert_eq!(
+        kv_log(&env),
+        1,
+        "an approval of one use ran its plan again from a forged snapshot: {v}"
+    );
+}
+
+/// (Taken over from the review PoC.) The operator trusted v1 (docs/ allowed), then v2 (docs/
+/// denied); after gaffer wrote a snapshot, the agent removes v2's signature from the
+/// snapshot's trust state, recomputes `state_sha256` and puts v1's bytes back on disk; a
+/// docs/ write must not run.
+///
+/// Before the anchor the forged snapshot's trust set is believed, v1 is the latest trust and
+/// matches the disk, and its allow rule writes the file (fails at "a write the trusted policy
+/// (v2) denies ran under the replaced v1").
+#[test]
+fn a_forged_snapshot_does_not_drop_the_newest_trust_signature() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(ALLOW_DOCS));
+    let v1 = trust_v1_then_v2(&env);
+    let (code, out, err) = env.cli(&["store", "compact"]);
+    assert_eq!(code, 0, "gaffer store compact: {out}{err}");
+    forge_snapshot(&env, |state| {
+        let shown = state["trust"].to_string();
+        let sigs = state["trust"]["files"]["policy.yaml"]
+            .as_array_mut()
+            .unwrap_or_else(|| panic!("trust files: {shown}"));
+        assert_eq!(sigs.len(), 2, "v1 and v2: {shown}");
+        sigs.pop();
+    });
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), &v1).unwrap();
+    let mut b = env.agent("agent-1");
+    let st = b.call("gaffer/status", json!({}));
+    eprintln!("trust after the forged snapshot: {}", st["trust"]);
+    assert!(
+        !write_lands(&env, &mut b, "docs/b.md", "after-forgery"),
+        "a write the trusted policy (v2) denies ran under the replaced v1"
+    );
+}
