@@ -19,7 +19,8 @@
 
 mod common;
 
-use std::path::Path;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::Server;
@@ -309,4 +310,253 @@ fn a_forged_snapshot_does_not_drop_the_newest_trust_signature() {
         !write_lands(&env, &mut b, "docs/b.md", "after-forgery"),
         "a write the trusted policy (v2) denies ran under the replaced v1"
     );
+}
+
+// ---- the journal as the agent sees it: frames, flags, bodies ----
+
+/// Length-word flags (`src/store/codec.rs`): first and last record of an append batch.
+const FLAG_FIRST: u32 = 1 << 31;
+const FLAG_LAST: u32 = 1 << 30;
+/// Magic + format version + reserved.
+const SEGMENT_HEADER: usize = 16;
+
+/// One record as it stands in a segment: its offset, batch flags and body bytes.
+#[derive(Clone, Debug)]
+struct Rec {
+    at: usize,
+    first: bool,
+    last: bool,
+    body: Vec<u8>,
+}
+
+impl Rec {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("a record body is JSON")
+    }
+
+    fn kind(&self) -> String {
+        self.json()["kind"].as_str().unwrap_or_default().to_string()
+    }
+
+    fn payload(&self) -> Value {
+        self.json()["payload"].clone()
+    }
+}
+
+/// The store's only journal segment (no test here compacts before editing the journal).
+struct Segment {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    recs: Vec<Rec>,
+}
+
+fn the_segment(root: &Path) -> Segment {
+    let dir = root.join(".gaffer/journal");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("a journal")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 1, "one segment to edit: {names:?}");
+    let path = names.remove(0);
+    let bytes = std::fs::read(&path).unwrap();
+    let recs = common::frames(&bytes)
+        .into_iter()
+        .map(|(at, len)| {
+            let word = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+            Rec {
+                at,
+                first: word & FLAG_FIRST != 0,
+                last: word & FLAG_LAST != 0,
+                body: bytes[at + 8..at + len].to_vec(),
+            }
+        })
+        .collect();
+    Segment { path, bytes, recs }
+}
+
+impl Segment {
+    /// Index of the only record `pred` picks.
+    fn find(&self, what: &str, pred: impl Fn(&str, &Value) -> bool) -> usize {
+        let hits: Vec<usize> = (0..self.recs.len())
+            .filter(|&i| pred(&self.recs[i].kind(), &self.recs[i].payload()))
+            .collect();
+        assert_eq!(hits.len(), 1, "exactly one {what} record: {hits:?}");
+        hits[0]
+    }
+}
+
+/// A whole frame: length word with the batch flags, crc32 of word and body, body.
+fn frame(body: &[u8], first: bool, last: bool) -> Vec<u8> {
+    let mut word = body.len() as u32;
+    if first {
+        word |= FLAG_FIRST;
+    }
+    if last {
+        word |= FLAG_LAST;
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&word.to_le_bytes());
+    crc.update(body);
+    let mut out = word.to_le_bytes().to_vec();
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// `body` with its `seq` and `prev` replaced; every other byte as it was.
+fn relink(body: &[u8], seq: u64, prev: &str) -> Vec<u8> {
+    let text = std::str::from_utf8(body).expect("UTF-8 body");
+    let rest = text
+        .strip_prefix("{\"seq\":")
+        .expect("a body starts with its seq");
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let rest = rest[digits..]
+        .strip_prefix(",\"prev\":\"")
+        .expect("then its prev");
+    let rest = &rest[64..];
+    assert!(rest.starts_with('"'), "prev is 64 hex digits: {text}");
+    format!("{{\"seq\":{seq},\"prev\":\"{prev}{rest}").into_bytes()
+}
+
+/// Writes `recs` as the whole segment, re-chained: seqs contiguous from the first record's,
+/// each `prev` the hash of the body before it, every frame with its crc.
+fn write_rechained(seg: &Segment, recs: &[Rec]) {
+    let first = recs[0].json();
+    let from = first["seq"].as_u64().unwrap();
+    let mut prev = first["prev"].as_str().unwrap().to_string();
+    let mut out = seg.bytes[..SEGMENT_HEADER].to_vec();
+    for (seq, r) in (from..).zip(recs) {
+        let body = relink(&r.body, seq, &prev);
+        out.extend(frame(&body, r.first, r.last));
+        prev = gaffer::util::sha256_hex(&body);
+    }
+    std::fs::write(&seg.path, out).unwrap();
+}
+
+/// `gaffer store verify` refuses the store and says it was rolled back.
+fn assert_verify_reports_rollback(env: &Env) {
+    let (code, text) = verify(env);
+    assert_ne!(
+        code, 0,
+        "store verify accepts a rolled-back journal:\n{text}"
+    );
+    assert!(
+        text.to_lowercase().contains("rolled back"),
+        "store verify does not say the journal was rolled back:\n{text}"
+    );
+}
+
+/// The version a `trust.signed` payload's signed text names.
+fn trust_version(payload: &Value) -> Option<u64> {
+    let text = payload["operator_signature"]["payload"].as_str()?;
+    serde_json::from_str::<Value>(text).ok()?["version"].as_u64()
+}
+
+// ---- journals cut back or rewritten ----
+
+/// After an approved `kv.set` ran once, the agent cuts the journal back to the batch boundary
+/// before the claim (`approved -> executing` with the approval's reservation): the journal,
+/// every link intact, ends with the operation `approved` and the approval unused. A restarted
+/// server must not run it again, and `gaffer store verify` must say the store was rolled back.
+///
+/// Before the anchor the cut journal is a valid, shorter chain: recovery drives the approved
+/// operation and `kv-exec.log` gets a second line (fails at "a journal cut back before the
+/// claim ran the one-use approval again": left 2, right 1); `store verify` exits 0.
+#[test]
+fn a_journal_cut_back_before_the_claim_does_not_run_the_approval_again() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(ALLOW_DOCS));
+    let (a, id, _aid) = one_use_approval_ran_once(&env);
+    drop(a);
+    assert!(
+        !env.root().join(".gaffer/snapshot.json").exists(),
+        "the journal alone holds the state"
+    );
+    let (code, text) = verify(&env);
+    assert_eq!(code, 0, "control: the genuine journal verifies:\n{text}");
+    // The claim and the batch it was appended in.
+    let seg = the_segment(env.root());
+    let claim = seg.find("claim", |kind, p| {
+        kind == "operation.transitioned" && p["id"] == id.as_str() && p["to"] == "executing"
+    });
+    let mut cut = claim;
+    while !seg.recs[cut].first {
+        cut -= 1;
+    }
+    assert!(seg.recs[cut - 1].last, "the cut falls between two batches");
+    let kept = &seg.recs[..cut];
+    let last_move = kept
+        .iter()
+        .rfind(|r| r.kind() == "operation.transitioned" && r.payload()["id"] == id.as_str())
+        .expect("the operation's transitions")
+        .payload();
+    assert_eq!(last_move["to"], "approved", "the cut journal ends approved");
+    let file = OpenOptions::new().write(true).open(&seg.path).unwrap();
+    file.set_len(seg.recs[cut].at as u64).unwrap();
+    drop(file);
+    // The editor restarts.
+    let mut b = env.agent("agent-1");
+    watch(|| kv_log(&env) >= 2 || is_terminal(state_of(&mut b, &id).as_deref()));
+    let v = b.request("operations/get", json!({ "id": id }));
+    let (code, text) = verify(&env);
+    eprintln!("after the cut: {v}\nstore verify: exit {code}\n{text}");
+    assert_eq!(
+        kv_log(&env),
+        1,
+        "a journal cut back before the claim ran the one-use approval again: {v}"
+    );
+    assert_verify_reports_rollback(&env);
+}
+
+/// The operator trusted v1 (docs/ allowed), then v2 (docs/ denied). The agent removes v2's
+/// `trust.signed` record for `policy.yaml` from the middle of the journal, renumbers and
+/// re-chains every later record (each `prev` the sha256 of the body before it, each frame
+/// with a valid crc and its batch flags kept whole), and puts v1's bytes back on disk. A docs/
+/// write must not run, and `gaffer store verify` must say the store was rolled back.
+///
+/// Before the anchor the rewritten journal is a valid chain whose latest policy trust is v1,
+/// which matches the disk: the write lands (fails at "a write the trusted policy (v2) denies
+/// ran after v2's record was cut out of the journal"); `store verify` exits 0.
+#[test]
+fn a_journal_rewritten_without_the_newest_trust_record_does_not_restore_the_old_policy() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(ALLOW_DOCS));
+    let v1 = trust_v1_then_v2(&env);
+    let (code, text) = verify(&env);
+    assert_eq!(code, 0, "control: the genuine journal verifies:\n{text}");
+    let seg = the_segment(env.root());
+    let v2 = seg.find("policy v2 trust", |kind, p| {
+        kind == "trust.signed" && p["file"] == "policy.yaml" && trust_version(p) == Some(2)
+    });
+    assert!(
+        v2 + 1 < seg.recs.len(),
+        "records follow v2's: a middle record"
+    );
+    let mut recs = seg.recs.clone();
+    let gone = recs.remove(v2);
+    // Its batch stays whole: its neighbours take over the flags it had.
+    if gone.first && !gone.last {
+        recs[v2].first = true;
+    }
+    if gone.last && !gone.first {
+        recs[v2 - 1].last = true;
+    }
+    write_rechained(&seg, &recs);
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), &v1).unwrap();
+    let after = the_segment(env.root());
+    assert_eq!(after.recs.len(), seg.recs.len() - 1, "one record fewer");
+    let mut b = env.agent("agent-1");
+    let st = b.call("gaffer/status", json!({}));
+    eprintln!("after the rewrite: chain and trust {}", st);
+    let landed = write_lands(&env, &mut b, "docs/b.md", "after-rewrite");
+    let (code, text) = verify(&env);
+    eprintln!("store verify: exit {code}\n{text}");
+    assert!(
+        !landed,
+        "a write the trusted policy (v2) denies ran after v2's record was cut out of the journal"
+    );
+    assert_verify_reports_rollback(&env);
 }
