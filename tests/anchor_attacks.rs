@@ -19,7 +19,8 @@
 
 mod common;
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -559,4 +560,204 @@ fn a_journal_rewritten_without_the_newest_trust_record_does_not_restore_the_old_
         "a write the trusted policy (v2) denies ran after v2's record was cut out of the journal"
     );
     assert_verify_reports_rollback(&env);
+}
+
+// ---- records appended after the head ----
+
+impl Rec {
+    /// The payload's bytes exactly as written: the body is
+    /// `{"seq":…,"prev":"…","time_ms":…,"kind":"…","payload":P}`.
+    fn raw_payload(&self) -> Vec<u8> {
+        let text = std::str::from_utf8(&self.body).expect("UTF-8 body");
+        let kind_at = text.find(",\"kind\":\"").expect("a kind");
+        let at = kind_at + text[kind_at..].find(",\"payload\":").expect("a payload");
+        text.as_bytes()[at + ",\"payload\":".len()..text.len() - 1].to_vec()
+    }
+}
+
+impl Segment {
+    /// The hash of the last record (`store::chain::record_hash`: sha256 of its body bytes).
+    fn head(&self) -> (u64, String) {
+        let last = self.recs.last().expect("a record");
+        let seq = last.json()["seq"].as_u64().expect("a seq");
+        (seq, gaffer::util::sha256_hex(&last.body))
+    }
+}
+
+/// Holds the store's writer lock (`.gaffer/lock`), as gaffer's own writers do, so an append
+/// never interleaves with a serving process's commit.
+fn writer_lock(root: &Path) -> File {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(root.join(".gaffer/lock"))
+        .unwrap();
+    f.lock().unwrap();
+    f
+}
+
+/// Appends records after the journal's head, each a batch of its own, chained from the head
+/// and framed with valid crcs: `(kind, payload JSON bytes)`.
+fn append_chained(root: &Path, records: &[(&str, Vec<u8>)]) {
+    let lock = writer_lock(root);
+    let seg = the_segment(root);
+    let (mut seq, mut prev) = seg.head();
+    let now = gaffer::util::now_ms();
+    let mut out = Vec::new();
+    for (kind, payload) in records {
+        seq += 1;
+        let mut body = format!(
+            "{{\"seq\":{seq},\"prev\":\"{prev}\",\"time_ms\":{now},\"kind\":{},\"payload\":",
+            json!(kind)
+        )
+        .into_bytes();
+        body.extend_from_slice(payload);
+        body.push(b'}');
+        out.extend(frame(&body, true, true));
+        prev = gaffer::util::sha256_hex(&body);
+    }
+    let mut f = OpenOptions::new().append(true).open(&seg.path).unwrap();
+    f.write_all(&out).unwrap();
+    f.sync_data().unwrap();
+    lock.unlock().unwrap();
+}
+
+/// The records an agent appends to bring a used one-use approval back: an `operation.pruned`
+/// that drops every terminal operation (and its approval), then byte-identical copies of the
+/// operation's genuine `operation.created`, `approval.decided` and `pending -> approved`
+/// records. (Without the last one the operation stays `pending`: nothing drives it.)
+fn forge_prune_and_recreate(env: &Env, id: &str, aid: &str) {
+    let seg = the_segment(env.root());
+    let created = seg.find("operation.created", |kind, p| {
+        kind == "operation.created" && p["operation"]["id"] == id
+    });
+    let decided = seg.find("approval.decided", |kind, p| {
+        kind == "approval.decided" && p["approval_id"] == aid
+    });
+    let approved = seg.find("approving transition", |kind, p| {
+        kind == "operation.transitioned" && p["id"] == id && p["to"] == "approved"
+    });
+    let far_future = gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000;
+    append_chained(
+        env.root(),
+        &[
+            (
+                "operation.pruned",
+                json!({ "before_ms": far_future }).to_string().into_bytes(),
+            ),
+            ("operation.created", seg.recs[created].raw_payload()),
+            ("approval.decided", seg.recs[decided].raw_payload()),
+            ("operation.transitioned", seg.recs[approved].raw_payload()),
+        ],
+    );
+}
+
+/// After a one-use approved `kv.set` ran, the agent appends (chained, real framing) a pruning
+/// record far in the future, then the operation's genuine creation, decision and approval
+/// again: the serving process that ran it folds them and must not run the plan a second time.
+///
+/// Before the anchor the fold forgets the operation and its used approval, re-creates both as
+/// new, and the running server drives the "approved" copy: `kv-exec.log` gets a second line
+/// (fails at "a forged prune and re-creation ran the one-use approval again in the serving
+/// process": left 2, right 1).
+#[test]
+fn a_forged_prune_and_recreate_does_not_rerun_a_used_approval_in_a_running_server() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(ALLOW_DOCS));
+    let (mut a, id, aid) = one_use_approval_ran_once(&env);
+    forge_prune_and_recreate(&env, &id, &aid);
+    watch(|| {
+        kv_log(&env) >= 2
+            || matches!(
+                state_of(&mut a, &id).as_deref(),
+                Some("failed" | "denied" | "expired" | "canceled")
+            )
+    });
+    let v = a.request("operations/get", json!({ "id": id }));
+    assert_eq!(
+        kv_log(&env),
+        1,
+        "a forged prune and re-creation ran the one-use approval again in the serving process: {v}"
+    );
+}
+
+/// The same records appended while no gaffer runs; a freshly started server folds them at
+/// startup and must not run the plan a second time.
+///
+/// Before the anchor startup recovery drives the re-created "approved" operation:
+/// `kv-exec.log` gets a second line (fails at "a forged prune and re-creation ran the one-use
+/// approval again after a restart": left 2, right 1).
+#[test]
+fn a_forged_prune_and_recreate_does_not_rerun_a_used_approval_after_a_restart() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(ALLOW_DOCS));
+    let (a, id, aid) = one_use_approval_ran_once(&env);
+    drop(a);
+    // Control: a restart without the forged records runs nothing again.
+    {
+        let mut b = env.agent("agent-1");
+        assert_eq!(state_of(&mut b, &id).as_deref(), Some("succeeded"));
+    }
+    assert_eq!(kv_log(&env), 1, "control: a restart runs nothing again");
+    forge_prune_and_recreate(&env, &id, &aid);
+    let mut b = env.agent("agent-1");
+    watch(|| {
+        kv_log(&env) >= 2
+            || matches!(
+                state_of(&mut b, &id).as_deref(),
+                Some("failed" | "denied" | "expired" | "canceled")
+            )
+    });
+    let v = b.request("operations/get", json!({ "id": id }));
+    assert_eq!(
+        kv_log(&env),
+        1,
+        "a forged prune and re-creation ran the one-use approval again after a restart: {v}"
+    );
+}
+
+/// The operator trusted v1 (docs/ allowed), then v2 (docs/ denied). The agent appends copies
+/// of v1's genuine `trust.signed` record (chained, real framing) and puts v1's bytes back on
+/// disk. One copy changes nothing (the control: v2 is still the latest version); twenty push
+/// v2's signature out of the signatures gaffer keeps per file (16), and a docs/ write must
+/// still not run.
+///
+/// Before the anchor only v1's copies are left, v1 is the latest trust and matches the disk:
+/// the write lands (fails at "a write the trusted policy (v2) denies ran after a flood of v1
+/// trust records").
+#[test]
+fn a_flood_of_old_trust_records_does_not_restore_the_old_policy() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(ALLOW_DOCS));
+    let v1 = trust_v1_then_v2(&env);
+    let seg = the_segment(env.root());
+    let first = seg
+        .recs
+        .iter()
+        .position(|r| r.kind() == "trust.signed" && r.payload()["file"] == "policy.yaml")
+        .expect("v1's trust record");
+    let v1_record = seg.recs[first].raw_payload();
+    std::fs::write(env.root().join(".gaffer/policy.yaml"), &v1).unwrap();
+    // Control: one replayed copy is refused (an older version than the latest).
+    append_chained(env.root(), &[("trust.signed", v1_record.clone())]);
+    {
+        let mut b = env.agent("agent-1");
+        assert!(
+            !write_lands(&env, &mut b, "docs/one-copy.md", "one-copy"),
+            "control: one replayed v1 record does not restore v1"
+        );
+    }
+    let flood: Vec<(&str, Vec<u8>)> = (0..19)
+        .map(|_| ("trust.signed", v1_record.clone()))
+        .collect();
+    append_chained(env.root(), &flood);
+    let mut b = env.agent("agent-1");
+    let st = b.call("gaffer/status", json!({}));
+    eprintln!("trust after the flood: {}", st["trust"]);
+    assert!(
+        !write_lands(&env, &mut b, "docs/flood.md", "flood"),
+        "a write the trusted policy (v2) denies ran after a flood of v1 trust records"
+    );
 }
