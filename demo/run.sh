@@ -21,7 +21,10 @@ keys=$(mktemp -d "${TMPDIR:-/tmp}/gaffer-demo-key.XXXXXX")
 trap 'rm -rf "$keys"' EXIT
 GAFFER_OPERATOR_KEY_FILE="$keys/operator.key"
 GAFFER_OPERATOR_PUBLIC_KEY_FILE="$keys/operator.pub"
-export GAFFER_OPERATOR_KEY_FILE GAFFER_OPERATOR_PUBLIC_KEY_FILE
+# The workspace's anchor (what this machine remembers of the store, outside it) goes with the
+# throwaway key, so the demo leaves nothing in your state directory.
+GAFFER_STATE_DIR="$keys/state"
+export GAFFER_OPERATOR_KEY_FILE GAFFER_OPERATOR_PUBLIC_KEY_FILE GAFFER_STATE_DIR
 
 step "1. operator: a throwaway key pair for this demo (gaffer operator init)"
 gaffer operator init

@@ -393,6 +393,15 @@ fn anchor_appended(shared: &Shared) {
     advance_guard(&mut guard, &shared.chain.head());
 }
 
+/// A journal another process created while this one had none is judged against the anchor
+/// as soon as it is read, not only at this process's first append.
+fn judge_first_journal(shared: &Shared) {
+    let mut guard = lock(&shared.guard);
+    if guard.standing == Standing::Empty && shared.chain.workspace_id().is_some() {
+        *guard = guard_of(&shared.root, &shared.chain, None);
+    }
+}
+
 /// Remembers a snapshot this process wrote, while the store stands intact.
 fn anchor_snapshot(guard: &Mutex<Guard>, mark: SnapshotMark) {
     let guard = lock(guard);
@@ -751,6 +760,7 @@ fn fold_new(io: &mut Io, shared: &Shared) {
                 folded.state.apply(rec, &mut notices);
             }
             drop(folded);
+            judge_first_journal(shared);
             broadcast_all(shared, notices);
         }
         Err(e) => tracing::error!(error = %e, "reading other processes' records failed"),

@@ -332,6 +332,9 @@ impl OperationRuntime {
                 let t = transition(op, OpState::Failed, now).error(code, msg);
                 Ok((vec![rec(KIND_TRANSITIONED, &t)?], Claim::Refused))
             };
+            if let Some(why) = store_refusal.as_deref() {
+                return fail(codes::STORE_ROLLED_BACK, why);
+            }
             let (digest, class, requires_approval) = match &checked {
                 Ok(c) => c,
                 Err((code, msg)) => return fail(code, msg),
