@@ -529,6 +529,25 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any slot written reads back; any bytes at all parse to a head only if they check.
+        #[test]
+        fn prop_slots_round_trip_and_arbitrary_bytes_never_panic(
+            seq in proptest::prelude::any::<u64>(),
+            hash in "[0-9a-f]{64}",
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+        ) {
+            let m = HeadMark { seq, hash };
+            proptest::prop_assert_eq!(parse_slot(&encode_slot(&m)), Some(m));
+            if let Some(found) = parse_slot(&junk) {
+                // Only a line exactly as written parses: the same bytes up to its newline.
+                let line = encode_slot(&found);
+                let end = line.iter().position(|b| *b == b'\n').map_or(0, |i| i + 1);
+                proptest::prop_assert_eq!(&line[..end], &junk[..end.min(junk.len())]);
+            }
+        }
+    }
+
     #[test]
     fn judging_the_journal_against_the_anchored_head() {
         let a = mark(10, 'a');
