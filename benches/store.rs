@@ -43,7 +43,7 @@ fn record_body_len() -> usize {
             seq: 123_456,
             time_ms: 1_700_000_000_000,
             kind: "operation.changed".into(),
-            payload: payload(1),
+            payload: gaffer::store::raw_payload(payload(1)),
         })
         .map_or(0, |v| v.len())
 }
@@ -194,7 +194,7 @@ fn build_big_store(dir: &Path, records: u64) {
                 seq: s,
                 time_ms: 1_700_000_000_000 + s,
                 kind: "op".into(),
-                payload: json!({ "id": s, "state": "done" }),
+                payload: gaffer::store::raw_payload(json!({ "id": s, "state": "done" })),
             })
             .collect();
         txn.append(&batch).expect("append");

@@ -167,7 +167,7 @@ impl ClientState {
         rec: &crate::workspace::Record,
         _out: &mut Vec<crate::workspace::Notice>,
     ) {
-        let parsed = SignedRecord::deserialize(&rec.payload);
+        let parsed: Result<SignedRecord, _> = rec.decode();
         let Ok(r) = parsed else {
             tracing::warn!(seq = rec.seq, kind = %rec.kind, "client record skipped: malformed");
             return;

@@ -45,17 +45,19 @@ const TAIL_INTERVAL: Duration = Duration::from_millis(25);
 const READ_FRESHNESS: Duration = Duration::from_millis(2);
 
 /// A record to append; the workspace assigns `seq` and `time_ms`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+/// The payload is encoded once, here, straight to JSON text; the fold decodes that text and the
+/// journal writes it as it is.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NewRecord {
     pub kind: String,
-    pub payload: Value,
+    pub payload: Box<serde_json::value::RawValue>,
 }
 
 impl NewRecord {
     pub fn new(kind: impl Into<String>, payload: impl Serialize) -> Result<Self, WorkspaceError> {
         Ok(NewRecord {
             kind: kind.into(),
-            payload: serde_json::to_value(payload).map_err(WorkspaceError::Encode)?,
+            payload: serde_json::value::to_raw_value(&payload).map_err(WorkspaceError::Encode)?,
         })
     }
 }
@@ -1107,7 +1109,7 @@ mod tests {
     fn rec(kind: &str, n: u64) -> NewRecord {
         NewRecord {
             kind: kind.into(),
-            payload: json!({ "n": n }),
+            payload: crate::store::raw_payload(json!({ "n": n })),
         }
     }
 
@@ -1386,7 +1388,7 @@ mod tests {
             .expect("store")
             .read_all(0, |r: Record| -> Result<(), StoreError> {
                 if r.kind == crate::store::STORE_CREATED {
-                    created.push((r.seq, r.payload["workspace_id"].clone()));
+                    created.push((r.seq, r.payload_value()["workspace_id"].clone()));
                 }
                 Ok(())
             })

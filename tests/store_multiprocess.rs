@@ -15,7 +15,7 @@ const PER_WRITER: u64 = 500;
 const WRITERS: u64 = 2;
 
 fn writer_of(r: &Record) -> u64 {
-    r.payload["writer"].as_u64().expect("writer field")
+    r.payload_value()["writer"].as_u64().expect("writer field")
 }
 
 #[test]
@@ -134,7 +134,7 @@ fn two_processes_append_concurrently() {
         let mine: Vec<u64> = records
             .iter()
             .filter(|r| writer_of(r) == id)
-            .map(|r| r.payload["i"].as_u64().unwrap())
+            .map(|r| r.payload_value()["i"].as_u64().unwrap())
             .collect();
         assert_eq!(mine, (0..PER_WRITER).collect::<Vec<_>>(), "writer {id}");
     }

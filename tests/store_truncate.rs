@@ -14,7 +14,9 @@ fn rec(seq: u64) -> Record {
         seq,
         time_ms: 1_700_000_000_000 + seq,
         kind: format!("kind.{}", seq % 3),
-        payload: json!({ "seq": seq, "pad": "p".repeat((seq as usize * 7) % 40) }),
+        payload: gaffer::store::raw_payload(
+            json!({ "seq": seq, "pad": "p".repeat((seq as usize * 7) % 40) }),
+        ),
     }
 }
 

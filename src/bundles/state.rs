@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::store::RecordPayload;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -113,12 +114,18 @@ impl BundleState {
         rec: &crate::workspace::Record,
         _out: &mut Vec<crate::workspace::Notice>,
     ) {
-        self.apply_record(&rec.kind, rec.seq, rec.time_ms, &rec.payload);
+        self.apply_record(&rec.kind, rec.seq, rec.time_ms, &*rec.payload);
     }
 
     /// Folds one record in. Records were validated before they were written; anything that
     /// does not decode is logged and skipped so a damaged record cannot stop the fold.
-    pub fn apply_record(&mut self, kind: &str, seq: u64, time_ms: u64, payload: &Value) {
+    pub fn apply_record(
+        &mut self,
+        kind: &str,
+        seq: u64,
+        time_ms: u64,
+        payload: &(impl RecordPayload + ?Sized),
+    ) {
         if kind != SYNCED_KIND {
             tracing::debug!(kind, seq, "bundle state ignores unknown record kind");
             return;
@@ -130,7 +137,7 @@ impl BundleState {
             blob: String,
             summary: BundleSummary,
         }
-        let rec: Synced = match serde_json::from_value(payload.clone()) {
+        let rec: Synced = match payload.decode() {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(seq, error = %e, "skipping undecodable bundle.synced record");

@@ -210,7 +210,8 @@ async fn sync(
             } => Ok((
                 vec![NewRecord {
                     kind: kind.to_string(),
-                    payload,
+                    payload: serde_json::value::to_raw_value(&payload)
+                        .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned()),
                 }],
                 SyncResult {
                     availability,

@@ -2,6 +2,8 @@
 //! process folding the same records reaches the same state and emits the same notices.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use crate::store::RecordPayload;
 use std::sync::Arc;
 
 use schemars::JsonSchema;
@@ -318,7 +320,7 @@ impl OperationState {
         out: &mut Vec<crate::workspace::Notice>,
     ) {
         let mut notices = Vec::new();
-        if let Err(e) = self.apply_record(&rec.kind, &rec.payload, &mut notices) {
+        if let Err(e) = self.apply_record(&rec.kind, &*rec.payload, &mut notices) {
             tracing::warn!(seq = rec.seq, kind = %rec.kind, error = %e, "operation record skipped");
             return;
         }
@@ -370,11 +372,13 @@ impl OperationState {
     pub fn apply_record(
         &mut self,
         kind: &str,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<OpNotice>,
     ) -> Result<(), ApplyError> {
-        fn de<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, ApplyError> {
-            Ok(T::deserialize(v)?)
+        fn de<T: serde::de::DeserializeOwned>(
+            v: &(impl RecordPayload + ?Sized),
+        ) -> Result<T, ApplyError> {
+            Ok(v.decode()?)
         }
         let r = match kind {
             KIND_CREATED => de(payload).and_then(|c| self.apply_created(c, out)),

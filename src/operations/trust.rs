@@ -74,7 +74,7 @@ impl TrustState {
         rec: &crate::workspace::Record,
         _out: &mut Vec<crate::workspace::Notice>,
     ) {
-        match TrustRecord::deserialize(&rec.payload) {
+        match rec.decode::<TrustRecord>() {
             Ok(r) if rec.kind == KIND_SIGNED && TRUSTED_FILES.contains(&r.file.as_str()) => {
                 let v = self.files.entry(r.file).or_default();
                 if !v.contains(&r.operator_signature) {

@@ -334,7 +334,7 @@ fn entry(rec: &Record, c: Created) -> PlanEntry {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(rec: &Record) -> Option<T> {
-    match serde_json::from_value(rec.payload.clone()) {
+    match rec.decode() {
         Ok(v) => Some(v),
         Err(e) => {
             tracing::warn!(kind = %rec.kind, seq = rec.seq, error = %e, "unreadable plan record skipped");

@@ -228,18 +228,17 @@ impl ChainView {
 }
 
 /// The workspace id a `store.created` record at seq 1 declares.
-pub(crate) fn declared_workspace_id(
-    seq: u64,
-    kind: &str,
-    payload: &serde_json::Value,
-) -> Option<String> {
+pub(crate) fn declared_workspace_id(seq: u64, kind: &str, payload: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Declared {
+        workspace_id: String,
+    }
     if seq != 1 || kind != STORE_CREATED {
         return None;
     }
-    payload
-        .get("workspace_id")
-        .and_then(|v| v.as_str())
-        .map(str::to_string)
+    serde_json::from_str::<Declared>(payload)
+        .ok()
+        .map(|d| d.workspace_id)
 }
 
 #[cfg(test)]

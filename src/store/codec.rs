@@ -74,7 +74,7 @@ struct BodyOut<'a> {
     prev: String,
     time_ms: u64,
     kind: &'a str,
-    payload: &'a serde_json::Value,
+    payload: &'a serde_json::value::RawValue,
 }
 
 #[derive(Deserialize)]
@@ -84,7 +84,7 @@ struct BodyIn<'a> {
     prev: &'a str,
     time_ms: u64,
     kind: String,
-    payload: serde_json::Value,
+    payload: Box<serde_json::value::RawValue>,
 }
 
 /// Appends the frames of one `append` batch to `out`, flagging its first and last records and
@@ -283,7 +283,9 @@ mod tests {
             seq,
             time_ms: 1_700_000_000_000 + seq,
             kind: "test.kind".into(),
-            payload: json!({"n": seq, "s": "x\ny\"z", "a": [1, 2.5, null, true]}),
+            payload: crate::store::raw_payload(
+                json!({"n": seq, "s": "x\ny\"z", "a": [1, 2.5, null, true]}),
+            ),
         }
     }
 
@@ -367,7 +369,9 @@ mod tests {
             seq: 1,
             time_ms: 0,
             kind: "big".into(),
-            payload: serde_json::Value::String("x".repeat(MAX_RECORD_BODY)),
+            payload: crate::store::raw_payload(serde_json::Value::String(
+                "x".repeat(MAX_RECORD_BODY),
+            )),
         };
         let mut out = b"keep".to_vec();
         match encode_into(&big, super::super::chain::GENESIS, 0, &mut out) {

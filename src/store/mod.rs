@@ -84,18 +84,31 @@ use segment::SegmentEnd;
 /// Version 2 added the hash chain (`prev` in every body, the head in the snapshot).
 pub const FORMAT_VERSION: u32 = 2;
 
-/// One journal entry.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One journal entry. The payload is kept as the JSON text it was written or read as: folding
+/// decodes it straight into each domain's type and the encoder copies it, with no
+/// `serde_json::Value` tree built in between.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Record {
     pub seq: u64,
     pub time_ms: u64,
     pub kind: String,
-    pub payload: serde_json::Value,
+    pub payload: Box<serde_json::value::RawValue>,
+}
+
+impl PartialEq for Record {
+    fn eq(&self, other: &Record) -> bool {
+        self.seq == other.seq
+            && self.time_ms == other.time_ms
+            && self.kind == other.kind
+            && self.payload.get() == other.payload.get()
+    }
 }
 
 impl Record {
     /// A record stamped with the current wall-clock time.
     pub fn new(seq: u64, kind: impl Into<String>, payload: serde_json::Value) -> Record {
+        let payload =
+            serde_json::value::to_raw_value(&payload).unwrap_or_else(|_| raw_json("null"));
         Record {
             seq,
             time_ms: crate::util::now_ms(),
@@ -103,6 +116,46 @@ impl Record {
             payload,
         }
     }
+
+    /// The payload decoded into `T`.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.payload.get())
+    }
+
+    /// The payload as a `serde_json::Value` (for tools and tests; folding uses [`Self::decode`]).
+    pub fn payload_value(&self) -> serde_json::Value {
+        self.decode().unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// A record payload that decodes into a domain type: the journal's JSON text as folded, or a
+/// `serde_json::Value` (tests and tools).
+pub trait RecordPayload {
+    fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error>;
+}
+
+impl RecordPayload for serde_json::Value {
+    fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        T::deserialize(self)
+    }
+}
+
+impl RecordPayload for serde_json::value::RawValue {
+    fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.get())
+    }
+}
+
+/// `value` as a record payload (its compact JSON text).
+pub fn raw_payload(value: serde_json::Value) -> Box<serde_json::value::RawValue> {
+    serde_json::value::to_raw_value(&value)
+        .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned())
+}
+
+/// `text` (valid JSON) as a raw value.
+fn raw_json(text: &str) -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(text.to_string())
+        .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned())
 }
 
 /// A record as read from the journal, with its chain link.
@@ -784,7 +837,7 @@ fn read_journal<E: From<StoreError>>(
                     }));
                 }
                 let (seq, prev, hash) = (record.seq, entry.prev, entry.hash);
-                let id = chain::declared_workspace_id(seq, &record.kind, &record.payload);
+                let id = chain::declared_workspace_id(seq, &record.kind, record.payload.get());
                 on(entry)?;
                 log.link(seq, progress.head, prev, hash);
                 log.workspace_id = id.or(log.workspace_id.take());
@@ -884,7 +937,7 @@ impl WriteTxn<'_> {
         for (record, hash) in records.iter().zip(&hashes) {
             log.link(record.seq, prev, prev, *hash);
             prev = *hash;
-            let id = chain::declared_workspace_id(record.seq, &record.kind, &record.payload);
+            let id = chain::declared_workspace_id(record.seq, &record.kind, record.payload.get());
             log.workspace_id = id.or(log.workspace_id.take());
         }
         self.store.last_seq = last.seq;

@@ -22,7 +22,7 @@ fn rec(seq: u64, text: &str) -> Record {
         seq,
         time_ms: 1_700_000_000_000 + seq,
         kind: "test.event".into(),
-        payload: json!({ "n": seq, "text": text }),
+        payload: crate::store::raw_payload(json!({ "n": seq, "text": text })),
     }
 }
 

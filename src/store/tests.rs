@@ -11,7 +11,9 @@ fn rec(seq: u64) -> Record {
         seq,
         time_ms: 1_700_000_000_000 + seq,
         kind: "test.event".into(),
-        payload: json!({ "n": seq, "text": format!("record number {seq}") }),
+        payload: crate::store::raw_payload(
+            json!({ "n": seq, "text": format!("record number {seq}") }),
+        ),
     }
 }
 
@@ -124,7 +126,7 @@ fn oversized_record_is_refused_before_writing() {
     let mut store = Store::open(tmp.path()).unwrap();
     let mut txn = store.begin().unwrap();
     let big = Record {
-        payload: serde_json::Value::String("x".repeat(MAX_RECORD_BODY)),
+        payload: crate::store::raw_payload(serde_json::Value::String("x".repeat(MAX_RECORD_BODY))),
         ..rec(2)
     };
     assert!(matches!(
@@ -639,7 +641,7 @@ proptest! {
 
     #[test]
     fn prop_codec_roundtrip(seq in any::<u64>(), (time_ms, kind, payload) in arb_record_body()) {
-        let record = Record { seq, time_ms, kind, payload };
+        let record = Record { seq, time_ms, kind, payload: crate::store::raw_payload(payload) };
         let bytes = codec::encode(&record).unwrap();
         match codec::decode(&bytes) {
             codec::Frame::Whole { entry, len, .. } => {
@@ -664,7 +666,7 @@ proptest! {
             let records: Vec<Record> = batch
                 .into_iter()
                 .enumerate()
-                .map(|(j, (time_ms, kind, payload))| Record { seq: next + j as u64, time_ms, kind, payload })
+                .map(|(j, (time_ms, kind, payload))| Record { seq: next + j as u64, time_ms, kind, payload: crate::store::raw_payload(payload) })
                 .collect();
             txn.append(&records).unwrap();
             expected.extend(records);
@@ -727,7 +729,9 @@ proptest! {
 #[test]
 fn large_segment_replays_and_damage_is_still_located() {
     let big = |seq: u64| Record {
-        payload: json!({ "pad": "z".repeat(7000 + (seq as usize * 13) % 3000) }),
+        payload: crate::store::raw_payload(
+            json!({ "pad": "z".repeat(7000 + (seq as usize * 13) % 3000) }),
+        ),
         ..rec(seq)
     };
     let tmp = tempfile::tempdir().unwrap();

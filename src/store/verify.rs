@@ -481,14 +481,14 @@ impl ChainCheck {
             self.hashes.push(entry.hash);
         }
         let r = &entry.record;
-        if let Some(id) = chain::declared_workspace_id(seq, &r.kind, &r.payload) {
+        if let Some(id) = chain::declared_workspace_id(seq, &r.kind, r.payload.get()) {
             self.report.workspace_id = Some(id);
         }
         self.report.head = Some(Head {
             seq,
             hash: entry.hash.to_hex(),
         });
-        if let Some(head) = signed_head(&r.payload) {
+        if let Some(head) = signed_head(&r.payload_value()) {
             self.signature(seq, &r.kind, head);
         }
     }

@@ -107,7 +107,8 @@ fn commit_error(e: CommitError<WorkerError>) -> WorkerError {
 fn new_record((kind, payload): (&'static str, serde_json::Value)) -> NewRecord {
     NewRecord {
         kind: kind.to_string(),
-        payload,
+        payload: serde_json::value::to_raw_value(&payload)
+            .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned()),
     }
 }
 
@@ -661,6 +662,10 @@ impl WorkerRuntime {
         if recs.is_empty() {
             return false;
         }
+        #[derive(serde::Deserialize)]
+        struct WorkerOf {
+            worker_id: String,
+        }
         let result = self
             .workspace
             .commit(move |s: &State| {
@@ -670,10 +675,9 @@ impl WorkerRuntime {
                     .into_iter()
                     .filter(|r| {
                         r.kind != super::state::STATUS_KIND
-                            || r.payload
-                                .get("worker_id")
-                                .and_then(|v| v.as_str())
-                                .and_then(|id| s.workers.get(id))
+                            || serde_json::from_str::<WorkerOf>(r.payload.get())
+                                .ok()
+                                .and_then(|w| s.workers.get(&w.worker_id))
                                 .is_some_and(|w| w.status == WorkerStatus::Running)
                     })
                     .collect();

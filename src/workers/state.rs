@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::store::RecordPayload;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -208,7 +209,7 @@ impl WorkerState {
         rec: &crate::workspace::Record,
         out: &mut Vec<crate::workspace::Notice>,
     ) {
-        for (method, params) in self.apply_record(&rec.kind, rec.seq, rec.time_ms, &rec.payload) {
+        for (method, params) in self.apply_record(&rec.kind, rec.seq, rec.time_ms, &*rec.payload) {
             out.push(crate::workspace::Notice::everyone(&method, params));
         }
     }
@@ -220,7 +221,7 @@ impl WorkerState {
         kind: &str,
         seq: u64,
         time_ms: u64,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
     ) -> Vec<DomainNotice> {
         let mut out = Vec::new();
         let result = match kind {
@@ -266,7 +267,7 @@ impl WorkerState {
         &mut self,
         seq: u64,
         time_ms: u64,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<DomainNotice>,
     ) -> Result<(), serde_json::Error> {
         #[derive(Deserialize)]
@@ -275,7 +276,7 @@ impl WorkerState {
             #[serde(default)]
             initial_input: Option<Vec<Segment>>,
         }
-        let rec: Created = serde_json::from_value(payload.clone())?;
+        let rec: Created = payload.decode()?;
         let mut w = rec.worker;
         if self.workers.contains_key(&w.id) {
             tracing::warn!(seq, id = %w.id, "skipping worker.created for an existing worker id");
@@ -325,7 +326,7 @@ impl WorkerState {
         &mut self,
         seq: u64,
         time_ms: u64,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<DomainNotice>,
     ) -> Result<(), serde_json::Error> {
         #[derive(Deserialize)]
@@ -333,7 +334,7 @@ impl WorkerState {
             worker_id: String,
             segments: Vec<Segment>,
         }
-        let rec: Input = serde_json::from_value(payload.clone())?;
+        let rec: Input = payload.decode()?;
         let Some(w) = self.workers.get_mut(&rec.worker_id) else {
             return Ok(());
         };
@@ -359,7 +360,7 @@ impl WorkerState {
         &mut self,
         seq: u64,
         time_ms: u64,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<DomainNotice>,
     ) -> Result<(), serde_json::Error> {
         #[derive(Deserialize)]
@@ -368,7 +369,7 @@ impl WorkerState {
             stream: Stream,
             text: String,
         }
-        let rec: Output = serde_json::from_value(payload.clone())?;
+        let rec: Output = payload.decode()?;
         let Some(w) = self.workers.get_mut(&rec.worker_id) else {
             return Ok(());
         };
@@ -396,10 +397,10 @@ impl WorkerState {
         &mut self,
         seq: u64,
         time_ms: u64,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<DomainNotice>,
     ) -> Result<(), serde_json::Error> {
-        let rec: StatusChange = serde_json::from_value(payload.clone())?;
+        let rec: StatusChange = payload.decode()?;
         let Some(w) = self.workers.get_mut(&rec.worker_id) else {
             return Ok(());
         };
@@ -454,7 +455,7 @@ impl WorkerState {
     fn apply_stop_requested(
         &mut self,
         time_ms: u64,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<DomainNotice>,
     ) -> Result<(), serde_json::Error> {
         #[derive(Deserialize)]
@@ -463,7 +464,7 @@ impl WorkerState {
             #[serde(default)]
             reason: Option<String>,
         }
-        let rec: Stop = serde_json::from_value(payload.clone())?;
+        let rec: Stop = payload.decode()?;
         let Some(w) = self.workers.get_mut(&rec.worker_id) else {
             return Ok(());
         };
@@ -480,7 +481,7 @@ impl WorkerState {
     fn apply_start_requested(
         &mut self,
         time_ms: u64,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<DomainNotice>,
     ) -> Result<(), serde_json::Error> {
         #[derive(Deserialize)]
@@ -488,7 +489,7 @@ impl WorkerState {
             worker_id: String,
             operation_id: String,
         }
-        let rec: Req = serde_json::from_value(payload.clone())?;
+        let rec: Req = payload.decode()?;
         let Some(w) = self.workers.get_mut(&rec.worker_id) else {
             return Ok(());
         };
@@ -504,10 +505,10 @@ impl WorkerState {
     fn apply_started(
         &mut self,
         time_ms: u64,
-        payload: &Value,
+        payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<DomainNotice>,
     ) -> Result<(), serde_json::Error> {
-        let rec: Started = serde_json::from_value(payload.clone())?;
+        let rec: Started = payload.decode()?;
         let Some(w) = self.workers.get_mut(&rec.worker_id) else {
             return Ok(());
         };

@@ -25,7 +25,7 @@ async fn workspace() -> (tempfile::TempDir, Arc<Workspace>, bundles::BundleRef) 
         Ok(SyncOutcome::New { kind, payload, .. }) => Ok((
             vec![NewRecord {
                 kind: kind.to_string(),
-                payload,
+                payload: crate::store::raw_payload(payload),
             }],
             (),
         )),
@@ -121,7 +121,7 @@ async fn output_is_journalled_in_order_and_coalesced() {
         Ok(SyncOutcome::New { kind, payload, .. }) => Ok((
             vec![NewRecord {
                 kind: kind.to_string(),
-                payload,
+                payload: crate::store::raw_payload(payload),
             }],
             (),
         )),
