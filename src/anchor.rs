@@ -176,10 +176,14 @@ pub enum ClaimRefused {
     Unrecorded(String),
 }
 
-/// One workspace's anchor directory.
+/// One workspace's anchor: a directory for this copy of it (its root and id: the head and the
+/// snapshots, which belong to these files) and a ledger for its id (approval uses,
+/// revocations, trust versions: signatures bind the id, so every copy of the store shares
+/// them and a copy cannot spend a use again).
 #[derive(Debug)]
 pub struct Anchor {
     dir: PathBuf,
+    ledger: PathBuf,
     head: Mutex<Option<File>>,
 }
 
@@ -193,7 +197,7 @@ impl Anchor {
         } else {
             std::env::current_dir().map_err(io_err(&base))?.join(base)
         };
-        let canonical = absolute.canonicalize().unwrap_or_else(|_| absolute.clone());
+        let canonical = canonical_prefix(&absolute);
         if canonical.starts_with(root) {
             return Err(AnchorError::InsideWorkspace(canonical));
         }
@@ -201,8 +205,10 @@ impl Anchor {
         key.push(0);
         key.extend_from_slice(workspace_id.as_bytes());
         let name = crate::util::sha256_hex(&key);
+        let id = crate::util::sha256_hex(format!("id\0{workspace_id}").as_bytes());
         Ok(Anchor {
             dir: canonical.join("workspaces").join(&name[..32]),
+            ledger: canonical.join("ledgers").join(&id[..32]),
             head: Mutex::new(None),
         })
     }
@@ -212,12 +218,7 @@ impl Anchor {
     }
 
     fn ensure_dir(&self) -> Result<(), AnchorError> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .map_err(io_err(&self.dir))
+        ensure(&self.dir)
     }
 
     /// The last head recorded, if any (the newer of the two slots that check).
@@ -265,6 +266,25 @@ impl Anchor {
             .map_err(io_err(&path))
     }
 
+    /// Records `mark` only if no head was recorded yet (a journal first seen here), under the
+    /// anchor's lock: an opener holds no store lock, so it must never overwrite a newer head.
+    pub fn adopt(&self, mark: &HeadMark) -> Result<(), AnchorError> {
+        self.ensure_dir()?;
+        let lock_path = self.dir.join("lock");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?;
+        lock.lock().map_err(io_err(&lock_path))?;
+        if self.head()?.is_none() {
+            self.advance(mark)?;
+        }
+        Ok(())
+    }
+
     /// Replaces the head outright, both slots (the operator accepting the store as it is).
     pub fn reset_head(&self, mark: &HeadMark) -> Result<(), AnchorError> {
         self.ensure_dir()?;
@@ -279,12 +299,8 @@ impl Anchor {
         Ok(())
     }
 
-    fn facts_path(&self) -> PathBuf {
-        self.dir.join("facts.json")
-    }
-
-    fn read_facts(&self) -> Result<Facts, AnchorError> {
-        let path = self.facts_path();
+    fn read_facts(dir: &Path) -> Result<Facts, AnchorError> {
+        let path = dir.join("facts.json");
         match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| AnchorError::Corrupt {
                 path,
@@ -297,9 +313,9 @@ impl Anchor {
 
     /// Reads the facts under the anchor's lock, lets `f` change them, and writes them back
     /// durably when `f` says so (another process may be doing the same).
-    fn update<T>(&self, f: impl FnOnce(&mut Facts) -> (bool, T)) -> Result<T, AnchorError> {
-        self.ensure_dir()?;
-        let lock_path = self.dir.join("lock");
+    fn update<T>(dir: &Path, f: impl FnOnce(&mut Facts) -> (bool, T)) -> Result<T, AnchorError> {
+        ensure(dir)?;
+        let lock_path = dir.join("lock");
         let lock = OpenOptions::new()
             .read(true)
             .write(true)
@@ -308,11 +324,11 @@ impl Anchor {
             .open(&lock_path)
             .map_err(io_err(&lock_path))?;
         lock.lock().map_err(io_err(&lock_path))?;
-        let mut facts = self.read_facts()?;
+        let mut facts = Self::read_facts(dir)?;
         let (changed, out) = f(&mut facts);
         if changed {
             facts.forget_expired(crate::util::now_ms());
-            let path = self.facts_path();
+            let path = dir.join("facts.json");
             let bytes = serde_json::to_vec(&facts).map_err(|e| AnchorError::Corrupt {
                 path: path.clone(),
                 reason: e.to_string(),
@@ -327,7 +343,7 @@ impl Anchor {
 
     /// Remembers a snapshot this process wrote.
     pub fn remember_snapshot(&self, mark: SnapshotMark) -> Result<(), AnchorError> {
-        self.update(|f| {
+        Self::update(&self.dir, |f| {
             if f.snapshots.contains(&mark) {
                 return (false, ());
             }
@@ -340,17 +356,21 @@ impl Anchor {
 
     /// Whether gaffer on this machine wrote exactly this snapshot.
     pub fn knows_snapshot(&self, mark: &SnapshotMark) -> Result<bool, AnchorError> {
-        Ok(self.read_facts()?.snapshots.contains(mark))
+        Ok(Self::read_facts(&self.dir)?.snapshots.contains(mark))
     }
 
     /// The highest version of `file` trusted on this machine (0: none).
     pub fn trusted_version(&self, file: &str) -> Result<u64, AnchorError> {
-        Ok(self.read_facts()?.trust.get(file).copied().unwrap_or(0))
+        Ok(Self::read_facts(&self.ledger)?
+            .trust
+            .get(file)
+            .copied()
+            .unwrap_or(0))
     }
 
     /// Raises the highest trusted version of `file` to `version` (never lowers it).
     pub fn raise_trusted(&self, file: &str, version: u64) -> Result<(), AnchorError> {
-        self.update(|f| {
+        Self::update(&self.ledger, |f| {
             let v = f.trust.entry(file.to_string()).or_default();
             let raise = version > *v;
             if raise {
@@ -370,7 +390,7 @@ impl Anchor {
         max_uses: u32,
         expires_at_ms: u64,
     ) -> Result<(), ClaimRefused> {
-        let outcome = self.update(|f| {
+        let outcome = Self::update(&self.ledger, |f| {
             if f.revoked.contains_key(approval_id) {
                 return (false, Err(ClaimRefused::Revoked));
             }
@@ -397,7 +417,7 @@ impl Anchor {
 
     /// Gives back a use this process claimed and whose effect never started.
     pub fn release(&self, approval_id: &str, op_id: &str) -> Result<(), AnchorError> {
-        self.update(|f| {
+        Self::update(&self.ledger, |f| {
             let entry = f
                 .uses
                 .get_mut(approval_id)
@@ -415,7 +435,7 @@ impl Anchor {
     /// Remembers that the operator revoked `approval_id` (kept past `expires_at_ms`).
     pub fn revoke(&self, approval_id: &str, expires_at_ms: u64) -> Result<(), AnchorError> {
         let until = expires_at_ms.saturating_add(KEEP_AFTER_EXPIRY_MS);
-        self.update(|f| {
+        Self::update(&self.ledger, |f| {
             let v = f.revoked.entry(approval_id.to_string()).or_default();
             let later = until > *v;
             if later {
@@ -430,11 +450,42 @@ impl Anchor {
     /// revocations stay.
     pub fn reanchor(&self, mark: &HeadMark) -> Result<(), AnchorError> {
         self.reset_head(mark)?;
-        self.update(|f| {
-            f.trust.clear();
+        Self::update(&self.dir, |f| {
             f.snapshots.clear();
             (true, ())
+        })?;
+        Self::update(&self.ledger, |f| {
+            f.trust.clear();
+            (true, ())
         })
+    }
+}
+
+fn ensure(dir: &Path) -> Result<(), AnchorError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(dir))
+}
+
+/// `path` with its longest existing prefix resolved (symlinks included), so a state
+/// directory not created yet is still judged by where it will really be.
+fn canonical_prefix(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut at = path.to_path_buf();
+    loop {
+        if let Ok(real) = at.canonicalize() {
+            return rest.iter().rev().fold(real, |p, c| p.join(c));
+        }
+        match (at.file_name().map(|n| n.to_os_string()), at.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                at = parent.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
     }
 }
 
@@ -471,13 +522,23 @@ fn parse_slot(slot: &[u8]) -> Option<HeadMark> {
 /// Compares the journal as opened with the anchored head. `hash_at` gives the hash of a record
 /// the journal holds (recent ones); `snapshot` is the authenticated snapshot the state starts
 /// from, if any (its seq and head).
+/// `broken_at` is the first broken link read: a record at or before the anchored head was
+/// altered in place (its successors then no longer link to it), which is a rewrite too.
 pub fn judge(
     anchored: &HeadMark,
     last_seq: u64,
     hash_at: impl Fn(u64) -> Option<String>,
     snapshot: Option<(u64, &str)>,
+    broken_at: Option<u64>,
 ) -> Standing {
     let rolled = |detail: String| Standing::RolledBack { detail };
+    if let Some(at) = broken_at.filter(|at| *at <= anchored.seq) {
+        return rolled(format!(
+            "the hash chain breaks at seq {at}, at or before seq {} which this machine saw: \
+             the journal was altered",
+            anchored.seq
+        ));
+    }
     if last_seq < anchored.seq {
         return rolled(format!(
             "the journal ends at seq {last_seq}, but this machine saw it reach seq {}",
@@ -552,32 +613,33 @@ mod tests {
     fn judging_the_journal_against_the_anchored_head() {
         let a = mark(10, 'a');
         let at = |seq: u64| (seq == 10).then(|| "a".repeat(64));
-        assert_eq!(judge(&a, 12, at, None), Standing::Intact);
-        assert!(matches!(
-            judge(&a, 9, at, None),
-            Standing::RolledBack { .. }
-        ));
+        let rolled = |s: Standing| matches!(s, Standing::RolledBack { .. });
+        assert_eq!(judge(&a, 12, at, None, None), Standing::Intact);
+        assert!(rolled(judge(&a, 9, at, None, None)));
         let other = |_| Some("b".repeat(64));
-        assert!(matches!(
-            judge(&a, 12, other, None),
-            Standing::RolledBack { .. }
-        ));
-        assert!(matches!(
-            judge(&a, 12, |_| None, None),
-            Standing::RolledBack { .. }
-        ));
+        assert!(rolled(judge(&a, 12, other, None, None)));
+        assert!(rolled(judge(&a, 12, |_| None, None, None)));
         let head = "a".repeat(64);
-        assert_eq!(judge(&a, 10, |_| None, Some((10, &head))), Standing::Intact);
-        assert_eq!(judge(&a, 20, |_| None, Some((15, "x"))), Standing::Intact);
-        assert!(matches!(
-            judge(&a, 10, |_| None, Some((10, "x"))),
-            Standing::RolledBack { .. }
-        ));
+        assert_eq!(
+            judge(&a, 10, |_| None, Some((10, &head)), None),
+            Standing::Intact
+        );
+        assert_eq!(
+            judge(&a, 20, |_| None, Some((15, "x")), None),
+            Standing::Intact
+        );
+        assert!(rolled(judge(&a, 10, |_| None, Some((10, "x")), None)));
+        // A break after the anchored head is an append (no signed approval holds then); one at
+        // or before it is an alteration.
+        assert_eq!(judge(&a, 12, at, None, Some(11)), Standing::Intact);
+        assert!(rolled(judge(&a, 12, at, None, Some(10))));
+        assert!(rolled(judge(&a, 12, at, None, Some(3))));
     }
 
     fn anchor_in(dir: &Path) -> Anchor {
         Anchor {
             dir: dir.join("ws"),
+            ledger: dir.join("ledger"),
             head: Mutex::new(None),
         }
     }

@@ -195,12 +195,15 @@ impl ClientState {
         workspace_id: &str,
         credential_id: &str,
     ) -> bool {
+        // A credential with as many revocation records as are kept was flooded (the operator
+        // revokes once): the operator's own may be among those dropped, so it counts as revoked.
         self.revoked.get(credential_id).is_some_and(|sigs| {
-            sigs.iter().any(|s| {
-                s.open::<ClientRevokePayload>(key).is_ok_and(|p| {
-                    p.workspace_id == workspace_id && p.credential_id == credential_id
+            sigs.len() >= MAX_REVOCATIONS_KEPT
+                || sigs.iter().any(|s| {
+                    s.open::<ClientRevokePayload>(key).is_ok_and(|p| {
+                        p.workspace_id == workspace_id && p.credential_id == credential_id
+                    })
                 })
-            })
         })
     }
 

@@ -349,20 +349,32 @@ fn guard_of(root: &Path, view: &ChainView, snapshot: Option<(u64, &str)>) -> Gua
         Err(e) => return unavailable(e),
     };
     let head = view.head();
-    let standing = match anchor.head() {
+    let broken_at = view.status().broken_at.map(|b| b.seq);
+    let judged = match anchor.head() {
+        Err(e) => return unavailable(e),
+        // First seen on this machine: taken as it is, unless another opener anchored it first.
+        Ok(None) => anchor
+            .adopt(&HeadMark {
+                seq: head.seq,
+                hash: head.hash.clone(),
+            })
+            .and_then(|()| anchor.head()),
+        Ok(found) => Ok(found),
+    };
+    let standing = match judged {
         Err(e) => return unavailable(e),
         Ok(None) => Standing::Intact,
-        Ok(Some(m)) => crate::anchor::judge(&m, head.seq, |s| view.hash_at(s), snapshot),
+        Ok(Some(m)) => crate::anchor::judge(&m, head.seq, |s| view.hash_at(s), snapshot, broken_at),
     };
     if let Standing::RolledBack { detail } = &standing {
         tracing::error!(detail = %detail, "the store does not reach its anchored head");
     }
-    let mut guard = Guard {
+    // Heads after the anchored one are anchored by the processes that append (under the store
+    // lock); an opener never writes one, or a stale open could move the anchor back.
+    Guard {
         anchor: Some(anchor),
         standing,
-    };
-    advance_guard(&mut guard, &head);
-    guard
+    }
 }
 
 /// Anchors `head` while the store stands intact. A rolled-back store is never anchored: its
@@ -613,6 +625,13 @@ impl Workspace {
         lock(&self.shared.guard).standing.clone()
     }
 
+    /// The workspace's anchor whatever the store's standing, for facts that only restrict
+    /// (a revocation, a trust version raised by the operator's own signature): they must hold
+    /// after the operator accepts a rolled-back store.
+    pub fn restricting_anchor(&self) -> Option<Arc<Anchor>> {
+        lock(&self.shared.guard).anchor.clone()
+    }
+
     /// The workspace's anchor while the store stands intact (approval uses and trust versions
     /// are recorded there).
     pub fn anchor(&self) -> Option<Arc<Anchor>> {
@@ -761,8 +780,9 @@ fn fold_new(io: &mut Io, shared: &Shared) {
             for rec in &records {
                 folded.state.apply(rec, &mut notices);
             }
-            drop(folded);
+            // Judged before any read can see the new state (lock order: folded, then guard).
             judge_first_journal(shared);
+            drop(folded);
             broadcast_all(shared, notices);
         }
         Err(e) => tracing::error!(error = %e, "reading other processes' records failed"),

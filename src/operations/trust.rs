@@ -327,6 +327,13 @@ pub fn check(
 /// Whether `version` (0: none) is at least the newest trust of `file` this machine verified;
 /// a newer one is anchored now. A store that does not stand intact holds no trust.
 fn version_holds(ws: &Workspace, file: &str, version: u64) -> bool {
+    if !ws.chain_ok() {
+        tracing::error!(
+            file,
+            "the hash chain is broken, so no trust signature is accepted"
+        );
+        return false;
+    }
     let Some(anchor) = ws.anchor() else {
         return ws.standing() == crate::anchor::Standing::Empty;
     };
@@ -425,7 +432,9 @@ pub async fn sign(
             workspace_id: ws_id.clone(),
             file: file.clone(),
             sha256: sha256.clone(),
-            version: latest.map_or(1, |l| l.version + 1),
+            // Above every version this machine verified too, so a store that lost its newest
+            // trust (rolled back) is trusted again by this signature.
+            version: latest.map_or(0, |l| l.version).max(floor(ws, file)) + 1,
             signed_at_ms: crate::util::now_ms(),
             head: head.clone(),
         };
@@ -448,7 +457,23 @@ pub async fn sign(
             crate::workspace::CommitError::Rejected(e) => e,
             crate::workspace::CommitError::Store(e) => TrustError::Invalid(e.to_string()),
         })?;
+    // The floor rises with the signature, not at some later check: removing this record
+    // from the store can then never bring the version before it back.
+    if let Some(anchor) = ws.restricting_anchor() {
+        for s in &signed {
+            if let Err(e) = anchor.raise_trusted(&s.file, s.version) {
+                tracing::error!(file = %s.file, error = %e, "the trust version cannot be anchored");
+            }
+        }
+    }
     Ok(signed)
+}
+
+/// The newest version of `file` this machine verified (0: none, or no anchor).
+fn floor(ws: &Workspace, file: &str) -> u64 {
+    ws.restricting_anchor()
+        .and_then(|a| a.trusted_version(file).ok())
+        .unwrap_or(0)
 }
 
 /// An operator should not sign a file gaffer would refuse to load anyway.

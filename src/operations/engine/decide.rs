@@ -352,7 +352,13 @@ impl OperationRuntime {
     /// approval's signed expiry has passed: a store rewritten to forget it changes nothing.
     async fn anchor_revocation(&self, aid: &str, now: u64) {
         const FALLBACK_MS: u64 = 400 * 24 * 3600 * 1000;
-        let Some(anchor) = self.ws.anchor() else {
+        // Recorded whatever the store's standing: a revocation only restricts, and it must
+        // still hold once the operator accepts a rolled-back store.
+        let Some(anchor) = self.ws.restricting_anchor() else {
+            tracing::error!(
+                approval = aid,
+                "no workspace anchor; the revocation is only in the journal"
+            );
             return;
         };
         let sig = self.ws.read(|s| {
