@@ -54,6 +54,7 @@ pub fn run(root: &Path) -> Report {
             detail: "no .gaffer/ yet; it is created on the first write".into(),
         });
     }
+    checks.push(anchor_check(root));
     key_checks(root, &mut checks);
     trust_checks(root, &mut checks);
     checks.push(command_rules_check(root));
@@ -63,6 +64,32 @@ pub fn run(root: &Path) -> Report {
         ok,
         workspace: root.display().to_string(),
         checks,
+    }
+}
+
+/// The store against what this machine anchored of it, outside the workspace.
+fn anchor_check(root: &Path) -> Check {
+    let (standing, dir) = match crate::workspace::Workspace::open(root) {
+        Ok(ws) => (
+            ws.standing(),
+            ws.restricting_anchor()
+                .map(|a| a.dir().display().to_string()),
+        ),
+        Err(e) => (
+            crate::anchor::Standing::Unavailable {
+                detail: format!("the workspace cannot be opened: {e}"),
+            },
+            None,
+        ),
+    };
+    let place = dir.map(|d| format!(" (anchor: {d})")).unwrap_or_default();
+    Check {
+        name: "anchor",
+        ok: standing.is_intact(),
+        detail: match standing.refusal() {
+            Some(why) => format!("{why}{place}"),
+            None => format!("the store reaches the head this machine anchored{place}"),
+        },
     }
 }
 
