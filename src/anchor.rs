@@ -184,6 +184,9 @@ pub enum ClaimRefused {
 pub struct Anchor {
     dir: PathBuf,
     ledger: PathBuf,
+    /// The workspace id last seen at this path (`roots/<root>`): a store replaced by one with
+    /// another id, or with none, is told from a new workspace.
+    root_file: PathBuf,
     head: Mutex<Option<File>>,
 }
 
@@ -206,9 +209,11 @@ impl Anchor {
         key.extend_from_slice(workspace_id.as_bytes());
         let name = crate::util::sha256_hex(&key);
         let id = crate::util::sha256_hex(format!("id\0{workspace_id}").as_bytes());
+        let at = crate::util::sha256_hex(root.as_os_str().as_encoded_bytes());
         Ok(Anchor {
             dir: canonical.join("workspaces").join(&name[..32]),
             ledger: canonical.join("ledgers").join(&id[..32]),
+            root_file: canonical.join("roots").join(&at[..32]),
             head: Mutex::new(None),
         })
     }
@@ -445,20 +450,55 @@ impl Anchor {
         })
     }
 
-    /// The operator accepts the store as it is: the head is `mark`, and trust versions are
-    /// forgotten (the trust records the store holds now count again). Claimed uses and
-    /// revocations stay.
-    pub fn reanchor(&self, mark: &HeadMark) -> Result<(), AnchorError> {
+    /// The operator accepts the store as it is: the head is `mark`, and `workspace_id` is the
+    /// store this path holds. Claimed uses, revocations and trust versions stay: a trust the
+    /// store lost is trusted again only by a new signature (`gaffer trust` signs above it).
+    pub fn reanchor(&self, mark: &HeadMark, workspace_id: &str) -> Result<(), AnchorError> {
         self.reset_head(mark)?;
         Self::update(&self.dir, |f| {
             f.snapshots.clear();
             (true, ())
         })?;
-        Self::update(&self.ledger, |f| {
-            f.trust.clear();
-            (true, ())
-        })
+        write_atomic(&self.root_file, workspace_id.as_bytes())
     }
+
+    /// The workspace id this machine last saw at this path, if any.
+    pub fn root_id(&self) -> Result<Option<String>, AnchorError> {
+        match std::fs::read_to_string(&self.root_file) {
+            Ok(id) => Ok(Some(id)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&self.root_file)(e)),
+        }
+    }
+
+    /// Records `workspace_id` as the store at this path, if none was recorded yet.
+    pub fn adopt_root_id(&self, workspace_id: &str) -> Result<Option<String>, AnchorError> {
+        let parent = self.root_file.parent().unwrap_or(&self.dir).to_path_buf();
+        ensure(&parent)?;
+        let lock_path = parent.join("lock");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?;
+        lock.lock().map_err(io_err(&lock_path))?;
+        match self.root_id()? {
+            Some(id) => Ok(Some(id)),
+            None => {
+                write_atomic(&self.root_file, workspace_id.as_bytes())?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AnchorError> {
+    crate::store::write_file_atomic(path, bytes).map_err(|e| AnchorError::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
 }
 
 fn ensure(dir: &Path) -> Result<(), AnchorError> {
@@ -640,6 +680,7 @@ mod tests {
         Anchor {
             dir: dir.join("ws"),
             ledger: dir.join("ledger"),
+            root_file: dir.join("roots").join("r"),
             head: Mutex::new(None),
         }
     }
@@ -687,14 +728,17 @@ mod tests {
     }
 
     #[test]
-    fn trust_versions_only_rise_and_reanchoring_forgets_them() {
+    fn trust_versions_only_rise_even_across_a_reanchor() {
         let d = tempfile::tempdir().expect("tempdir");
         let a = anchor_in(d.path());
         a.raise_trusted("policy.yaml", 3).expect("raise");
         a.raise_trusted("policy.yaml", 2).expect("raise");
         assert_eq!(a.trusted_version("policy.yaml").expect("read"), 3);
-        a.reanchor(&mark(7, 'd')).expect("reanchor");
-        assert_eq!(a.trusted_version("policy.yaml").expect("read"), 0);
+        assert_eq!(a.adopt_root_id("ws_a").expect("adopt"), None);
+        assert_eq!(a.adopt_root_id("ws_b").expect("adopt"), Some("ws_a".into()));
+        a.reanchor(&mark(7, 'd'), "ws_b").expect("reanchor");
+        assert_eq!(a.trusted_version("policy.yaml").expect("read"), 3);
         assert_eq!(a.head().expect("read"), Some(mark(7, 'd')));
+        assert_eq!(a.root_id().expect("read"), Some("ws_b".into()));
     }
 }

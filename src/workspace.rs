@@ -333,9 +333,16 @@ fn snapshot_known(root: &Path, mark: &SnapshotMark) -> bool {
 /// from (seq, head).
 fn guard_of(root: &Path, view: &ChainView, snapshot: Option<(u64, &str)>) -> Guard {
     let Some(id) = view.workspace_id() else {
+        let standing = if view.head().seq == 0 {
+            Standing::Empty
+        } else {
+            Standing::RolledBack {
+                detail: "the journal's first record declares no workspace id".into(),
+            }
+        };
         return Guard {
             anchor: None,
-            standing: Standing::Empty,
+            standing,
         };
     };
     let unavailable = |e: crate::anchor::AnchorError| Guard {
@@ -348,6 +355,23 @@ fn guard_of(root: &Path, view: &ChainView, snapshot: Option<(u64, &str)>) -> Gua
         Ok(a) => Arc::new(a),
         Err(e) => return unavailable(e),
     };
+    // A store replaced at this path by one with another id (a rewritten first record) is
+    // rolled back too, not a new workspace.
+    match anchor.adopt_root_id(&id) {
+        Err(e) => return unavailable(e),
+        Ok(Some(seen)) if seen != id => {
+            return Guard {
+                anchor: Some(anchor),
+                standing: Standing::RolledBack {
+                    detail: format!(
+                        "this path held the store of workspace {seen}; the journal now \
+                         declares {id}: it was replaced"
+                    ),
+                },
+            };
+        }
+        Ok(_) => {}
+    }
     let head = view.head();
     let broken_at = view.status().broken_at.map(|b| b.seq);
     let judged = match anchor.head() {
@@ -411,7 +435,7 @@ fn anchor_appended(shared: &Shared) {
 /// as soon as it is read, not only at this process's first append.
 fn judge_first_journal(shared: &Shared) {
     let mut guard = lock(&shared.guard);
-    if guard.standing == Standing::Empty && shared.chain.workspace_id().is_some() {
+    if guard.standing == Standing::Empty && shared.chain.head().seq > 0 {
         *guard = guard_of(&shared.root, &shared.chain, None);
     }
 }
@@ -648,10 +672,13 @@ impl Workspace {
         let anchor = Anchor::locate(&self.root, &id)
             .map_err(|e| WorkspaceError::Unavailable(e.to_string()))?;
         anchor
-            .reanchor(&HeadMark {
-                seq: head.seq,
-                hash: head.hash.clone(),
-            })
+            .reanchor(
+                &HeadMark {
+                    seq: head.seq,
+                    hash: head.hash.clone(),
+                },
+                &id,
+            )
             .map_err(|e| WorkspaceError::Unavailable(e.to_string()))?;
         *lock(&self.shared.guard) = Guard {
             anchor: Some(Arc::new(anchor)),
