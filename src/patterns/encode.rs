@@ -11,7 +11,11 @@ use crate::json_out::{self, Error, escape_into, string_into};
 use super::lanes::Lane;
 use super::plan::{Plan, PlanOutcome};
 use super::render::{OutputKind, execution_plan_notes, graph_tasks, role_proof_extra};
+use super::request::PatternRequest;
 use super::runtime::{BOUNDED_SCOPE, Mechanism, overlays_summary};
+use super::select::Selection;
+use super::signals::KEYWORD_ORDER;
+use super::vocab::{Dimension, Pattern};
 
 /// Writes the wrapper for `output` if it is one this module encodes; `None` otherwise.
 pub fn write(
@@ -30,10 +34,10 @@ fn wrapper(outcome: &PlanOutcome<'_>, output: OutputKind, out: &mut Vec<u8>) -> 
     lit(out, "{\"dry_run\":true,\"kind\":");
     string_into(out, output.kind());
     lit(out, ",\"plan\":");
-    plan_object(plan, out)?;
+    let lanes = plan_object(plan, out)?;
     if output == OutputKind::ExecutionPlan {
         lit(out, ",\"execution_plan\":");
-        execution_plan(plan, out)?;
+        execution_plan(plan, &lanes, out)?;
     }
     if !outcome.diagnostics.is_empty() {
         lit(out, ",\"diagnostics\":");
@@ -70,23 +74,138 @@ fn joined(out: &mut Vec<u8>, items: &[String]) {
     }
 }
 
-fn count(out: &mut Vec<u8>, n: u64) {
+fn count(out: &mut Vec<u8>, n: impl itoa::Integer) {
     lit(out, itoa::Buffer::new().format(n));
+}
+
+fn boolean(out: &mut Vec<u8>, b: bool) {
+    lit(out, if b { "true" } else { "false" });
+}
+
+/// A pattern name as a string (names are fixed ASCII).
+fn pattern(out: &mut Vec<u8>, p: Pattern) {
+    out.push(b'"');
+    lit(out, p.as_str());
+    out.push(b'"');
+}
+
+/// The request echo.
+fn request(req: &PatternRequest, out: &mut Vec<u8>) {
+    lit(out, "{\"objective\":");
+    string_into(out, &req.objective);
+    lit(out, ",\"scopes\":");
+    string_list(out, &req.scopes);
+    lit(out, ",\"dependencies\":");
+    string_list(out, &req.dependencies);
+    lit(out, ",\"risk_level\":");
+    string_into(out, &req.risk_level);
+    lit(out, ",\"review_required\":");
+    boolean(out, req.review_required);
+    lit(out, ",\"tests_required\":");
+    boolean(out, req.tests_required);
+    lit(out, ",\"variants_requested\":");
+    count(out, req.variants_requested);
+    lit(out, ",\"durable\":");
+    boolean(out, req.durable);
+    lit(out, ",\"persistent_workers\":");
+    boolean(out, req.persistent_workers);
+    lit(out, ",\"recovery\":");
+    boolean(out, req.recovery);
+    lit(out, ",\"max_parallel_lanes\":");
+    count(out, req.max_parallel_lanes);
+    lit(out, ",\"notes\":");
+    string_list(out, &req.notes);
+    out.push(b'}');
+}
+
+/// `{"name":value,…}` for fixed ASCII names.
+fn int_map<'a>(out: &mut Vec<u8>, entries: impl Iterator<Item = (&'a str, i64)>) {
+    out.push(b'{');
+    for (i, (name, v)) in entries.enumerate() {
+        lit(out, if i > 0 { ",\"" } else { "\"" });
+        lit(out, name);
+        lit(out, "\":");
+        count(out, v);
+    }
+    out.push(b'}');
+}
+
+fn selection(sel: &Selection, out: &mut Vec<u8>) {
+    lit(out, "{\"selected_pattern\":");
+    pattern(out, sel.selected_pattern);
+    lit(out, ",\"overlays\":[");
+    for (i, p) in sel.overlays.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        pattern(out, *p);
+    }
+    lit(out, "],\"reason\":");
+    string_into(out, &sel.reason);
+    lit(out, ",\"dimensions\":");
+    let dims = &sel.dimensions;
+    int_map(
+        out,
+        Dimension::ALL.iter().map(|&d| (d.as_str(), dims.get(d))),
+    );
+    lit(out, ",\"matched_signals\":");
+    string_list(out, &sel.matched_signals);
+    lit(out, ",\"scores\":");
+    int_map(
+        out,
+        Pattern::BASE
+            .iter()
+            .zip(sel.scores.0)
+            .map(|(p, v)| (p.as_str(), v)),
+    );
+    lit(out, ",\"score_adjustments\":");
+    let adj = &sel.score_adjustments;
+    int_map(
+        out,
+        KEYWORD_ORDER
+            .iter()
+            .filter_map(|&p| adj.0[p.index()].map(|v| (p.as_str(), v))),
+    );
+    lit(out, ",\"selection_source\":\"");
+    lit(out, sel.selection_source.as_str());
+    lit(out, "\",\"selector_version\":");
+    string_into(out, &sel.selector_version);
+    lit(out, ",\"override\":");
+    string_into(out, &sel.override_pattern);
+    lit(out, ",\"override_requested_by\":");
+    string_into(out, &sel.override_requested_by);
+    lit(out, ",\"override_reason\":");
+    string_into(out, &sel.override_reason);
+    lit(out, ",\"invalid_override_reason\":");
+    string_into(out, &sel.invalid_override_reason);
+    out.push(b'}');
 }
 
 // ----- the plan ------------------------------------------------------------------------------
 
-fn plan_object(plan: &Plan<'_>, out: &mut Vec<u8>) -> Result<(), Error> {
+/// Where the plan wrote a lane's parts that the execution plan lists again: its head
+/// (role, count, scope, purpose), `,"runtime_hint":…` and its profile (selected, fallbacks,
+/// toolsets), as offsets into the reply: the second listing copies them.
+struct LaneBytes {
+    head: usize,
+    hint: usize,
+    profile: usize,
+    end: usize,
+}
+
+/// Writes the plan; returns where each lane's parts are.
+fn plan_object(plan: &Plan<'_>, out: &mut Vec<u8>) -> Result<Vec<LaneBytes>, Error> {
     lit(out, "{\"request\":");
-    json_out::write(out, plan.request)?;
+    request(plan.request, out);
     lit(out, ",\"selection\":");
-    json_out::write(out, &plan.selection)?;
+    selection(&plan.selection, out);
     lit(out, ",\"lanes\":[");
+    let mut lanes = Vec::with_capacity(plan.lanes.len());
     for (i, lane) in plan.lanes.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        plan_lane(lane, out);
+        lanes.push(plan_lane(lane, out));
     }
     lit(out, "],\"runtime_mapping\":");
     runtime_mapping(plan, out);
@@ -101,7 +220,7 @@ fn plan_object(plan: &Plan<'_>, out: &mut Vec<u8>) -> Result<(), Error> {
     lit(out, ",\"module_swarm_scale\":");
     json_out::write(out, &plan.module_swarm_scale)?;
     out.push(b'}');
-    Ok(())
+    Ok(lanes)
 }
 
 fn runtime_mapping(plan: &Plan<'_>, out: &mut Vec<u8>) {
@@ -178,11 +297,15 @@ fn lane_profile(lane: &Lane, out: &mut Vec<u8>) {
 }
 
 /// A [`Lane`] as the plan lists it.
-fn plan_lane(lane: &Lane, out: &mut Vec<u8>) {
+fn plan_lane(lane: &Lane, out: &mut Vec<u8>) -> LaneBytes {
+    let head = out.len();
     lane_head(lane, out);
+    let hint = out.len();
     lit(out, ",\"runtime_hint\":");
     string_into(out, &lane.runtime_hint);
+    let profile = out.len();
     lane_profile(lane, out);
+    let end = out.len();
     lit(out, ",\"model_policy\":{\"disable_reasoning\":");
     lit(
         out,
@@ -192,23 +315,28 @@ fn plan_lane(lane: &Lane, out: &mut Vec<u8>) {
             "false}}"
         },
     );
+    LaneBytes {
+        head,
+        hint,
+        profile,
+        end,
+    }
 }
 
 // ----- the execution plan --------------------------------------------------------------------
 
-fn execution_plan(plan: &Plan<'_>, out: &mut Vec<u8>) -> Result<(), Error> {
+fn execution_plan(plan: &Plan<'_>, lanes: &[LaneBytes], out: &mut Vec<u8>) -> Result<(), Error> {
     let mechanism = plan.runtime_mapping.primary_mechanism;
     lit(out, "{\"mechanism\":\"");
     lit(out, mechanism.as_str());
     lit(out, "\",\"lanes\":[");
-    for (i, lane) in plan.lanes.iter().enumerate() {
+    for (i, at) in lanes.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        lane_head(lane, out);
-        lane_profile(lane, out);
-        lit(out, ",\"runtime_hint\":");
-        string_into(out, &lane.runtime_hint);
+        out.extend_from_within(at.head..at.hint);
+        out.extend_from_within(at.profile..at.end);
+        out.extend_from_within(at.hint..at.profile);
         out.push(b'}');
     }
     lit(out, "],\"commands\":[],\"ephemeral_worker_tasks\":");
