@@ -1,8 +1,10 @@
-//! The selection and execution-plan replies (most calls ask for one of them) written straight
-//! into the reply buffer: the bytes `json_out` writes for [`super::render::Rendered`], without
-//! building each lane's prompts, task texts and renderer structs first. Fixed text is written
-//! pre-escaped; only request text and policy names go through the escaper. The other forms,
-//! and the `Value` path, keep the serde renderers; `patterns_properties` holds the two equal.
+//! The replies most calls ask for (the selection, the execution plan, the ephemeral and
+//! persistent worker specs) written straight into the reply buffer: the bytes `json_out`
+//! writes for [`super::render::Rendered`], without building each lane's prompts, task texts
+//! and renderer structs first. Fixed text is written pre-escaped; only request text and policy
+//! names go through the escaper; what a reply repeats is copied from where it was first
+//! written. The other forms, and the `Value` path, keep the serde renderers;
+//! `patterns_properties` holds the two byte-for-byte equal.
 
 use std::borrow::Cow;
 
@@ -17,33 +19,97 @@ use super::select::Selection;
 use super::signals::KEYWORD_ORDER;
 use super::vocab::{Dimension, Pattern};
 
+/// What a form writes between the wrapper's `kind` and its diagnostics.
+type Body = fn(&Plan<'_>, OutputKind, &mut Vec<u8>) -> Result<(), Error>;
+
 /// Writes the wrapper for `output` if it is one this module encodes; `None` otherwise.
 pub fn write(
     outcome: &PlanOutcome<'_>,
     output: OutputKind,
     out: &mut Vec<u8>,
 ) -> Option<Result<(), Error>> {
-    if !matches!(output, OutputKind::Select | OutputKind::ExecutionPlan) {
-        return None;
-    }
-    Some(wrapper(outcome, output, out))
+    let body: Body = match output {
+        OutputKind::Select | OutputKind::ExecutionPlan => plan_forms,
+        OutputKind::EphemeralWorkers | OutputKind::Delegate => ephemeral_forms,
+        OutputKind::PersistentWorkers | OutputKind::Swarm => persistent_forms,
+        _ => return None,
+    };
+    Some(wrapper(outcome, output, body, out))
 }
 
-fn wrapper(outcome: &PlanOutcome<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<(), Error> {
-    let plan = &outcome.plan;
+fn wrapper(
+    outcome: &PlanOutcome<'_>,
+    output: OutputKind,
+    body: Body,
+    out: &mut Vec<u8>,
+) -> Result<(), Error> {
     lit(out, "{\"dry_run\":true,\"kind\":");
     string_into(out, output.kind());
+    body(&outcome.plan, output, out)?;
+    if !outcome.diagnostics.is_empty() {
+        lit(out, ",\"diagnostics\":");
+        json_out::write(out, &outcome.diagnostics)?;
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+/// `plan`, and for the execution plan `execution_plan`.
+fn plan_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<(), Error> {
     lit(out, ",\"plan\":");
     let lanes = plan_object(plan, out)?;
     if output == OutputKind::ExecutionPlan {
         lit(out, ",\"execution_plan\":");
         execution_plan(plan, &lanes, out)?;
     }
-    if !outcome.diagnostics.is_empty() {
-        lit(out, ",\"diagnostics\":");
-        json_out::write(out, &outcome.diagnostics)?;
-    }
+    Ok(())
+}
+
+/// `ephemeral_workers`, copied under `delegate` for that (deprecated) name.
+fn ephemeral_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<(), Error> {
+    lit(out, ",\"ephemeral_workers\":");
+    let spec_start = out.len();
+    lit(
+        out,
+        "{\"mechanism\":\"ephemeral_workers\",\"dry_run\":true,\"selected_pattern\":",
+    );
+    pattern(out, plan.selection.selected_pattern);
+    lit(out, ",\"workers\":");
+    let tasks = out.len();
+    ephemeral_tasks(plan, out);
+    let tasks = tasks..out.len();
+    lit(out, ",\"tasks\":");
+    out.extend_from_within(tasks);
+    lit(out, ",\"safety_notes\":");
+    json_out::write(out, &plan.safety_notes)?;
     out.push(b'}');
+    if output == OutputKind::Delegate {
+        let spec = spec_start..out.len();
+        lit(out, ",\"delegate\":");
+        out.extend_from_within(spec);
+    }
+    Ok(())
+}
+
+/// `persistent_workers`, copied under `swarm` for that (deprecated) name.
+fn persistent_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<(), Error> {
+    lit(out, ",\"persistent_workers\":");
+    let spec_start = out.len();
+    lit(
+        out,
+        "{\"mechanism\":\"persistent_workers\",\"dry_run\":true,\"selected_pattern\":",
+    );
+    pattern(out, plan.selection.selected_pattern);
+    lit(out, ",\"workers\":");
+    persistent_workers(plan, out);
+    lit(out, ",\"safety_notes\":");
+    json_out::write(out, &plan.safety_notes)?;
+    out.push(b'}');
+    if output == OutputKind::Swarm {
+        let spec = spec_start..out.len();
+        lit(out, ",\"swarm\":");
+        out.extend_from_within(spec);
+    }
     Ok(())
 }
 

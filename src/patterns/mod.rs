@@ -17,7 +17,7 @@
 //! - [`runtime`]: mechanisms, fallbacks, invocation hint and prompt contract;
 //! - [`plan`]: assembles a [`plan::Plan`];
 //! - [`render`]: the `output` wrappers, renderers and text forms;
-//! - [`encode`]: the selection and execution-plan replies written straight to bytes.
+//! - [`encode`]: the common reply forms written straight to bytes.
 
 pub mod encode;
 pub mod lanes;

@@ -660,7 +660,7 @@ pub fn render_output<'a>(outcome: &'a PlanOutcome<'a>, output: OutputKind) -> Re
 }
 
 /// Appends the wrapper for `output` to `out` as compact JSON: what a reply carries. The
-/// selection and the execution plan are written by [`super::encode`], the rest through serde.
+/// common forms are written by [`super::encode`], the rest through serde.
 pub fn write_output(
     outcome: &PlanOutcome<'_>,
     output: OutputKind,
