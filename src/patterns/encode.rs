@@ -12,12 +12,12 @@ use crate::json_out::{self, Error, escape_into, string_into};
 
 use super::lanes::Lane;
 use super::plan::{Plan, PlanOutcome};
-use super::render::{OutputKind, execution_plan_notes, graph_tasks, role_proof_extra};
+use super::render::{OutputKind, execution_plan_notes, role_proof_extra};
 use super::request::PatternRequest;
 use super::runtime::{BOUNDED_SCOPE, Mechanism, overlays_summary};
 use super::select::Selection;
 use super::signals::KEYWORD_ORDER;
-use super::vocab::{Dimension, Pattern};
+use super::vocab::{Dimension, LaneRole, Pattern};
 
 /// What a form writes between the wrapper's `kind` and its diagnostics.
 type Body = fn(&Plan<'_>, OutputKind, &mut Vec<u8>) -> Result<(), Error>;
@@ -32,7 +32,8 @@ pub fn write(
         OutputKind::Select | OutputKind::ExecutionPlan => plan_forms,
         OutputKind::EphemeralWorkers | OutputKind::Delegate => ephemeral_forms,
         OutputKind::PersistentWorkers | OutputKind::Swarm => persistent_forms,
-        _ => return None,
+        OutputKind::TaskGraph | OutputKind::Kanban => graph_forms,
+        OutputKind::PromptBundle => return None,
     };
     Some(wrapper(outcome, output, body, out))
 }
@@ -108,6 +109,34 @@ fn persistent_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> R
     if output == OutputKind::Swarm {
         let spec = spec_start..out.len();
         lit(out, ",\"swarm\":");
+        out.extend_from_within(spec);
+    }
+    Ok(())
+}
+
+/// `task_graph`, copied under `kanban` for that (deprecated) name.
+fn graph_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<(), Error> {
+    lit(out, ",\"task_graph\":");
+    let spec_start = out.len();
+    lit(
+        out,
+        "{\"mechanism\":\"task_graph\",\"dry_run\":true,\"selected_pattern\":",
+    );
+    pattern(out, plan.selection.selected_pattern);
+    lit(out, ",\"tasks\":");
+    graph_tasks(plan, out);
+    lit(out, ",\"safety_notes\":[");
+    for note in &plan.safety_notes {
+        string_into(out, note);
+        out.push(b',');
+    }
+    lit(
+        out,
+        "\"Check the dependencies before creating any task: this graph is a dry run and creates nothing.\"]}",
+    );
+    if output == OutputKind::Kanban {
+        let spec = spec_start..out.len();
+        lit(out, ",\"kanban\":");
         out.extend_from_within(spec);
     }
     Ok(())
@@ -423,7 +452,7 @@ fn execution_plan(plan: &Plan<'_>, lanes: &[LaneBytes], out: &mut Vec<u8>) -> Re
     lit(out, ",\"task_graph_tasks\":");
     let graph_start = out.len();
     if mechanism == Mechanism::TaskGraph {
-        json_out::write(out, &graph_tasks(plan))?;
+        graph_tasks(plan, out);
     } else {
         lit(out, "[]");
     }
@@ -541,6 +570,70 @@ fn ephemeral_tasks(plan: &Plan<'_>, out: &mut Vec<u8>) {
         lit(out, ",\"fallback_profiles\":");
         string_list(out, &lane.fallback_profiles);
         out.push(b'}');
+    }
+    out.push(b']');
+}
+
+/// `lane-<n>-<role>`, the id of the task of lane `i`.
+fn task_id(plan: &Plan<'_>, i: usize, out: &mut Vec<u8>) {
+    lit(out, "\"lane-");
+    count(out, i + 1);
+    out.push(b'-');
+    lit(out, plan.lanes[i].role.as_str());
+    out.push(b'"');
+}
+
+/// The graph tasks (the dependencies of [`super::render`]'s `graph_tasks`), lanes by index.
+fn graph_tasks(plan: &Plan<'_>, out: &mut Vec<u8>) {
+    let mut last_phase: Option<usize> = None;
+    let mut integrators: Vec<usize> = Vec::new();
+    let mut non_reviewers: Vec<usize> = Vec::new();
+    out.push(b'[');
+    for (i, lane) in plan.lanes.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        lit(out, "{\"id\":");
+        task_id(plan, i, out);
+        lit(out, ",\"title\":\"");
+        lit(out, lane.role.as_str());
+        lit(out, ": ");
+        if lane.scope.is_empty() {
+            lit(out, lane.role.as_str());
+        } else {
+            joined(out, &lane.scope);
+        }
+        lit(out, "\",\"role\":\"");
+        lit(out, lane.role.as_str());
+        lit(out, "\",\"scope\":");
+        string_list(out, &lane.scope);
+        lit(out, ",\"depends_on\":[");
+        let depends_on: &[usize] = match lane.role {
+            LaneRole::PhaseWorker => last_phase.as_slice(),
+            LaneRole::Integrator => &non_reviewers,
+            LaneRole::Reviewer if !integrators.is_empty() => &integrators,
+            LaneRole::Reviewer => &non_reviewers,
+            _ => &[],
+        };
+        for (j, &dep) in depends_on.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            task_id(plan, dep, out);
+        }
+        lit(out, "],\"selected_profile\":");
+        string_into(out, &lane.selected_profile);
+        lit(out, ",\"prompt\":\"");
+        lane_prompt(plan, lane, out);
+        lit(out, "\",\"dry_run\":true}");
+        match lane.role {
+            LaneRole::PhaseWorker => last_phase = Some(i),
+            LaneRole::Integrator => integrators.push(i),
+            _ => {}
+        }
+        if lane.role != LaneRole::Reviewer {
+            non_reviewers.push(i);
+        }
     }
     out.push(b']');
 }

@@ -419,7 +419,7 @@ pub struct TaskGraphSpec<'a> {
 /// non-reviewer task; a reviewer waits for the integrators, or for every earlier non-reviewer
 /// task when there is no integrator; everything else starts free (the curator too, as in the
 /// reference).
-pub(super) fn graph_tasks<'a>(plan: &'a Plan<'a>) -> Vec<GraphTask<'a>> {
+fn graph_tasks<'a>(plan: &'a Plan<'a>) -> Vec<GraphTask<'a>> {
     let mut tasks: Vec<GraphTask<'a>> = Vec::with_capacity(plan.lanes.len());
     let mut last_phase: Option<String> = None;
     let mut integrators: Vec<String> = Vec::new();
