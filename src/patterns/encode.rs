@@ -7,6 +7,7 @@
 //! `patterns_properties` holds the two byte-for-byte equal.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use crate::json_out::{self, Error, escape_into, string_into};
 
@@ -350,14 +351,15 @@ fn prompt_contract(plan: &Plan<'_>, out: &mut Vec<u8>) {
     escape_into(out, m.invocation_hint);
     lit(out, "\\nLanes:\\n");
     for lane in &plan.lanes {
+        let mut summary = None;
         lit(out, "- Role: ");
         lit(out, lane.role.as_str());
         lit(out, "\\n  Scope: ");
-        scope_summary(plan, lane, out);
+        scope_summary(plan, lane, &mut summary, out);
         lit(out, "\\n  Purpose: ");
         escape_into(out, &lane.purpose);
         lit(out, "\\n  Edits: only files that ");
-        scope_summary(plan, lane, out);
+        scope_summary(plan, lane, &mut summary, out);
         lit(
             out,
             " needs\\n  Report: what changed, the evidence, and any risk left open\\n",
@@ -467,43 +469,57 @@ fn execution_plan(plan: &Plan<'_>, lanes: &[LaneBytes], out: &mut Vec<u8>) -> Re
     Ok(())
 }
 
-/// A lane's scope for prompts (escaped): its own scopes, else the request's, else the
-/// bounded-scope phrase.
-fn scope_summary(plan: &Plan<'_>, lane: &Lane, out: &mut Vec<u8>) {
-    if !lane.scope.is_empty() {
-        joined(out, &lane.scope);
-    } else if !plan.request.scopes.is_empty() {
-        joined(out, &plan.request.scopes);
-    } else {
-        escape_into(out, BOUNDED_SCOPE);
+/// Writes bytes the reply has already written at `at`, or writes them with `write` and
+/// remembers where: what a reply repeats is escaped once and copied after.
+fn once(at: &mut Option<Range<usize>>, out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) {
+    match at {
+        Some(r) => out.extend_from_within(r.clone()),
+        None => {
+            let start = out.len();
+            write(out);
+            *at = Some(start..out.len());
+        }
     }
 }
 
-fn allowed_edits(plan: &Plan<'_>, lane: &Lane, out: &mut Vec<u8>) {
+/// A lane's scope for prompts (escaped): its own scopes, else the request's, else the
+/// bounded-scope phrase. `at` is where this lane's text last wrote it.
+fn scope_summary(plan: &Plan<'_>, lane: &Lane, at: &mut Option<Range<usize>>, out: &mut Vec<u8>) {
+    once(at, out, |out| {
+        if !lane.scope.is_empty() {
+            joined(out, &lane.scope);
+        } else if !plan.request.scopes.is_empty() {
+            joined(out, &plan.request.scopes);
+        } else {
+            escape_into(out, BOUNDED_SCOPE);
+        }
+    });
+}
+
+/// The scopes it names are the lane's scope summary (when there are any).
+fn allowed_edits(plan: &Plan<'_>, lane: &Lane, at: &mut Option<Range<usize>>, out: &mut Vec<u8>) {
     if !lane.scope.is_empty() {
         lit(out, "Edit only the files that the lane scope (");
-        joined(out, &lane.scope);
+        scope_summary(plan, lane, at, out);
         lit(out, ") requires.");
     } else if !plan.request.scopes.is_empty() {
         lit(out, "Edit only the files that the request scopes (");
-        joined(out, &plan.request.scopes);
+        scope_summary(plan, lane, at, out);
         lit(out, ") require.");
     } else {
         lit(out, "Edit only the files the objective directly requires.");
     }
 }
 
-/// One line of a lane's proof expectations.
-enum ProofLine<'a> {
-    Text(&'a Cow<'static, str>),
-    Extra(&'static str),
-    /// "The summary names the scopes touched: <scope summary>."
-    ScopesTouched,
+/// A lane's proof lines: the plan's (`shared`, the same for every lane), with its last line
+/// (every request scope) naming the lane's scope instead when `scoped`, then the role's own.
+struct LaneProof<'a> {
+    shared: &'a [Cow<'static, str>],
+    scoped: bool,
+    extra: Option<&'static str>,
 }
 
-/// The lane's proof lines: the plan's, with its last line (every request scope) naming the
-/// lane's scope instead, then the role's own line.
-fn lane_proof<'a>(plan: &'a Plan<'_>, lane: &Lane) -> impl Iterator<Item = ProofLine<'a>> {
+fn lane_proof<'a>(plan: &'a Plan<'_>, lane: &Lane) -> LaneProof<'a> {
     let scoped = !plan.request.scopes.is_empty();
     let all = &plan.proof_expectations[..];
     let shared = if scoped {
@@ -512,31 +528,97 @@ fn lane_proof<'a>(plan: &'a Plan<'_>, lane: &Lane) -> impl Iterator<Item = Proof
         all
     };
     let extra = role_proof_extra(lane.role).filter(|e| !shared.iter().any(|p| p == e));
-    shared
-        .iter()
-        .map(ProofLine::Text)
-        .chain(scoped.then_some(ProofLine::ScopesTouched))
-        .chain(extra.map(ProofLine::Extra))
+    LaneProof {
+        shared,
+        scoped,
+        extra,
+    }
 }
 
-fn proof_line(plan: &Plan<'_>, lane: &Lane, line: &ProofLine<'_>, out: &mut Vec<u8>) {
-    match line {
-        ProofLine::Text(text) => escape_into(out, text),
-        ProofLine::Extra(text) => escape_into(out, text),
-        ProofLine::ScopesTouched => {
-            lit(out, "The summary names the scopes touched: ");
-            scope_summary(plan, lane, out);
-            out.push(b'.');
+/// Where a reply first wrote the shared proof lines, in each of their two forms.
+#[derive(Default)]
+struct SharedProof {
+    /// `a; b` (task contexts).
+    joined: Option<Range<usize>>,
+    /// `- a\n- b\n` (prompts).
+    listed: Option<Range<usize>>,
+}
+
+fn scopes_touched(plan: &Plan<'_>, lane: &Lane, at: &mut Option<Range<usize>>, out: &mut Vec<u8>) {
+    lit(out, "The summary names the scopes touched: ");
+    scope_summary(plan, lane, at, out);
+    out.push(b'.');
+}
+
+/// The lane's proof lines joined by "; ".
+fn proof_joined(
+    plan: &Plan<'_>,
+    lane: &Lane,
+    seen: &mut SharedProof,
+    at: &mut Option<Range<usize>>,
+    out: &mut Vec<u8>,
+) {
+    let proof = lane_proof(plan, lane);
+    once(&mut seen.joined, out, |out| {
+        for (j, line) in proof.shared.iter().enumerate() {
+            if j > 0 {
+                lit(out, "; ");
+            }
+            escape_into(out, line);
         }
+    });
+    let mut any = !proof.shared.is_empty();
+    if proof.scoped {
+        if any {
+            lit(out, "; ");
+        }
+        any = true;
+        scopes_touched(plan, lane, at, out);
+    }
+    if let Some(extra) = proof.extra {
+        if any {
+            lit(out, "; ");
+        }
+        escape_into(out, extra);
+    }
+}
+
+/// The lane's proof lines as a list, one `- line` each.
+fn proof_listed(
+    plan: &Plan<'_>,
+    lane: &Lane,
+    seen: &mut SharedProof,
+    at: &mut Option<Range<usize>>,
+    out: &mut Vec<u8>,
+) {
+    let proof = lane_proof(plan, lane);
+    once(&mut seen.listed, out, |out| {
+        for line in proof.shared {
+            lit(out, "- ");
+            escape_into(out, line);
+            lit(out, "\\n");
+        }
+    });
+    if proof.scoped {
+        lit(out, "- ");
+        scopes_touched(plan, lane, at, out);
+        lit(out, "\\n");
+    }
+    if let Some(extra) = proof.extra {
+        lit(out, "- ");
+        escape_into(out, extra);
+        lit(out, "\\n");
     }
 }
 
 fn ephemeral_tasks(plan: &Plan<'_>, out: &mut Vec<u8>) {
+    let mut seen = SharedProof::default();
     out.push(b'[');
     for (i, lane) in plan.lanes.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
+        let mut summary = None;
         lit(out, "{\"goal\":\"Take the ");
         lit(out, lane.role.as_str());
         lit(out, " lane of a ");
@@ -546,18 +628,13 @@ fn ephemeral_tasks(plan: &Plan<'_>, out: &mut Vec<u8>) {
         lit(out, ". Hand back ");
         escape_into(out, lane.role.expected_output());
         lit(out, ".\",\"context\":\"Scope: ");
-        scope_summary(plan, lane, out);
+        scope_summary(plan, lane, &mut summary, out);
         lit(out, "; ");
-        allowed_edits(plan, lane, out);
+        allowed_edits(plan, lane, &mut summary, out);
         lit(out, "; Purpose: ");
         escape_into(out, &lane.purpose);
         lit(out, "; Proof: ");
-        for (j, line) in lane_proof(plan, lane).enumerate() {
-            if j > 0 {
-                lit(out, "; ");
-            }
-            proof_line(plan, lane, &line, out);
-        }
+        proof_joined(plan, lane, &mut seen, &mut summary, out);
         lit(
             out,
             "; Adapter contract: this is a dry-run spec and nothing has run yet.\",\"toolsets\":",
@@ -585,6 +662,7 @@ fn task_id(plan: &Plan<'_>, i: usize, out: &mut Vec<u8>) {
 
 /// The graph tasks (the dependencies of [`super::render`]'s `graph_tasks`), lanes by index.
 fn graph_tasks(plan: &Plan<'_>, out: &mut Vec<u8>) {
+    let mut seen = SharedProof::default();
     let mut last_phase: Option<usize> = None;
     let mut integrators: Vec<usize> = Vec::new();
     let mut non_reviewers: Vec<usize> = Vec::new();
@@ -624,7 +702,7 @@ fn graph_tasks(plan: &Plan<'_>, out: &mut Vec<u8>) {
         lit(out, "],\"selected_profile\":");
         string_into(out, &lane.selected_profile);
         lit(out, ",\"prompt\":\"");
-        lane_prompt(plan, lane, out);
+        lane_prompt(plan, lane, &mut seen, out);
         lit(out, "\",\"dry_run\":true}");
         match lane.role {
             LaneRole::PhaseWorker => last_phase = Some(i),
@@ -639,6 +717,7 @@ fn graph_tasks(plan: &Plan<'_>, out: &mut Vec<u8>) {
 }
 
 fn persistent_workers(plan: &Plan<'_>, out: &mut Vec<u8>) {
+    let mut seen = SharedProof::default();
     out.push(b'[');
     for (i, lane) in plan.lanes.iter().enumerate() {
         if i > 0 {
@@ -655,7 +734,7 @@ fn persistent_workers(plan: &Plan<'_>, out: &mut Vec<u8>) {
         lit(out, ",\"toolsets\":");
         lit(out, lane.toolsets.json());
         lit(out, ",\"prompt\":\"");
-        lane_prompt(plan, lane, out);
+        lane_prompt(plan, lane, &mut seen, out);
         lit(
             out,
             "\",\"adapter_command\":null,\"adapter_hint\":\"Map this logical profile onto a worker of your runtime before anything executes.\"}",
@@ -665,7 +744,8 @@ fn persistent_workers(plan: &Plan<'_>, out: &mut Vec<u8>) {
 }
 
 /// A lane's prompt, escaped (the text of [`super::render`]'s `lane_prompt`).
-fn lane_prompt(plan: &Plan<'_>, lane: &Lane, out: &mut Vec<u8>) {
+fn lane_prompt(plan: &Plan<'_>, lane: &Lane, seen: &mut SharedProof, out: &mut Vec<u8>) {
+    let mut summary = None;
     lit(out, "Role: ");
     lit(out, lane.role.as_str());
     lit(out, " lane\\nObjective: ");
@@ -675,17 +755,13 @@ fn lane_prompt(plan: &Plan<'_>, lane: &Lane, out: &mut Vec<u8>) {
     lit(out, "\\nPurpose: ");
     escape_into(out, &lane.purpose);
     lit(out, "\\nScope: ");
-    scope_summary(plan, lane, out);
+    scope_summary(plan, lane, &mut summary, out);
     lit(out, "\\nAllowed edits: ");
-    allowed_edits(plan, lane, out);
+    allowed_edits(plan, lane, &mut summary, out);
     lit(out, "\\nHand back: ");
     escape_into(out, lane.role.expected_output());
     lit(out, "\\nProof expected:\\n");
-    for line in lane_proof(plan, lane) {
-        lit(out, "- ");
-        proof_line(plan, lane, &line, out);
-        lit(out, "\\n");
-    }
+    proof_listed(plan, lane, seen, &mut summary, out);
     lit(
         out,
         "Nothing has been executed for you: stay inside your scope and do not set up runtime machinery of your own.",
