@@ -319,8 +319,10 @@ fn expand_scope(scope: &str, out: &mut Vec<Cow<'static, str>>) {
     out.extend(family.iter().map(|s| Cow::Borrowed(*s)));
 }
 
-/// The ordered, de-duplicated task types a lane can be matched on (fixed ones borrowed: this
-/// runs for every lane of every roster-mapped selection).
+/// The task types a lane can be matched on, in order (fixed ones borrowed: this runs for every
+/// lane of every roster-mapped selection). A type may repeat: matching takes the first type a
+/// worker fits, so a repeat never changes the match, and removing them costs a comparison per
+/// pair (thousands for a lane over every request scope).
 pub fn lane_task_types(lane: &Lane) -> Vec<Cow<'static, str>> {
     let mut scope_types = Vec::new();
     for s in &lane.scope {
@@ -345,18 +347,11 @@ pub fn lane_task_types(lane: &Lane) -> Vec<Cow<'static, str>> {
         LaneRole::VariantDesigner => (&["research", "analysis", "options", "spec"], true),
     };
     let fixed = fixed.iter().map(|s| Cow::Borrowed(*s));
-    let all: Vec<Cow<'static, str>> = if scopes_first {
+    if scopes_first {
         scope_types.into_iter().chain(fixed).collect()
     } else {
         fixed.chain(scope_types).collect()
-    };
-    let mut out: Vec<Cow<'static, str>> = Vec::with_capacity(all.len());
-    for t in all {
-        if !out.contains(&t) {
-            out.push(t);
-        }
     }
-    out
 }
 
 /// Map lanes onto roster workers (each worker at most once, lanes in order) and return the
