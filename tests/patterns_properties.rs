@@ -1,6 +1,10 @@
 //! Property tests of the selector: determinism, scale invariants, and no panic on any input.
 
-use gaffer::patterns::{SelectContext, select};
+#[path = "patterns_support.rs"]
+mod support;
+
+use gaffer::patterns::render::{write_output, write_output_serde};
+use gaffer::patterns::{OutputKind, RosterEnv, SelectContext, build_plan, parse_params, select};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -133,8 +137,67 @@ fn valid_request() -> impl Strategy<Value = Value> {
         })
 }
 
+/// Every output form of `req`, as the reply encoder writes it and as the serde renderers do.
+fn encoders_agree(req: &Value, ctx: &SelectContext) -> Result<(), TestCaseError> {
+    for kind in OutputKind::ACCEPTED_SORTED {
+        let mut r = req.clone();
+        if let Value::Object(m) = &mut r {
+            m.insert("output".into(), json!(kind));
+        }
+        let Ok(p) = parse_params(&r) else { continue };
+        let Ok(outcome) = build_plan(&p.request, p.roster_path.as_deref(), ctx) else {
+            continue;
+        };
+        let (mut fast, mut reference) = (Vec::new(), Vec::new());
+        write_output(&outcome, p.output, &mut fast).unwrap();
+        write_output_serde(&outcome, p.output, &mut reference).unwrap();
+        prop_assert_eq!(
+            String::from_utf8(fast).unwrap(),
+            String::from_utf8(reference).unwrap(),
+            "output {}",
+            kind
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_reply_encoder_writes_the_serde_bytes_for_every_conformance_case() {
+    for case in support::cases() {
+        let env: Vec<(String, String)> = case["env"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut ctx = SelectContext::isolated();
+        ctx.env = RosterEnv::from_pairs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        ctx.base_dir = Some(support::data_dir());
+        encoders_agree(&case["request"], &ctx).unwrap();
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_reply_encoder_writes_the_serde_bytes(
+        req in valid_request(),
+        text in "[ -~\\n\\t\"\\\\é日\\u{1}]{1,24}",
+        persistent in any::<bool>(),
+    ) {
+        // Text that needs escaping, in every place request text reaches.
+        let mut req = req;
+        let objective = format!("{} {text}", req["objective"].as_str().unwrap());
+        req["objective"] = json!(objective);
+        req["scopes"].as_array_mut().unwrap().push(json!(text));
+        req["dependencies"].as_array_mut().unwrap().push(json!(text));
+        req["notes"].as_array_mut().unwrap().push(json!(text));
+        req["persistent_workers"] = json!(persistent);
+        encoders_agree(&req, &SelectContext::isolated())?;
+    }
 
     #[test]
     fn any_request_gives_a_plan_or_an_error_naming_a_field(req in any_request()) {

@@ -113,6 +113,7 @@ struct Flags {
     code_heavy: bool,
 }
 
+#[derive(Clone)]
 struct Profile {
     selected: String,
     fallbacks: Vec<String>,
@@ -134,37 +135,33 @@ fn resolve_profile(role: LaneRole, flags: Flags, policy: &Policy) -> Profile {
         None => (policy.unknown_role_profile.as_str(), &[][..], false),
     };
     let esc = &policy.escalation;
-    let (selected, mut fallbacks, disable_reasoning) = if flags.module_swarm {
-        (esc.module_swarm_default_profile.clone(), Vec::new(), true)
+    // An escalation puts its profile first among the role's fallbacks; it is also the one
+    // selected, so it never stays there.
+    let (selected, role_fallbacks, disable_reasoning) = if flags.module_swarm {
+        (&esc.module_swarm_default_profile[..], &[][..], true)
     } else if flags.premium {
-        let mut f = vec![esc.premium_escalation_profile.clone()];
-        f.extend(role_fallbacks.iter().cloned());
         (
-            esc.premium_escalation_profile.clone(),
-            f,
+            &esc.premium_escalation_profile[..],
+            role_fallbacks,
             role_reasoning_off,
         )
     } else if flags.code_heavy {
-        let mut f = vec![esc.code_heavy_profile.clone()];
-        f.extend(role_fallbacks.iter().cloned());
-        (esc.code_heavy_profile.clone(), f, role_reasoning_off)
-    } else {
         (
-            preferred.to_owned(),
-            role_fallbacks.to_vec(),
+            &esc.code_heavy_profile[..],
+            role_fallbacks,
             role_reasoning_off,
         )
+    } else {
+        (preferred, role_fallbacks, role_reasoning_off)
     };
     // Keep the first occurrence of each fallback and never fall back to the selected profile.
-    let mut seen: Vec<String> = Vec::with_capacity(fallbacks.len());
-    fallbacks.retain(|f| {
-        if *f == selected || seen.contains(f) {
-            false
-        } else {
-            seen.push(f.clone());
-            true
+    let mut fallbacks: Vec<String> = Vec::with_capacity(role_fallbacks.len());
+    for f in role_fallbacks {
+        if *f != selected && !fallbacks.contains(f) {
+            fallbacks.push(f.clone());
         }
-    });
+    }
+    let selected = selected.to_owned();
     Profile {
         selected,
         fallbacks,
@@ -183,6 +180,17 @@ fn lane(
     policy: &Policy,
 ) -> Lane {
     let profile = resolve_profile(role, flags, policy);
+    lane_with(role, count, scope, purpose, runtime_hint, profile)
+}
+
+fn lane_with(
+    role: LaneRole,
+    count: u64,
+    scope: Vec<String>,
+    purpose: impl Into<Cow<'static, str>>,
+    runtime_hint: impl Into<Cow<'static, str>>,
+    profile: Profile,
+) -> Lane {
     Lane {
         role,
         count,
@@ -196,6 +204,16 @@ fn lane(
             disable_reasoning: profile.disable_reasoning,
         },
     }
+}
+
+/// "Build <scope> as one parallel lane; …", without the formatting machinery (one per scope).
+fn builder_purpose(scope: &str) -> String {
+    const TAIL: &str = " as one parallel lane; lanes start in safe waves, not all at once.";
+    let mut s = String::with_capacity(6 + scope.len() + TAIL.len());
+    s.push_str("Build ");
+    s.push_str(scope);
+    s.push_str(TAIL);
+    s
 }
 
 /// Build the lanes of `pattern` (plus the reviewer when the overlay is on).
@@ -240,15 +258,16 @@ pub fn build_lanes(
                 s.max_active_lanes,
                 s.profile_pool_strategy.as_str()
             );
+            // Every builder lane has the same profile: resolved once.
+            let builder = resolve_profile(LaneRole::Builder, swarm, policy);
             for scope in scopes {
-                lanes.push(lane(
+                lanes.push(lane_with(
                     LaneRole::Builder,
                     1,
                     vec![scope.clone()],
-                    format!("Build {scope} as one parallel lane; lanes start in safe waves, not all at once."),
+                    builder_purpose(scope),
                     hint.clone(),
-                    swarm,
-                    policy,
+                    builder.clone(),
                 ));
             }
             let (count, purpose) = if s.integrator_per_wave {

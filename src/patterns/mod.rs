@@ -16,8 +16,10 @@
 //! - [`roster`]: roster loading, mapping onto lanes and validation;
 //! - [`runtime`]: mechanisms, fallbacks, invocation hint and prompt contract;
 //! - [`plan`]: assembles a [`plan::Plan`];
-//! - [`render`]: the `output` wrappers, renderers and text forms.
+//! - [`render`]: the `output` wrappers, renderers and text forms;
+//! - [`encode`]: the common reply forms written straight to bytes.
 
+pub mod encode;
 pub mod lanes;
 pub mod notes;
 pub mod phrases;

@@ -60,6 +60,9 @@ impl Phrases {
 pub struct PhraseIndex {
     phrases: Vec<Box<[u8]>>,
     by_first: Vec<Vec<u32>>,
+    /// Per first byte, the second bytes its phrases go on with (all of them when a phrase is
+    /// that one byte): most text positions are ruled out without comparing any phrase.
+    second: Vec<[u64; 4]>,
 }
 
 impl PhraseIndex {
@@ -68,6 +71,7 @@ impl PhraseIndex {
         let mut index = PhraseIndex {
             phrases: Vec::new(),
             by_first: vec![Vec::new(); 256],
+            second: vec![[0; 4]; 256],
         };
         for list in lists {
             list.ids = list
@@ -88,6 +92,11 @@ impl PhraseIndex {
         // Blank phrases are rejected by policy validation; an empty one would match anything.
         let bucket = phrase.first().copied().unwrap_or(0);
         self.by_first[usize::from(bucket)].push(id);
+        let set = &mut self.second[usize::from(bucket)];
+        match phrase.get(1) {
+            Some(&next) => set[usize::from(next >> 6)] |= 1 << (next & 63),
+            None => *set = [u64::MAX; 4],
+        }
         id
     }
 
@@ -96,7 +105,17 @@ impl PhraseIndex {
         let mut hits = PhraseHits(vec![0u64; self.phrases.len().div_ceil(64)]);
         let bytes = text.as_bytes();
         for (i, &b) in bytes.iter().enumerate() {
-            for &id in &self.by_first[usize::from(b)] {
+            let bucket = &self.by_first[usize::from(b)];
+            if bucket.is_empty() {
+                continue;
+            }
+            if let Some(&next) = bytes.get(i + 1) {
+                let set = &self.second[usize::from(b)];
+                if set[usize::from(next >> 6)] & (1 << (next & 63)) == 0 {
+                    continue;
+                }
+            }
+            for &id in bucket {
                 if !hits.get(id) && bytes[i..].starts_with(&self.phrases[id as usize]) {
                     hits.0[id as usize / 64] |= 1 << (id % 64);
                 }

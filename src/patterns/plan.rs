@@ -4,19 +4,20 @@
 use std::borrow::Cow;
 
 use serde::Serialize;
+use serde::ser::{SerializeStruct, Serializer};
 use serde_json::value::RawValue;
 
 use super::lanes::{Lane, SwarmScale, build_lanes};
 use super::notes::{proof_expectations, safety_notes};
 use super::request::PatternRequest;
 use super::roster::{self, RosterLoad, RosterOrigin};
-use super::runtime::{RuntimeMapping, map_runtime};
+use super::runtime::{Mechanism, RuntimeMapping, map_runtime, prompt_contract};
 use super::select::{Selection, decide, parse_directives};
 use super::signals::{Dimensions, TextSignals};
 use super::{PatternError, SelectContext};
 
 /// The selector's output: an execution shape, never a permission to execute.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Plan<'a> {
     pub request: &'a PatternRequest,
     pub selection: Selection,
@@ -28,6 +29,53 @@ pub struct Plan<'a> {
     pub role_rules: &'a RawValue,
     pub profile_mapping: &'a RawValue,
     pub module_swarm_scale: Option<SwarmScale>,
+}
+
+impl Plan<'_> {
+    /// `runtime_mapping.prompt_contract`.
+    pub fn prompt_contract(&self) -> String {
+        let m = &self.runtime_mapping;
+        prompt_contract(
+            self.request,
+            self.selection.selected_pattern,
+            &self.selection.overlays,
+            m.primary_mechanism,
+            m.invocation_hint,
+            &self.lanes,
+        )
+    }
+}
+
+/// `runtime_mapping` as a plan is written: the mapping and its prompt contract.
+#[derive(Serialize)]
+struct RuntimeMappingView<'a> {
+    primary_mechanism: Mechanism,
+    fallback_mechanisms: &'a [Mechanism],
+    invocation_hint: &'a str,
+    prompt_contract: String,
+}
+
+impl Serialize for Plan<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let m = &self.runtime_mapping;
+        let mapping = RuntimeMappingView {
+            primary_mechanism: m.primary_mechanism,
+            fallback_mechanisms: &m.fallback_mechanisms,
+            invocation_hint: m.invocation_hint,
+            prompt_contract: self.prompt_contract(),
+        };
+        let mut st = s.serialize_struct("Plan", 9)?;
+        st.serialize_field("request", self.request)?;
+        st.serialize_field("selection", &self.selection)?;
+        st.serialize_field("lanes", &self.lanes)?;
+        st.serialize_field("runtime_mapping", &mapping)?;
+        st.serialize_field("proof_expectations", &self.proof_expectations)?;
+        st.serialize_field("safety_notes", &self.safety_notes)?;
+        st.serialize_field("role_rules", self.role_rules)?;
+        st.serialize_field("profile_mapping", self.profile_mapping)?;
+        st.serialize_field("module_swarm_scale", &self.module_swarm_scale)?;
+        st.end()
+    }
 }
 
 /// A plan plus diagnostics about its inputs (e.g. a roster that could not be read but was not
@@ -110,7 +158,7 @@ pub fn build_plan<'a>(
         }
     }
 
-    let runtime_mapping = map_runtime(req, pattern, &selection.overlays, &lanes);
+    let runtime_mapping = map_runtime(req, pattern, &lanes);
     Ok(PlanOutcome {
         plan: Plan {
             request: req,

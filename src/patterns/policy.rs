@@ -133,6 +133,13 @@ impl SharedList {
     }
 }
 
+impl SharedList {
+    /// The list as encoded JSON.
+    pub fn json(&self) -> &str {
+        self.json.get()
+    }
+}
+
 impl Default for SharedList {
     fn default() -> Self {
         SharedList::new(Vec::new())

@@ -142,18 +142,7 @@ fn lane_parts(plan: &Plan<'_>, lane: &Lane) -> LaneParts {
             "The summary names the scopes touched: {summary}."
         )));
     }
-    let extra = match lane.role {
-        LaneRole::Reviewer => Some(
-            "The verdict is independent and lists every regression found, or says there were none.",
-        ),
-        LaneRole::Integrator => {
-            Some("The integration summary names the merged scopes and the risks still open.")
-        }
-        LaneRole::VariantDesigner => {
-            Some("The rationale explains how this variant differs from the others.")
-        }
-        _ => None,
-    };
+    let extra = role_proof_extra(lane.role);
     if let Some(extra) = extra
         && !proof.iter().any(|p| p == extra)
     {
@@ -164,6 +153,22 @@ fn lane_parts(plan: &Plan<'_>, lane: &Lane) -> LaneParts {
         allowed_edits,
         expected_output: lane.role.expected_output(),
         proof,
+    }
+}
+
+/// The proof line a role adds to the plan's (unless the plan already has it).
+pub(super) fn role_proof_extra(role: LaneRole) -> Option<&'static str> {
+    match role {
+        LaneRole::Reviewer => Some(
+            "The verdict is independent and lists every regression found, or says there were none.",
+        ),
+        LaneRole::Integrator => {
+            Some("The integration summary names the merged scopes and the risks still open.")
+        }
+        LaneRole::VariantDesigner => {
+            Some("The rationale explains how this variant differs from the others.")
+        }
+        _ => None,
     }
 }
 
@@ -499,23 +504,8 @@ pub struct ExecutionPlan<'a> {
     pub dry_run: bool,
 }
 
-pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
-    let mechanism = plan.runtime_mapping.primary_mechanism;
-    let ephemeral = encoded(&if mechanism == Mechanism::EphemeralWorkers {
-        ephemeral_tasks(plan)
-    } else {
-        Vec::new()
-    });
-    let persistent = if mechanism == Mechanism::PersistentWorkers {
-        persistent_workers(plan)
-    } else {
-        Vec::new()
-    };
-    let graph = encoded(&if mechanism == Mechanism::TaskGraph {
-        graph_tasks(plan)
-    } else {
-        Vec::new()
-    });
+/// The execution plan's safety notes: the plan's, then what an execution plan adds.
+pub(super) fn execution_plan_notes(plan: &Plan<'_>) -> Vec<Cow<'static, str>> {
     let mut notes = plan.safety_notes.clone();
     notes.push("This execution plan only renders specs; it runs nothing.".into());
     notes
@@ -535,6 +525,27 @@ pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
             );
         }
     }
+    notes
+}
+
+pub fn execution_plan<'a>(plan: &'a Plan<'a>) -> ExecutionPlan<'a> {
+    let mechanism = plan.runtime_mapping.primary_mechanism;
+    let ephemeral = encoded(&if mechanism == Mechanism::EphemeralWorkers {
+        ephemeral_tasks(plan)
+    } else {
+        Vec::new()
+    });
+    let persistent = if mechanism == Mechanism::PersistentWorkers {
+        persistent_workers(plan)
+    } else {
+        Vec::new()
+    };
+    let graph = encoded(&if mechanism == Mechanism::TaskGraph {
+        graph_tasks(plan)
+    } else {
+        Vec::new()
+    });
+    let notes = execution_plan_notes(plan);
     ExecutionPlan {
         mechanism,
         lanes: plan
@@ -648,8 +659,22 @@ pub fn render_output<'a>(outcome: &'a PlanOutcome<'a>, output: OutputKind) -> Re
     r
 }
 
-/// Appends the wrapper for `output` to `out` as compact JSON: what a reply carries.
+/// Appends the wrapper for `output` to `out` as compact JSON: what a reply carries. The
+/// common forms are written by [`super::encode`], the rest through serde.
 pub fn write_output(
+    outcome: &PlanOutcome<'_>,
+    output: OutputKind,
+    out: &mut Vec<u8>,
+) -> Result<(), json_out::Error> {
+    match super::encode::write(outcome, output, out) {
+        Some(done) => done,
+        None => write_output_serde(outcome, output, out),
+    }
+}
+
+/// [`write_output`] through the serde renderers for every form: the reference that
+/// [`super::encode`] is tested against.
+pub fn write_output_serde(
     outcome: &PlanOutcome<'_>,
     output: OutputKind,
     out: &mut Vec<u8>,

@@ -6,9 +6,10 @@
 //! selection that does not map persistent workers: the plan says so in a diagnostic instead.
 //! When persistent workers are requested, such a roster is an error naming `roster`.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
 use serde_yaml::Value as Yaml;
@@ -180,7 +181,8 @@ pub struct RosterEntry {
 /// Result of reading a roster file for mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RosterLoad {
-    Loaded(Vec<RosterEntry>),
+    /// Shared with the parse cache: a selection takes it without copying every entry.
+    Loaded(Arc<[RosterEntry]>),
     Missing,
     Broken(String),
 }
@@ -212,7 +214,7 @@ fn parse_cached(text: String) -> RosterLoad {
         return load.clone();
     }
     let load = match serde_yaml::from_str::<Yaml>(&text) {
-        Ok(doc) => RosterLoad::Loaded(entries_of(&doc)),
+        Ok(doc) => RosterLoad::Loaded(entries_of(&doc).into()),
         Err(e) => RosterLoad::Broken(format!("the roster is not valid YAML: {e}")),
     };
     let mut cache = lock();
@@ -297,9 +299,9 @@ fn yaml_str(v: &Yaml) -> String {
 }
 
 /// Task types a lane scope stands for.
-fn expand_scope(scope: &str, out: &mut Vec<String>) {
+fn expand_scope(scope: &str, out: &mut Vec<Cow<'static, str>>) {
     let lower = scope.to_lowercase();
-    let family: &[&str] = match lower.as_str() {
+    let family: &'static [&'static str] = match lower.as_str() {
         "docs" | "documentation" | "runbook" | "handoff" | "spec" => {
             &["docs", "runbook", "handoff", "spec"]
         }
@@ -310,55 +312,46 @@ fn expand_scope(scope: &str, out: &mut Vec<String>) {
             &["ops", "lifecycle", "backend", "implementation"]
         }
         _ => {
-            out.push(lower);
+            out.push(Cow::Owned(lower));
             return;
         }
     };
-    out.extend(family.iter().map(|s| (*s).to_owned()));
+    out.extend(family.iter().map(|s| Cow::Borrowed(*s)));
 }
 
-/// The ordered, de-duplicated task types a lane can be matched on.
-pub fn lane_task_types(lane: &Lane) -> Vec<String> {
+/// The task types a lane can be matched on, in order (fixed ones borrowed: this runs for every
+/// lane of every roster-mapped selection). A type may repeat: matching takes the first type a
+/// worker fits, so a repeat never changes the match, and removing them costs a comparison per
+/// pair (thousands for a lane over every request scope).
+pub fn lane_task_types(lane: &Lane) -> Vec<Cow<'static, str>> {
     let mut scope_types = Vec::new();
     for s in &lane.scope {
         expand_scope(s, &mut scope_types);
     }
-    let fixed = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    let all: Vec<String> = match lane.role {
-        LaneRole::Builder | LaneRole::PhaseWorker | LaneRole::RecoveryWorker => {
-            let mut v = scope_types;
-            v.extend(fixed(&[
+    let (fixed, scopes_first): (&'static [&'static str], bool) = match lane.role {
+        LaneRole::Builder | LaneRole::PhaseWorker | LaneRole::RecoveryWorker => (
+            &[
                 "implementation",
                 "feature",
                 "patch",
                 "backend",
                 "integration",
-            ]));
-            v
-        }
-        LaneRole::Reviewer => {
-            let mut v = fixed(&["review", "qa", "verification", "smoke"]);
-            v.extend(scope_types);
-            v
-        }
-        LaneRole::Integrator | LaneRole::Curator => {
-            let mut v = fixed(&["coordination", "handoff", "integration", "merge-gate"]);
-            v.extend(scope_types);
-            v
-        }
-        LaneRole::VariantDesigner => {
-            let mut v = scope_types;
-            v.extend(fixed(&["research", "analysis", "options", "spec"]));
-            v
-        }
+            ],
+            true,
+        ),
+        LaneRole::Reviewer => (&["review", "qa", "verification", "smoke"], false),
+        LaneRole::Integrator | LaneRole::Curator => (
+            &["coordination", "handoff", "integration", "merge-gate"],
+            false,
+        ),
+        LaneRole::VariantDesigner => (&["research", "analysis", "options", "spec"], true),
     };
-    let mut out: Vec<String> = Vec::with_capacity(all.len());
-    for t in all {
-        if !out.contains(&t) {
-            out.push(t);
-        }
+    let fixed = fixed.iter().map(|s| Cow::Borrowed(*s));
+    if scopes_first {
+        scope_types.into_iter().chain(fixed).collect()
+    } else {
+        fixed.chain(scope_types).collect()
     }
-    out
 }
 
 /// Map lanes onto roster workers (each worker at most once, lanes in order) and return the
@@ -388,7 +381,7 @@ pub fn apply(
                 !used[i]
                     && e.accepts_broadcast
                     && !unavailable.contains(&e.id)
-                    && e.preferred_task_types.contains(t)
+                    && e.preferred_task_types.iter().any(|p| p == t)
             })
         });
         match chosen {

@@ -47,13 +47,13 @@ impl Serialize for Mechanism {
     }
 }
 
-/// The `runtime_mapping` object of a plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// The `runtime_mapping` object of a plan, but for its `prompt_contract` text, which is
+/// written when the plan is (see [`prompt_contract`]): a reply writes it straight into its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeMapping {
     pub primary_mechanism: Mechanism,
     pub fallback_mechanisms: Vec<Mechanism>,
     pub invocation_hint: &'static str,
-    pub prompt_contract: String,
 }
 
 /// Phrase used when neither the lane nor the request names a scope.
@@ -71,12 +71,7 @@ pub fn scope_summary(lane: &Lane, req: &PatternRequest) -> String {
 }
 
 /// Pick the mechanism (first matching rule wins) and write the prompt contract.
-pub fn map_runtime(
-    req: &PatternRequest,
-    pattern: Pattern,
-    overlays: &[Pattern],
-    lanes: &[Lane],
-) -> RuntimeMapping {
+pub fn map_runtime(req: &PatternRequest, pattern: Pattern, lanes: &[Lane]) -> RuntimeMapping {
     use Mechanism::*;
     let lane_count: u64 = lanes.iter().map(|l| l.count.max(1)).sum();
     let (primary, fallbacks, hint): (Mechanism, &[Mechanism], &str) = if req.durable
@@ -118,12 +113,10 @@ pub fn map_runtime(
             "Handle it directly in the current turn unless it needs several turns.",
         )
     };
-    let prompt_contract = prompt_contract(req, pattern, overlays, primary, hint, lanes);
     RuntimeMapping {
         primary_mechanism: primary,
         fallback_mechanisms: fallbacks.to_vec(),
         invocation_hint: hint,
-        prompt_contract,
     }
 }
 
@@ -140,7 +133,8 @@ pub fn overlays_summary(overlays: &[Pattern]) -> String {
     }
 }
 
-fn prompt_contract(
+/// The compact contract handed to workers: `runtime_mapping.prompt_contract`.
+pub fn prompt_contract(
     req: &PatternRequest,
     pattern: Pattern,
     overlays: &[Pattern],

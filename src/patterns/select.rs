@@ -101,6 +101,22 @@ pub enum SelectionSource {
     ValidatedExplicitStructuredOverride,
 }
 
+impl SelectionSource {
+    /// The wire spelling (as serde writes it).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SelectionSource::PolicyScoring => "policy_scoring",
+            SelectionSource::PolicyFallback => "policy_fallback",
+            SelectionSource::PolicyScoringCloseScorePreferSimpler => {
+                "policy_scoring_close_score_prefer_simpler"
+            }
+            SelectionSource::ValidatedExplicitStructuredOverride => {
+                "validated_explicit_structured_override"
+            }
+        }
+    }
+}
+
 /// The `selection` object of a plan.
 #[derive(Debug, Clone, Serialize)]
 pub struct Selection {

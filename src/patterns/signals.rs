@@ -124,7 +124,8 @@ impl Serialize for Adjustments {
     }
 }
 
-const KEYWORD_ORDER: [Pattern; 7] = [
+/// The order of the keyword lists, in which adjustments are written.
+pub const KEYWORD_ORDER: [Pattern; 7] = [
     Pattern::BlueprintFanout,
     Pattern::PhasedAssembly,
     Pattern::ModuleSwarm,
