@@ -415,4 +415,29 @@ fn main() {
             kib.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
         );
     }
+    println!("{}", link_order_coverage());
+}
+
+/// How much of `link/startup.order` (the start-up functions build.rs asks the linker to lay
+/// out together) the measured binary still has: a toolchain or dependency update renames
+/// symbols, and idle RSS grows back as this falls.
+fn link_order_coverage() -> String {
+    let order = Path::new(env!("CARGO_MANIFEST_DIR")).join("link/startup.order");
+    let Ok(text) = std::fs::read_to_string(&order) else {
+        return "link/startup.order: absent".into();
+    };
+    let Ok(out) = Command::new("nm").arg(GAFFER).output() else {
+        return "link/startup.order: `nm` not available to check it".into();
+    };
+    let names = String::from_utf8_lossy(&out.stdout);
+    let present: std::collections::HashSet<&str> = names
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    let wanted: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    let found = wanted.iter().filter(|n| present.contains(*n)).count();
+    format!(
+        "link/startup.order: {found} of {} start-up functions found in the binary (regenerate with link/startup-order.sh when this falls)",
+        wanted.len()
+    )
 }

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Regenerates link/startup.order: the gaffer functions a serving process runs from exec
+# through `initialize` (LSP and MCP) to idle. build.rs hands the file to the linker so these
+# functions sit together and a serving process maps ~1 MiB of code instead of ~4 MiB spread
+# over the whole text. A stale entry is ignored, so the file only needs regenerating when
+# the idle RSS figure of `cargo bench --bench peers` drifts up (a toolchain or dependency
+# update renames symbols). Needs valgrind and python3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --locked --bin gaffer
+bin=target/release/gaffer
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+frames() { # framing (lsp|ndjson), then JSON messages
+  python3 - "$@" <<'PY'
+import json, sys
+wire, msgs = sys.argv[1], sys.argv[2:]
+for m in msgs:
+    b = m.encode()
+    sys.stdout.buffer.write(b"Content-Length: %d\r\n\r\n" % len(b) + b if wire == "lsp" else b + b"\n")
+PY
+}
+
+run() { # name, serve flag, framing, messages...
+  local name=$1 flag=$2 wire=$3; shift 3
+  local ws; ws=$(mktemp -d -p "$out")
+  # The sleep keeps stdin open so the idle loops (tailer, forwarder) run before EOF.
+  (frames "$wire" "$@"; sleep 1) | valgrind --tool=callgrind --demangle=no --compress-strings=no \
+      --dump-instr=no --callgrind-out-file="$out/$name.cg" \
+      "$bin" --workspace "$ws" serve "$flag" >/dev/null 2>"$out/$name.log"
+}
+
+run lsp --lsp lsp \
+  '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"processId":null,"rootUri":null,"capabilities":{}}}' \
+  '{"jsonrpc":"2.0","method":"initialized","params":{}}' \
+  '{"jsonrpc":"2.0","id":2,"method":"ping"}' \
+  '{"jsonrpc":"2.0","id":3,"method":"shutdown"}' '{"jsonrpc":"2.0","method":"exit"}'
+run mcp --mcp ndjson \
+  '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"order","version":"1"}}}' \
+  '{"jsonrpc":"2.0","method":"notifications/initialized","params":{}}' \
+  '{"jsonrpc":"2.0","id":2,"method":"ping"}'
+run ndjson --jsonl ndjson '{"jsonrpc":"2.0","id":1,"method":"ping"}'
+
+# Function names callgrind saw run inside the gaffer binary, in first-seen order.
+awk '/^ob=/ { ob = substr($0, 4) } /^fn=/ { if (ob ~ /\/gaffer$/ && !seen[$0]++) print substr($0, 4) }' \
+  "$out"/lsp.cg "$out"/mcp.cg "$out"/ndjson.cg | grep -v '^0x' > link/startup.order
+echo "link/startup.order: $(wc -l < link/startup.order) functions"
