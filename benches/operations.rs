@@ -957,6 +957,36 @@ fn main() {
     );
 }
 
+/// The machine's other limit under one client's latency: one thread waking a parked thread
+/// and being woken back by it (std channels, both sides blocking), the median of `n` round
+/// trips in µs. A commit hands its batch to the writer thread and is woken when it is
+/// durable, so an operation (two commits) crosses threads ~4 times beside its two fdatasyncs.
+fn thread_hand_off(n: usize) -> f64 {
+    let (to_tx, to_rx) = std::sync::mpsc::channel::<u32>();
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<u32>();
+    let echo = std::thread::spawn(move || {
+        while let Ok(v) = to_rx.recv() {
+            if back_tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let mut trips: Vec<f64> = (0..n as u32)
+        .map(|i| {
+            // Let the echo thread park, as the writer does between commits.
+            std::thread::sleep(Duration::from_micros(200));
+            let t = Instant::now();
+            to_tx.send(i).expect("send");
+            back_rx.recv().expect("echo");
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    drop(to_tx);
+    echo.join().expect("echo thread");
+    trips.sort_by(f64::total_cmp);
+    trips[trips.len() / 2]
+}
+
 /// submit -> succeeded with 1 and 8 clients, `rounds` times, each beside the raw rate just
 /// before it (`--success-only` runs just these rows).
 async fn success_rows(n: usize, raw_n: usize, rounds: usize) {
@@ -974,6 +1004,10 @@ async fn success_rows(n: usize, raw_n: usize, rounds: usize) {
             show(&eight, raw)
         );
     }
+    println!(
+        "a thread hand-off round trip on this machine (wake a parked thread, be woken back): p50 {:.1} µs",
+        thread_hand_off(2_000)
+    );
 }
 
 /// Opening a workspace holding `count` operations: in process, and as a serving process.

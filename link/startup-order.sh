@@ -7,8 +7,6 @@
 # update renames symbols). Needs valgrind and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked --bin gaffer
-bin=target/release/gaffer
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -23,14 +21,23 @@ PY
 }
 
 run() { # name, serve flag, framing, messages...
-  local name=$1 flag=$2 wire=$3; shift 3
+  local name=$profile-$1 flag=$2 wire=$3; shift 3
   local ws; ws=$(mktemp -d -p "$out")
   # The sleep keeps stdin open so the idle loops (tailer, forwarder) run before EOF.
   (frames "$wire" "$@"; sleep 1) | valgrind --tool=callgrind --demangle=no --compress-strings=no \
       --dump-instr=no --callgrind-out-file="$out/$name.cg" \
-      "$bin" --workspace "$ws" serve "$flag" >/dev/null 2>"$out/$name.log"
+      target/release/gaffer --workspace "$ws" serve "$flag" >/dev/null 2>"$out/$name.log"
 }
 
+# Symbol names carry a hash of the build's dependency features: `cargo install` builds the
+# binary without dev-dependencies, `cargo bench` with them (into the same
+# target/release/gaffer), so both binaries are recorded.
+for profile in release bench; do
+if [ "$profile" = release ]; then
+  cargo build --release --locked --bin gaffer
+else
+  cargo bench --locked --no-run --bench peers
+fi
 run lsp --lsp lsp \
   '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"processId":null,"rootUri":null,"capabilities":{}}}' \
   '{"jsonrpc":"2.0","method":"initialized","params":{}}' \
@@ -41,8 +48,9 @@ run mcp --mcp ndjson \
   '{"jsonrpc":"2.0","method":"notifications/initialized","params":{}}' \
   '{"jsonrpc":"2.0","id":2,"method":"ping"}'
 run ndjson --jsonl ndjson '{"jsonrpc":"2.0","id":1,"method":"ping"}'
+done
 
 # Function names callgrind saw run inside the gaffer binary, in first-seen order.
 awk '/^ob=/ { ob = substr($0, 4) } /^fn=/ { if (ob ~ /\/gaffer$/ && !seen[$0]++) print substr($0, 4) }' \
-  "$out"/lsp.cg "$out"/mcp.cg "$out"/ndjson.cg | grep -v '^0x' > link/startup.order
+  "$out"/*.cg | grep -v '^0x' > link/startup.order
 echo "link/startup.order: $(wc -l < link/startup.order) functions"

@@ -1073,66 +1073,86 @@ fn objectify(schema: &mut Value) {
 
 /// Wraps a method result as an MCP tool result: JSON text plus structured content; domain
 /// errors become `isError` results so the agent can read and correct them. A success is
-/// written straight from the result's encoded text (once as the text content, once spliced in
-/// as the structured content), never parsed back into a `Value`.
+/// written straight from the result's encoded text (escaped once as the text content, spliced
+/// in as is as the structured content), never parsed back into a `Value`; its bytes are those
+/// earlier releases wrote through serde_json (held by `tool_result_bytes`).
 fn tool_result(
     result: Result<Box<RawValue>, RpcError>,
     wrap: bool,
     stateless: bool,
 ) -> Result<Box<RawValue>, serde_json::Error> {
-    #[derive(serde::Serialize)]
-    struct Text<'a> {
-        #[serde(rename = "type")]
-        kind: &'static str,
-        text: &'a str,
-    }
-    #[derive(serde::Serialize)]
-    struct Wrapped<'a> {
-        result: &'a RawValue,
-    }
-    #[derive(serde::Serialize)]
-    #[serde(untagged)]
-    enum Structured<'a> {
-        Bare(&'a RawValue),
-        Wrapped(Wrapped<'a>),
-    }
-    // Keys in the order a `Value` object writes them (sorted), so the bytes match the
-    // error form below and earlier releases.
-    #[derive(serde::Serialize)]
-    struct Ok<'a> {
-        content: [Text<'a>; 1],
-        #[serde(rename = "isError")]
-        is_error: bool,
-        #[serde(rename = "resultType", skip_serializing_if = "Option::is_none")]
-        result_type: Option<&'static str>,
-        #[serde(rename = "structuredContent")]
-        structured: Structured<'a>,
-    }
-    let result_type = stateless.then_some("complete");
-    match result {
-        Result::Ok(raw) => serde_json::value::to_raw_value(&Ok {
-            content: [Text {
-                kind: "text",
-                text: raw.get(),
-            }],
-            is_error: false,
-            result_type,
-            structured: if wrap {
-                Structured::Wrapped(Wrapped { result: &raw })
-            } else {
-                Structured::Bare(&raw)
-            },
-        }),
+    let raw = match result {
+        Result::Ok(raw) => raw,
         Err(e) => {
             let mut out = json!({
                 "content": [{"type": "text", "text": e.message}],
                 "structuredContent": {"error": e},
                 "isError": true,
             });
-            if let Some(t) = result_type {
-                out["resultType"] = json!(t);
+            if stateless {
+                out["resultType"] = json!("complete");
             }
-            serde_json::value::to_raw_value(&out)
+            return serde_json::value::to_raw_value(&out);
+        }
+    };
+    let text = raw.get();
+    let mut out = Vec::with_capacity(2 * text.len() + 112);
+    out.extend_from_slice(br#"{"content":[{"type":"text","text":"#);
+    crate::json_out::string_into(&mut out, text);
+    out.extend_from_slice(br#"}],"isError":false,"#);
+    if stateless {
+        out.extend_from_slice(br#""resultType":"complete","#);
+    }
+    out.extend_from_slice(br#""structuredContent":"#);
+    if wrap {
+        out.extend_from_slice(br#"{"result":"#);
+    }
+    out.extend_from_slice(text.as_bytes());
+    if wrap {
+        out.push(b'}');
+    }
+    out.push(b'}');
+    // Spliced by serde_json as already-encoded text (a copy, not a parse).
+    let encoded = crate::json_out::into_raw(out).map_err(serde::ser::Error::custom)?;
+    serde_json::value::to_raw_value(&encoded)
+}
+
+#[cfg(test)]
+mod tool_result_tests {
+    use super::*;
+
+    /// The hand-written success form: the same bytes serde_json writes for the same parts
+    /// (content item `type` then `text`, the other keys sorted), for every flag combination
+    /// and a text with quotes, controls and non-ASCII.
+    #[test]
+    fn tool_result_bytes() {
+        #[derive(serde::Serialize)]
+        struct Item<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            text: &'a str,
+        }
+        let text = r#"{"a":"q\"uo\\te \u0001 \n","b":["é✓😀",1.5,null]}"#;
+        let raw = RawValue::from_string(text.to_owned()).unwrap();
+        let structured: Value = serde_json::from_str(text).unwrap();
+        for wrap in [false, true] {
+            for stateless in [false, true] {
+                let got = tool_result(Ok(raw.clone()), wrap, stateless).unwrap();
+                let mut expect = format!(
+                    r#"{{"content":[{}],"isError":false,"#,
+                    serde_json::to_string(&Item { kind: "text", text }).unwrap()
+                );
+                if stateless {
+                    expect.push_str(r#""resultType":"complete","#);
+                }
+                let body = if wrap {
+                    json!({ "result": structured }).to_string()
+                } else {
+                    structured.to_string()
+                };
+                expect.push_str(&format!(r#""structuredContent":{body}}}"#));
+                assert_eq!(got.get(), expect, "wrap {wrap}, stateless {stateless}");
+            }
         }
     }
 }
