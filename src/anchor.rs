@@ -274,16 +274,7 @@ impl Anchor {
     /// Records `mark` only if no head was recorded yet (a journal first seen here), under the
     /// anchor's lock: an opener holds no store lock, so it must never overwrite a newer head.
     pub fn adopt(&self, mark: &HeadMark) -> Result<(), AnchorError> {
-        self.ensure_dir()?;
-        let lock_path = self.dir.join("lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(io_err(&lock_path))?;
-        lock.lock().map_err(io_err(&lock_path))?;
+        let _lock = lock_dir(&self.dir)?;
         if self.head()?.is_none() {
             self.advance(mark)?;
         }
@@ -319,16 +310,7 @@ impl Anchor {
     /// Reads the facts under the anchor's lock, lets `f` change them, and writes them back
     /// durably when `f` says so (another process may be doing the same).
     fn update<T>(dir: &Path, f: impl FnOnce(&mut Facts) -> (bool, T)) -> Result<T, AnchorError> {
-        ensure(dir)?;
-        let lock_path = dir.join("lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(io_err(&lock_path))?;
-        lock.lock().map_err(io_err(&lock_path))?;
+        let _lock = lock_dir(dir)?;
         let mut facts = Self::read_facts(dir)?;
         let (changed, out) = f(&mut facts);
         if changed {
@@ -473,17 +455,7 @@ impl Anchor {
 
     /// Records `workspace_id` as the store at this path, if none was recorded yet.
     pub fn adopt_root_id(&self, workspace_id: &str) -> Result<Option<String>, AnchorError> {
-        let parent = self.root_file.parent().unwrap_or(&self.dir).to_path_buf();
-        ensure(&parent)?;
-        let lock_path = parent.join("lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(io_err(&lock_path))?;
-        lock.lock().map_err(io_err(&lock_path))?;
+        let _lock = lock_dir(self.root_file.parent().unwrap_or(&self.dir))?;
         match self.root_id()? {
             Some(id) => Ok(Some(id)),
             None => {
@@ -499,6 +471,22 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AnchorError> {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })
+}
+
+/// Creates `dir` if needed and holds its `lock` file's exclusive lock while the returned file
+/// lives (other gaffer processes change the same facts).
+fn lock_dir(dir: &Path) -> Result<File, AnchorError> {
+    ensure(dir)?;
+    let lock_path = dir.join("lock");
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
+    lock.lock().map_err(io_err(&lock_path))?;
+    Ok(lock)
 }
 
 fn ensure(dir: &Path) -> Result<(), AnchorError> {

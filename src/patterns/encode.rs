@@ -69,13 +69,7 @@ fn plan_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<
 
 /// `ephemeral_workers`, copied under `delegate` for that (deprecated) name.
 fn ephemeral_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<(), Error> {
-    lit(out, ",\"ephemeral_workers\":");
-    let spec_start = out.len();
-    lit(
-        out,
-        "{\"mechanism\":\"ephemeral_workers\",\"dry_run\":true,\"selected_pattern\":",
-    );
-    pattern(out, plan.selection.selected_pattern);
+    let spec_start = spec_head(plan, "ephemeral_workers", out);
     lit(out, ",\"workers\":");
     let tasks = out.len();
     ephemeral_tasks(plan, out);
@@ -85,45 +79,25 @@ fn ephemeral_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Re
     lit(out, ",\"safety_notes\":");
     json_out::write(out, &plan.safety_notes)?;
     out.push(b'}');
-    if output == OutputKind::Delegate {
-        let spec = spec_start..out.len();
-        lit(out, ",\"delegate\":");
-        out.extend_from_within(spec);
-    }
+    copy_under(out, spec_start, output == OutputKind::Delegate, "delegate");
     Ok(())
 }
 
 /// `persistent_workers`, copied under `swarm` for that (deprecated) name.
 fn persistent_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<(), Error> {
-    lit(out, ",\"persistent_workers\":");
-    let spec_start = out.len();
-    lit(
-        out,
-        "{\"mechanism\":\"persistent_workers\",\"dry_run\":true,\"selected_pattern\":",
-    );
-    pattern(out, plan.selection.selected_pattern);
+    let spec_start = spec_head(plan, "persistent_workers", out);
     lit(out, ",\"workers\":");
     persistent_workers(plan, out);
     lit(out, ",\"safety_notes\":");
     json_out::write(out, &plan.safety_notes)?;
     out.push(b'}');
-    if output == OutputKind::Swarm {
-        let spec = spec_start..out.len();
-        lit(out, ",\"swarm\":");
-        out.extend_from_within(spec);
-    }
+    copy_under(out, spec_start, output == OutputKind::Swarm, "swarm");
     Ok(())
 }
 
 /// `task_graph`, copied under `kanban` for that (deprecated) name.
 fn graph_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result<(), Error> {
-    lit(out, ",\"task_graph\":");
-    let spec_start = out.len();
-    lit(
-        out,
-        "{\"mechanism\":\"task_graph\",\"dry_run\":true,\"selected_pattern\":",
-    );
-    pattern(out, plan.selection.selected_pattern);
+    let spec_start = spec_head(plan, "task_graph", out);
     lit(out, ",\"tasks\":");
     graph_tasks(plan, out);
     lit(out, ",\"safety_notes\":[");
@@ -135,12 +109,33 @@ fn graph_forms(plan: &Plan<'_>, output: OutputKind, out: &mut Vec<u8>) -> Result
         out,
         "\"Check the dependencies before creating any task: this graph is a dry run and creates nothing.\"]}",
     );
-    if output == OutputKind::Kanban {
-        let spec = spec_start..out.len();
-        lit(out, ",\"kanban\":");
+    copy_under(out, spec_start, output == OutputKind::Kanban, "kanban");
+    Ok(())
+}
+
+/// Opens a worker spec under its mechanism's name: `,"<mechanism>":{"mechanism":…,
+/// "dry_run":true,"selected_pattern":…`; returns where the spec's object starts.
+fn spec_head(plan: &Plan<'_>, mechanism: &str, out: &mut Vec<u8>) -> usize {
+    lit(out, ",\"");
+    lit(out, mechanism);
+    lit(out, "\":");
+    let start = out.len();
+    lit(out, "{\"mechanism\":\"");
+    lit(out, mechanism);
+    lit(out, "\",\"dry_run\":true,\"selected_pattern\":");
+    pattern(out, plan.selection.selected_pattern);
+    start
+}
+
+/// When `wanted`, the spec written since `start` again under its deprecated `alias`.
+fn copy_under(out: &mut Vec<u8>, start: usize, wanted: bool, alias: &str) {
+    if wanted {
+        let spec = start..out.len();
+        lit(out, ",\"");
+        lit(out, alias);
+        lit(out, "\":");
         out.extend_from_within(spec);
     }
-    Ok(())
 }
 
 /// JSON text known to need no escaping (literals of this module).
