@@ -13,7 +13,7 @@
 //!   approval, and terminal), `operations/list` (limit 1 and 100) at each size, and what one
 //!   snapshot of that state costs (written before the submits, so it is printed, not mixed in);
 //!   `--growth-only N` runs just these rows at N held (`--success-only`: the submit ->
-//!   succeeded rows alone);
+//!   succeeded rows alone, `--clients N` with one client count);
 //! - recovery: opening a workspace whose journal holds 100,000 operations, and a serving
 //!   process on it: time to its first reply, to its first reply that needs the operations, and
 //!   its RSS holding them (`--recovery-only N`);
@@ -878,11 +878,19 @@ fn main() {
     let _key_dir = bench_operator_key();
     let quick = std::env::args().any(|a| a == "--quick");
     let n = if quick { 200 } else { 2000 };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // The runtime `gaffer serve` runs on (one thread for every task, beside the writer
+    // thread); `--multi-thread` puts the tasks on two workers instead.
+    let rt = if std::env::args().any(|a| a == "--multi-thread") {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("runtime");
     if let Some(i) = std::env::args().position(|a| a == "--recovery-only") {
         let count = std::env::args()
             .nth(i + 1)
@@ -990,19 +998,28 @@ fn thread_hand_off(n: usize) -> f64 {
 /// submit -> succeeded with 1 and 8 clients, `rounds` times, each beside the raw rate just
 /// before it (`--success-only` runs just these rows).
 async fn success_rows(n: usize, raw_n: usize, rounds: usize) {
+    // `--clients N` runs one client count alone (to profile it).
+    let only: Option<usize> = std::env::args()
+        .position(|a| a == "--clients")
+        .and_then(|i| std::env::args().nth(i + 1))
+        .and_then(|v| v.parse().ok());
+    let counts = only.map_or(vec![1, 8], |c| vec![c]);
     for _ in 0..rounds {
-        let (raw, raw_cpu) = raw_fdatasync_cost(raw_n);
-        let one = to_success(1, n / 2).await;
-        println!(
-            "submit -> succeeded, 1 client: {}; raw costs {raw_cpu:.0} µs CPU per write+fdatasync",
-            show(&one, raw)
-        );
-        let (raw, raw_cpu) = raw_fdatasync_cost(raw_n);
-        let eight = to_success(8, n / 8).await;
-        println!(
-            "submit -> succeeded, 8 clients: {}; raw costs {raw_cpu:.0} µs CPU per write+fdatasync",
-            show(&eight, raw)
-        );
+        for &clients in &counts {
+            let (raw, raw_cpu) = raw_fdatasync_cost(raw_n);
+            // One client runs half as many: its operations take longest.
+            let per_client = if clients == 1 {
+                n / 2
+            } else {
+                n / clients.max(1)
+            };
+            let cost = to_success(clients, per_client).await;
+            let noun = if clients == 1 { "client" } else { "clients" };
+            println!(
+                "submit -> succeeded, {clients} {noun}: {}; raw costs {raw_cpu:.0} µs CPU per write+fdatasync",
+                show(&cost, raw)
+            );
+        }
     }
     println!(
         "a thread hand-off round trip on this machine (wake a parked thread, be woken back): p50 {:.1} µs",

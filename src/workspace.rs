@@ -19,18 +19,21 @@
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
 
+mod queue;
+
 use crate::anchor::{Anchor, HeadMark, Standing};
 pub use crate::store::Record;
 use crate::store::{
     ChainStatus, ChainView, Head, RawSnapshot, SnapshotMark, SnapshotTarget, Store, StoreError,
 };
+use queue::CommitQueue;
 
 /// Write a snapshot after this many records since the last one, so opening stays fast.
 const SNAPSHOT_EVERY: u64 = 50_000;
@@ -228,7 +231,7 @@ pub struct Workspace {
     root: PathBuf,
     gaffer_dir: PathBuf,
     shared: Arc<Shared>,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    jobs: Arc<CommitQueue<Job>>,
     stop_tailer: Arc<std::sync::atomic::AtomicBool>,
     /// Shared with the store (kept across a reload), so chain queries never wait for a commit.
     chain: ChainView,
@@ -492,7 +495,7 @@ impl Workspace {
             chain: chain.clone(),
             guard: Arc::new(Mutex::new(guard)),
         });
-        let (tx, rx) = mpsc::channel::<Job>();
+        let jobs = Arc::new(CommitQueue::new());
         let spawn_err = |e| StoreError::Io {
             path: gaffer_dir.clone(),
             source: e,
@@ -501,9 +504,10 @@ impl Workspace {
             let shared = Arc::clone(&shared);
             let dir = gaffer_dir.clone();
             let view = chain.clone();
+            let jobs = Arc::clone(&jobs);
             std::thread::Builder::new()
                 .name("gaffer-writer".into())
-                .spawn(move || writer_loop(&shared, (&dir, &view), rx))
+                .spawn(move || writer_loop(&shared, (&dir, &view), &jobs))
                 .map_err(spawn_err)?;
         }
         let stop_tailer = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -524,7 +528,7 @@ impl Workspace {
             root,
             gaffer_dir,
             shared,
-            jobs: Mutex::new(Some(tx)),
+            jobs,
             stop_tailer,
             chain,
         }))
@@ -623,15 +627,9 @@ impl Workspace {
                 }
             }
         });
-        {
-            let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            let sender = jobs
-                .as_ref()
-                .ok_or(CommitError::Store(WorkspaceError::WriterGone))?;
-            sender
-                .send(job)
-                .map_err(|_| CommitError::Store(WorkspaceError::WriterGone))?;
-        }
+        self.jobs
+            .push(job)
+            .map_err(|_| CommitError::Store(WorkspaceError::WriterGone))?;
         rx.await
             .unwrap_or(Err(CommitError::Store(WorkspaceError::CommitPanicked)))
     }
@@ -756,8 +754,8 @@ impl Workspace {
 impl Drop for Workspace {
     fn drop(&mut self) {
         self.stop_tailer.store(true, Ordering::Relaxed);
-        // Closing the channel lets the writer finish queued commits and exit.
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Closing the queue lets the writer finish queued commits and exit.
+        self.jobs.close();
     }
 }
 
@@ -907,43 +905,33 @@ impl Gather {
     /// Everything queued, and while fewer than the last batch's callers have come back, up to
     /// one batch's time (at most [`MAX_GATHER`]) for them: one fdatasync then serves them all
     /// instead of one carrying the first caller and the next the rest, so the wait costs at
-    /// most the fdatasync it saves. One caller at a time (`expect` 1) never waits.
-    fn take(&self, rx: &mpsc::Receiver<Job>, first: Job) -> Vec<Job> {
-        let mut jobs = vec![first];
-        let drain = |jobs: &mut Vec<Job>| {
-            while jobs.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(j) => jobs.push(j),
-                    Err(_) => break,
-                }
-            }
-        };
-        drain(&mut jobs);
-        let want = self.expect.min(MAX_BATCH);
-        if jobs.len() < want {
-            let until = Instant::now() + self.took.min(MAX_GATHER);
-            while jobs.len() < want {
-                let left = until.saturating_duration_since(Instant::now());
-                match rx.recv_timeout(left) {
-                    Ok(j) => {
-                        jobs.push(j);
-                        drain(&mut jobs);
-                    }
-                    Err(_) => break,
-                }
-            }
-        }
-        jobs
+    /// most the fdatasync it saves. One caller at a time (`expect` 1) never waits. `None`
+    /// once the queue is closed and empty.
+    fn take(&self, jobs: &CommitQueue<Job>) -> Option<Vec<Job>> {
+        jobs.take(self.expect, self.took.min(MAX_GATHER), MAX_BATCH)
     }
 }
 
-fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), rx: mpsc::Receiver<Job>) {
+/// Answers whatever is still queued when the writer stops, by closing or by a panic: a
+/// caller waits for an answer, never forever.
+struct AnswerLeftovers<'a>(&'a CommitQueue<Job>);
+
+impl Drop for AnswerLeftovers<'_> {
+    fn drop(&mut self) {
+        for job in self.0.close_and_drain() {
+            let _ =
+                std::panic::catch_unwind(AssertUnwindSafe(|| job(Err(WorkspaceError::WriterGone))));
+        }
+    }
+}
+
+fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), queue: &CommitQueue<Job>) {
+    let _leftovers = AnswerLeftovers(queue);
     let mut gather = Gather {
         expect: 1,
         took: Duration::ZERO,
     };
-    while let Ok(first) = rx.recv() {
-        let jobs = gather.take(&rx, first);
+    while let Some(jobs) = gather.take(queue) {
         gather.expect = jobs.len();
         let started = Instant::now();
         let mut io = lock(&shared.io);
@@ -1279,24 +1267,36 @@ mod tests {
     #[test]
     fn gathering_takes_everything_queued_and_its_wait_ends() {
         let job = || -> Job { Box::new(|_stage: Result<&mut Stage<'_>, WorkspaceError>| None) };
-        let (tx, rx) = mpsc::channel::<Job>();
+        let queue = CommitQueue::new();
         let lone = Gather {
             expect: 1,
             took: Duration::from_secs(60),
         };
-        tx.send(job()).expect("send");
-        assert_eq!(lone.take(&rx, job()).len(), 2, "everything queued joins");
+        for _ in 0..2 {
+            assert!(queue.push(job()).is_ok());
+        }
+        assert_eq!(
+            lone.take(&queue).map(|j| j.len()),
+            Some(2),
+            "everything queued joins"
+        );
         let three = Gather {
             expect: 3,
             took: Duration::from_secs(60),
         };
-        tx.send(job()).expect("send");
+        for _ in 0..2 {
+            assert!(queue.push(job()).is_ok());
+        }
         assert_eq!(
-            three.take(&rx, job()).len(),
-            2,
+            three.take(&queue).map(|j| j.len()),
+            Some(2),
             "the wait ends without them"
         );
-        drop(tx);
+        queue.close();
+        assert!(
+            lone.take(&queue).is_none(),
+            "a closed, empty queue ends the writer"
+        );
     }
 
     #[tokio::test]

@@ -1,0 +1,161 @@
+//! The queue between committers and the writer thread.
+//!
+//! A committer wakes the writer only when the writer waits for that very job: the first of a
+//! batch, or the one that completes the count a gathering writer waits for. The others join
+//! without a system call. (A std channel wakes its receiver on every send, so a writer
+//! gathering eight commits was woken, and parked again, eight times per batch.)
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub(super) struct CommitQueue<T> {
+    inner: Mutex<Inner<T>>,
+    ready: Condvar,
+}
+
+struct Inner<T> {
+    items: Vec<T>,
+    closed: bool,
+    /// How many queued items the writer is parked for; 0 while it is not parked.
+    waiting_for: usize,
+}
+
+impl<T> CommitQueue<T> {
+    pub(super) fn new() -> Self {
+        CommitQueue {
+            inner: Mutex::new(Inner {
+                items: Vec::new(),
+                closed: false,
+                waiting_for: 0,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `item`, or hands it back when the queue is closed.
+    pub(super) fn push(&self, item: T) -> Result<(), T> {
+        let mut inner = self.lock();
+        if inner.closed {
+            return Err(item);
+        }
+        inner.items.push(item);
+        let wake = inner.waiting_for != 0 && inner.items.len() >= inner.waiting_for;
+        drop(inner);
+        if wake {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// No more items are accepted; the writer takes what is queued, then sees the end.
+    pub(super) fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_one();
+    }
+
+    /// Closes the queue and returns what is still queued (the writer is gone: its callers
+    /// must be answered by whoever drains it).
+    pub(super) fn close_and_drain(&self) -> Vec<T> {
+        let mut inner = self.lock();
+        inner.closed = true;
+        std::mem::take(&mut inner.items)
+    }
+
+    /// Waits for a first item (`None` once closed and empty), then, while fewer than `want`
+    /// are queued, up to `gather` for the rest; returns at most `max`, oldest first.
+    pub(super) fn take(&self, want: usize, gather: Duration, max: usize) -> Option<Vec<T>> {
+        let mut inner = self.lock();
+        while inner.items.is_empty() {
+            if inner.closed {
+                return None;
+            }
+            inner.waiting_for = 1;
+            inner = self.ready.wait(inner).unwrap_or_else(|p| p.into_inner());
+        }
+        let want = want.min(max);
+        if inner.items.len() < want && !inner.closed {
+            let until = Instant::now() + gather;
+            inner.waiting_for = want;
+            while inner.items.len() < want && !inner.closed {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                inner = self
+                    .ready
+                    .wait_timeout(inner, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+        inner.waiting_for = 0;
+        let n = inner.items.len().min(max);
+        Some(inner.items.drain(..n).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_take_gets_everything_queued_and_its_gathering_ends_at_the_deadline() {
+        let q = CommitQueue::new();
+        for i in 0..3 {
+            q.push(i).expect("open");
+        }
+        assert_eq!(q.take(1, Duration::from_secs(60), 512), Some(vec![0, 1, 2]));
+        q.push(3).expect("open");
+        let t = Instant::now();
+        assert_eq!(q.take(3, Duration::from_millis(20), 512), Some(vec![3]));
+        assert!(
+            t.elapsed() >= Duration::from_millis(20),
+            "it waited for the rest"
+        );
+        for i in 0..5 {
+            q.push(i).expect("open");
+        }
+        assert_eq!(
+            q.take(1, Duration::ZERO, 2),
+            Some(vec![0, 1]),
+            "at most max"
+        );
+        assert_eq!(q.take(1, Duration::ZERO, 512), Some(vec![2, 3, 4]));
+    }
+
+    #[test]
+    fn the_item_a_gathering_writer_waits_for_wakes_it_and_close_ends_it() {
+        let q = Arc::new(CommitQueue::new());
+        q.push(0).expect("open");
+        let pusher = {
+            let q = Arc::clone(&q);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                q.push(1).expect("open");
+                std::thread::sleep(Duration::from_millis(30));
+                q.close();
+            })
+        };
+        let t = Instant::now();
+        // Wants two: woken by the second push, long before the 60 s gather ends.
+        assert_eq!(q.take(2, Duration::from_secs(60), 512), Some(vec![0, 1]));
+        assert!(t.elapsed() < Duration::from_secs(30));
+        // Parked for a first item: woken by close, which ends the queue.
+        assert_eq!(q.take(1, Duration::from_secs(60), 512), None);
+        assert_eq!(q.push(2), Err(2), "a closed queue refuses");
+        pusher.join().expect("pusher");
+    }
+
+    #[test]
+    fn draining_a_closed_queue_returns_what_was_left() {
+        let q = CommitQueue::new();
+        q.push(7).expect("open");
+        assert_eq!(q.close_and_drain(), vec![7]);
+        assert_eq!(q.take(1, Duration::ZERO, 512), None);
+    }
+}
