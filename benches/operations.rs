@@ -1022,8 +1022,9 @@ async fn success_rows(n: usize, raw_n: usize, rounds: usize) {
         }
     }
     println!(
-        "a thread hand-off round trip on this machine (wake a parked thread, be woken back): p50 {:.1} µs",
-        thread_hand_off(2_000)
+        "a thread hand-off round trip on this machine (wake a parked thread, be woken back): p50 {:.1} µs; {}",
+        thread_hand_off(2_000),
+        common::machine_idle()
     );
 }
 

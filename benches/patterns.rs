@@ -1,7 +1,9 @@
 //! Worker-pattern selection benchmarks: in process (the 84-case conformance mix and four
 //! fixed requests), sequential round trips to one serving process over stdio (NDJSON
 //! `patterns/select`, MCP `tools/call` `select_worker_pattern`, LSP-framed `patterns/select`),
-//! and the one-shot CLI. Prints
+//! and the one-shot CLI. Round trips print, beside their wall-clock quantiles, the serving
+//! process's own CPU time per call (all its threads, from schedstat): on a machine whose parked
+//! CPUs exit the VM the wall time is mostly wake-ups, and this column is gaffer's part. Prints
 //! gaffer's own figures only; the reference selector appears as a figure labelled with the
 //! date it was measured, never as a ratio against a constant (a constant goes stale while the
 //! machine and the reference change). Asserts nothing.
@@ -22,6 +24,8 @@ const REFERENCE_IN_PROCESS: &str = "reference: 4.9 ms per call in process, measu
 const REFERENCE_ROUND_TRIP: &str = "reference: 4.6 ms per MCP round trip, measured 2026-12-01";
 const REFERENCE_CLI: &str = "reference: 141 ms per CLI run, measured 2026-12-01";
 const BIN: &str = env!("CARGO_BIN_EXE_gaffer");
+
+mod common;
 
 fn scopes(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("pkg-{i:04}")).collect()
@@ -297,6 +301,13 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// The serving process's CPU time so far (all threads), ns.
+    fn cpu_ns(&self) -> u64 {
+        common::process_cpu_ns(self.child.id()).unwrap_or(0)
+    }
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -324,6 +335,7 @@ fn stdio_round_trip(cases: &[(&str, Value)]) {
         let mut conn = Conn::start(ws.path(), wire);
         // The floor of this wire in this run: a `ping` round trip (pipes, framing, dispatch).
         let mut id = 0u64;
+        let cpu = conn.cpu_ns();
         let mut pings: Vec<f64> = (0..3_000)
             .map(|_| {
                 id += 1;
@@ -332,19 +344,24 @@ fn stdio_round_trip(cases: &[(&str, Value)]) {
                 t.elapsed().as_secs_f64() * 1e6
             })
             .collect();
+        let ping_cpu = (conn.cpu_ns() - cpu) as f64 / 3_000.0 / 1e3;
         pings.sort_by(f64::total_cmp);
         println!();
-        println!("{title} ({REFERENCE_ROUND_TRIP})");
         println!(
-            "{:<32} {:>10.1} {:>10.1} {:>10.1}",
+            "{title} ({REFERENCE_ROUND_TRIP}; {})",
+            common::machine_idle()
+        );
+        println!(
+            "{:<32} {:>10} {:>10} {:>10} {:>14}",
+            "request", "p50 µs", "p90 µs", "p99 µs", "server CPU µs"
+        );
+        println!(
+            "{:<32} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
             "ping (this wire's floor)",
             percentile(&pings, 0.5),
             percentile(&pings, 0.9),
             percentile(&pings, 0.99),
-        );
-        println!(
-            "{:<32} {:>10} {:>10} {:>10}",
-            "request", "p50 µs", "p90 µs", "p99 µs"
+            ping_cpu,
         );
         for (name, params) in cases {
             let body = serde_json::to_string(params).expect("json");
@@ -364,6 +381,7 @@ fn stdio_round_trip(cases: &[(&str, Value)]) {
                 id += 1;
                 conn.call(id, method, &params);
             }
+            let cpu = conn.cpu_ns();
             let mut samples: Vec<f64> = (0..n)
                 .map(|_| {
                     id += 1;
@@ -372,12 +390,14 @@ fn stdio_round_trip(cases: &[(&str, Value)]) {
                     t.elapsed().as_secs_f64() * 1e6
                 })
                 .collect();
+            let server_cpu = (conn.cpu_ns() - cpu) as f64 / n as f64 / 1e3;
             samples.sort_by(f64::total_cmp);
             println!(
-                "{name:<32} {:>10.1} {:>10.1} {:>10.1}",
+                "{name:<32} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
                 percentile(&samples, 0.5),
                 percentile(&samples, 0.9),
                 percentile(&samples, 0.99),
+                server_cpu,
             );
         }
     }

@@ -18,6 +18,40 @@ pub fn rss_kib(pid: &str) -> Option<u64> {
         .ok()
 }
 
+/// CPU time process `pid` has run, all its threads, in ns (`/proc/<pid>/task/*/schedstat`,
+/// Linux): the server's own cost of a round trip, beside the wall time that also holds the
+/// machine's wake-ups.
+pub fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let text = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        ns += text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(ns)
+}
+
+/// How this machine's idle CPUs wait (cpuidle driver, and the guest halt-poll window when the
+/// driver is haltpoll): with no polling every wake-up of a parked thread exits the VM, which
+/// sets the floor under every cross-thread and cross-process round trip here.
+pub fn machine_idle() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let driver =
+        read("/sys/devices/system/cpu/cpuidle/current_driver").unwrap_or_else(|| "unknown".into());
+    match read("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
+        Some(ns) if driver == "haltpoll" => format!("cpuidle {driver}, guest halt-poll {ns} ns"),
+        _ => format!("cpuidle {driver}"),
+    }
+}
+
 /// The `p` quantile (0..=1) of sorted samples, nearest rank.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
