@@ -3,23 +3,8 @@
 #[path = "patterns_support.rs"]
 mod support;
 
-use gaffer::patterns::{RosterEnv, SelectContext, select};
+use gaffer::patterns::select;
 use serde_json::Value;
-
-fn context_for(case: &Value) -> SelectContext {
-    let env: Vec<(String, String)> = case["env"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut ctx = SelectContext::isolated();
-    ctx.env = RosterEnv::from_pairs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    ctx.base_dir = Some(support::data_dir());
-    ctx
-}
 
 #[test]
 fn every_conformance_case_matches_the_reference_decision() {
@@ -29,7 +14,7 @@ fn every_conformance_case_matches_the_reference_decision() {
     let (mut decisions, mut kinds, mut errors) = (0, 0, 0);
     for case in &cases {
         let id = case["id"].as_str().unwrap_or("?");
-        let ctx = context_for(case);
+        let ctx = support::context_for(case);
         let result = select(&case["request"], &ctx);
         if let Some(err) = case.get("expect_error") {
             errors += 1;

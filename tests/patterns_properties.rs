@@ -4,7 +4,7 @@
 mod support;
 
 use gaffer::patterns::render::{write_output, write_output_serde};
-use gaffer::patterns::{OutputKind, RosterEnv, SelectContext, build_plan, parse_params, select};
+use gaffer::patterns::{OutputKind, SelectContext, build_plan, parse_params, select};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -164,17 +164,7 @@ fn encoders_agree(req: &Value, ctx: &SelectContext) -> Result<(), TestCaseError>
 #[test]
 fn the_reply_encoder_writes_the_serde_bytes_for_every_conformance_case() {
     for case in support::cases() {
-        let env: Vec<(String, String)> = case["env"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut ctx = SelectContext::isolated();
-        ctx.env = RosterEnv::from_pairs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        ctx.base_dir = Some(support::data_dir());
+        let ctx = support::context_for(&case);
         encoders_agree(&case["request"], &ctx).unwrap();
     }
 }

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use gaffer::patterns::{RosterEnv, SelectContext};
 use serde_json::{Map, Value, json};
 
 /// Folder holding `cases.jsonl` and `fixtures/` (copied from the shared conformance set).
@@ -19,6 +20,23 @@ pub fn cases() -> Vec<Value> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).expect("each case line is JSON"))
         .collect()
+}
+
+/// The selection context a case asks for: isolated, with the case's roster environment and
+/// the fixtures folder as base.
+pub fn context_for(case: &Value) -> SelectContext {
+    let env: Vec<(String, String)> = case["env"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut ctx = SelectContext::isolated();
+    ctx.env = RosterEnv::from_pairs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    ctx.base_dir = Some(data_dir());
+    ctx
 }
 
 /// The structural decision of a rendered result, restricted to the keys `expect` lists.
