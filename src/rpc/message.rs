@@ -308,10 +308,18 @@ pub fn reply_ok(id: &Id, result: Value) -> Value {
 /// A success reply whose result is already encoded JSON (spliced in, never re-parsed).
 pub fn reply_ok_raw(id: &Id, result: &serde_json::value::RawValue) -> String {
     let id = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
-    format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{}}}",
-        result.get()
-    )
+    // Sized once: `format!` cannot know the result's length and would grow (and copy) a
+    // multi-megabyte selection several times.
+    const HEAD: &str = "{\"jsonrpc\":\"2.0\",\"id\":";
+    const RESULT: &str = ",\"result\":";
+    let body = result.get();
+    let mut out = String::with_capacity(HEAD.len() + id.len() + RESULT.len() + body.len() + 1);
+    out.push_str(HEAD);
+    out.push_str(&id);
+    out.push_str(RESULT);
+    out.push_str(body);
+    out.push('}');
+    out
 }
 
 /// Encodes a message for the wire (a `Value` always encodes; keys are strings).
@@ -334,6 +342,21 @@ pub fn notification(method: &str, params: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_reply_is_the_envelope_serde_would_write_around_the_result() {
+        let result =
+            serde_json::value::RawValue::from_string(r#"{"a":[1,"x\"y"]}"#.into()).expect("raw");
+        for id in [Id::Int(-3), Id::Str("q\"1".into())] {
+            let text = reply_ok_raw(&id, &result);
+            let parsed: Value = serde_json::from_str(&text).expect("a reply is JSON");
+            assert_eq!(
+                parsed,
+                json!({"jsonrpc": "2.0", "id": id, "result": {"a": [1, "x\"y"]}})
+            );
+            assert_eq!(text.len(), text.capacity(), "sized once");
+        }
+    }
 
     #[test]
     fn classifies_requests_notifications_and_junk() {
