@@ -14,9 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gaffer::patterns::{
-    RosterEnv, SelectContext, build_plan, parse_params, render::write_output, select,
-};
+use gaffer::patterns::{SelectContext, build_plan, parse_params, render::write_output, select};
 use serde_json::{Value, json};
 
 /// The reference selector as measured once, on this machine kind: labels, not live figures.
@@ -26,6 +24,8 @@ const REFERENCE_CLI: &str = "reference: 141 ms per CLI run, measured 2026-12-01"
 const BIN: &str = env!("CARGO_BIN_EXE_gaffer");
 
 mod common;
+#[path = "../tests/patterns_support.rs"]
+mod support;
 
 fn scopes(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("pkg-{i:04}")).collect()
@@ -131,24 +131,10 @@ fn main() {
 /// batch: what `patterns_conformance` checks for correctness, timed. Requests the reference
 /// refuses are part of the mix (they cost a parse and an error).
 fn conformance_mix() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/patterns");
-    let text = std::fs::read_to_string(dir.join("cases.jsonl")).expect("conformance cases");
-    let cases: Vec<(Value, SelectContext)> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let case: Value = serde_json::from_str(l).expect("case json");
-            let env: Vec<(String, String)> = case["env"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let mut ctx = SelectContext::isolated();
-            ctx.env = RosterEnv::from_pairs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            ctx.base_dir = Some(dir.clone());
+    let cases: Vec<(Value, SelectContext)> = support::cases()
+        .into_iter()
+        .map(|case| {
+            let ctx = support::context_for(&case);
             (case["request"].clone(), ctx)
         })
         .collect();
