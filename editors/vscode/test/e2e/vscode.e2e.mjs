@@ -30,6 +30,11 @@ fs.rmSync(OUT, { recursive: true, force: true });
 const R = path.join(OUT, "run");
 const dirs = { home: `${R}/home`, ws: `${R}/workspace`, keys: `${R}/operator`, udd: `${R}/udd`, exts: `${R}/exts` };
 for (const d of [...Object.values(dirs), `${R}/home/rt`, `${R}/home/tmp`, `${R}/udd/User`, `${R}/ws-shots`]) fs.mkdirSync(d, { recursive: true });
+// One anchor for every gaffer of this run (the operator's inside code-server and the agent's),
+// as on a machine with one user; kept inside the run, so a rerun at this same workspace path
+// is a new machine's first sight of a new store, not the old store replaced.
+process.env.GAFFER_STATE_DIR = `${R}/state`;
+fs.mkdirSync(process.env.GAFFER_STATE_DIR, { recursive: true, mode: 0o700 });
 const shots = OUT;
 const KEY = `${dirs.keys}/operator.key`;
 const EVENTS = `${OUT}/events.jsonl`;
