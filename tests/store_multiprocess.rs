@@ -26,6 +26,11 @@ fn child_appender() {
     };
     let id: u64 = id.parse().unwrap();
     let mut store = Store::open(&dir).unwrap();
+    // One writer allocates space ahead of its appends (as a workspace does), the other does
+    // not: each must see the other's records and nothing of the zeros.
+    if id % 2 == 1 {
+        store.preallocate(4096);
+    }
     // Every seq this process knows of, and who wrote it.
     let mut known: BTreeMap<u64, u64> = BTreeMap::new();
     let note = |records: Vec<Record>, known: &mut BTreeMap<u64, u64>| {

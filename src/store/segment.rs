@@ -104,6 +104,26 @@ fn header_verdict(path: &Path, head: &[u8], is_last: bool) -> Result<bool, Store
     }
 }
 
+/// Whether the frame prefix at `offset` of the segment at `path` is zeros: space
+/// preallocated and not written yet (a frame never starts with zeros).
+pub fn unwritten_at(path: &Path, offset: u64) -> bool {
+    let mut prefix = [0u8; FRAME_PREFIX];
+    let read = File::open(path).and_then(|f| {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut prefix, offset)
+        }
+        #[cfg(not(unix))]
+        {
+            let mut f = f;
+            f.seek(SeekFrom::Start(offset))?;
+            f.read_exact(&mut prefix)
+        }
+    });
+    read.is_ok() && prefix == [0u8; FRAME_PREFIX]
+}
+
 fn read_up_to(file: &mut File, n: usize) -> io::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(n);
     file.by_ref().take(n as u64).read_to_end(&mut out)?;
@@ -113,7 +133,8 @@ fn read_up_to(file: &mut File, n: usize) -> io::Result<Vec<u8>> {
 /// How a segment scan stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SegmentEnd {
-    /// Every byte up to `end` (the end of the file when read) belongs to a whole record.
+    /// Every byte up to `end` belongs to a whole record; after it the file ends or holds only
+    /// zeros (space preallocated and never written).
     Clean { end: u64 },
     /// Whole records end at `end`; what follows is an incomplete or damaged tail with no whole
     /// record after it. Only possible in the last segment.
@@ -324,9 +345,14 @@ fn scan_serial<E: From<StoreError>>(
                 }
                 Frame::Bad(reason) => {
                     let tail = batch_start.unwrap_or(offset);
+                    let settled = pending.is_empty() || resuming;
                     let rest = &buf[lo..hi];
-                    return damaged(path, &mut file, rest, offset, tail, reason, is_last)
-                        .map_err(E::from);
+                    let at = Damage {
+                        offset,
+                        tail,
+                        settled,
+                    };
+                    return damaged(path, &mut file, rest, at, reason, is_last).map_err(E::from);
                 }
             }
         }
@@ -341,14 +367,23 @@ fn scan_serial<E: From<StoreError>>(
                     "batch of {} whole record(s) lacks its last record",
                     pending.len()
                 );
-                return damaged(path, &mut file, &[], tail, tail, reason, is_last).map_err(E::from);
+                let at = Damage {
+                    offset: tail,
+                    tail,
+                    settled: false,
+                };
+                return damaged(path, &mut file, &[], at, reason, is_last).map_err(E::from);
             }
             let reason = match incomplete.flatten() {
                 Some(needed) => format!("incomplete record: {} of {needed} bytes present", hi - lo),
                 None => format!("incomplete record prefix: {} bytes", hi - lo),
             };
-            return damaged(path, &mut file, &buf[lo..hi], offset, tail, reason, is_last)
-                .map_err(E::from);
+            let at = Damage {
+                offset,
+                tail,
+                settled: pending.is_empty() || resuming,
+            };
+            return damaged(path, &mut file, &buf[lo..hi], at, reason, is_last).map_err(E::from);
         }
         // Keep the unfinished frame at the front and read more behind it.
         if lo > 0 {
@@ -376,35 +411,55 @@ fn scan_serial<E: From<StoreError>>(
     }
 }
 
-/// Decides whether damage at `offset` is a torn tail or corruption. `buffered` holds the bytes
-/// from `offset` already read; the rest of the file is read behind them. `tail` is where the
-/// unfinished batch containing the damage starts (the cut point of a torn tail).
+/// Where a scan met bytes that are not a whole frame.
+struct Damage {
+    /// The frame boundary the bytes start at.
+    offset: u64,
+    /// Where the unfinished batch containing them starts (the cut point of a torn tail).
+    tail: u64,
+    /// No batch is left unfinished at `offset`.
+    settled: bool,
+}
+
+/// Decides what the bytes from a frame boundary that are not a whole frame are: space never
+/// written, a torn tail, or corruption. `buffered` holds the bytes from `at.offset` already
+/// read; the rest of the file is read behind them.
 ///
-/// Only the last batch can be torn: a writer starts a batch only after the previous one was
-/// fdatasynced. So the damage is a torn tail when nothing whole follows it except later
-/// records of the same batch (a crash can persist a batch's pages out of order); a whole
-/// record that starts a new batch after it proves the damaged batch had been acknowledged.
+/// Zeros from a settled boundary to the end of the file are space never written: a writer
+/// that preallocates its segment ([`super::Store::preallocate`]) leaves them there, and no
+/// frame starts with zeros (a length of 0 is refused). Only the last batch can be torn: a
+/// writer starts a batch only after the previous one was fdatasynced. So the damage is a torn
+/// tail when nothing whole follows it except later records of the same batch (a crash can
+/// persist a batch's pages out of order); a whole record that starts a new batch after it
+/// proves the damaged batch had been acknowledged.
 fn damaged(
     path: &Path,
     file: &mut File,
     buffered: &[u8],
-    offset: u64,
-    tail: u64,
+    at: Damage,
     reason: String,
     is_last: bool,
 ) -> Result<SegmentEnd, StoreError> {
+    let Damage {
+        offset,
+        tail,
+        settled,
+    } = at;
     let corrupt = |why: String| StoreError::Corrupt {
         segment: path.to_path_buf(),
         offset,
         reason: why,
     };
+    let mut rest = buffered.to_vec();
+    file.read_to_end(&mut rest).map_err(StoreError::io(path))?;
+    if settled && rest.iter().all(|b| *b == 0) {
+        return Ok(SegmentEnd::Clean { end: offset });
+    }
     if !is_last {
         return Err(corrupt(format!(
             "{reason} (in a segment that is not the last)"
         )));
     }
-    let mut rest = buffered.to_vec();
-    file.read_to_end(&mut rest).map_err(StoreError::io(path))?;
     let mut from = 1;
     while let Some(found) = codec::find_whole_frame(&rest, from) {
         if found.first {

@@ -6,6 +6,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -405,8 +406,11 @@ pub fn append_chained(root: &Path, records: &[(&str, Vec<u8>)]) {
         out.extend(frame(&body, true, true));
         prev = gaffer::util::sha256_hex(&body);
     }
-    let mut f = OpenOptions::new().append(true).open(&seg.path).unwrap();
-    f.write_all(&out).unwrap();
+    // Right after the last record, as gaffer's writer does (the zeros after it are space
+    // allocated ahead, not written).
+    let end = seg.recs.last().map_or(16, |r| r.at + r.frame_len());
+    let f = OpenOptions::new().write(true).open(&seg.path).unwrap();
+    f.write_all_at(&out, end as u64).unwrap();
     f.sync_data().unwrap();
     lock.unlock().unwrap();
 }

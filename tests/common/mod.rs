@@ -355,8 +355,12 @@ pub fn journal_bytes(ws: &Path) -> Vec<u8> {
 pub fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
     let mut at = 16;
     let mut out = Vec::new();
-    while at < bytes.len() {
+    while at + 4 <= bytes.len() {
         let word = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        if word == 0 {
+            // Space the writer allocated ahead and has not written yet.
+            break;
+        }
         let len = 8 + (word & ((1 << 30) - 1)) as usize;
         out.push((at, len));
         at += len;
