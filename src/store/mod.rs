@@ -667,23 +667,23 @@ impl Store {
         self.preallocate = bytes;
     }
 
-    /// Cheap check (two `stat`s, and a read of 8 bytes where the segment goes on past the
-    /// cursor) that nothing follows the cursor: its segment still ends there, or only zeros
-    /// (preallocated space) follow, and no newer segment exists (segments are created in
-    /// order, so checking the next one suffices). False means "maybe": the caller reads.
+    /// Cheap check that nothing follows the cursor: its segment ends there or only zeros
+    /// (space allocated ahead) follow — one read of 8 bytes, on the write handle when this
+    /// Store holds one — and no newer segment exists (segments are created in order, so one
+    /// `stat` of the next suffices). False means "maybe": the caller reads.
     fn nothing_new(&self) -> bool {
         if self.cursor.offset == 0 {
             return false;
         }
-        let current = segment::segment_path(&self.journal, self.cursor.segment);
-        match std::fs::metadata(&current) {
-            Ok(meta) if meta.len() == self.cursor.offset => {}
-            Ok(meta) if meta.len() > self.cursor.offset => {
-                if !segment::unwritten_at(&current, self.cursor.offset) {
-                    return false;
-                }
+        let unwritten = match &self.writer {
+            Some(w) if w.segment == self.cursor.segment => {
+                segment::unwritten_at(&w.file, self.cursor.offset)
             }
-            _ => return false,
+            _ => File::open(segment::segment_path(&self.journal, self.cursor.segment))
+                .is_ok_and(|f| segment::unwritten_at(&f, self.cursor.offset)),
+        };
+        if !unwritten {
+            return false;
         }
         let next = segment::segment_path(&self.journal, self.cursor.segment + 1);
         matches!(std::fs::symlink_metadata(next), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
@@ -888,7 +888,9 @@ struct SegmentWriter {
 
 impl SegmentWriter {
     fn open(segment: u64, path: &Path) -> Result<SegmentWriter, StoreError> {
+        // Read too: `nothing_new` looks at what follows the cursor through it.
         let file = OpenOptions::new()
+            .read(true)
             .write(true)
             .open(path)
             .map_err(StoreError::io(path))?;

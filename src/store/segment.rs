@@ -104,24 +104,34 @@ fn header_verdict(path: &Path, head: &[u8], is_last: bool) -> Result<bool, Store
     }
 }
 
-/// Whether the frame prefix at `offset` of the segment at `path` is zeros: space
-/// preallocated and not written yet (a frame never starts with zeros).
-pub fn unwritten_at(path: &Path, offset: u64) -> bool {
+/// Whether nothing but zeros follows `offset` in the first frame prefix's worth of `file`
+/// (or the file ends there): no record starts at `offset` yet. A frame never starts with
+/// zeros; zeros are space allocated ahead and not written.
+pub fn unwritten_at(file: &File, offset: u64) -> bool {
     let mut prefix = [0u8; FRAME_PREFIX];
-    let read = File::open(path).and_then(|f| {
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::FileExt;
-            f.read_exact_at(&mut prefix, offset)
+    let mut got = 0;
+    while got < FRAME_PREFIX {
+        match read_at(file, &mut prefix[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
         }
-        #[cfg(not(unix))]
-        {
-            let mut f = f;
-            f.seek(SeekFrom::Start(offset))?;
-            f.read_exact(&mut prefix)
-        }
-    });
-    read.is_ok() && prefix == [0u8; FRAME_PREFIX]
+    }
+    prefix[..got].iter().all(|b| *b == 0)
+}
+
+#[cfg(unix)]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    file.read_at(buf, offset)
+}
+
+#[cfg(not(unix))]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut file = file;
+    file.seek(SeekFrom::Start(offset))?;
+    file.read(buf)
 }
 
 fn read_up_to(file: &mut File, n: usize) -> io::Result<Vec<u8>> {
