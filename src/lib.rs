@@ -11,6 +11,7 @@ pub mod anchor;
 pub mod bundles;
 pub mod cli;
 pub mod clients;
+pub mod fanout;
 pub mod jcs;
 pub mod json_out;
 pub mod methods;

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
+
+use crate::fanout::{Fanout, Subscription};
 
 mod queue;
 
@@ -188,7 +190,7 @@ struct Folded {
 struct Shared {
     io: Mutex<Io>,
     folded: Mutex<Folded>,
-    events: broadcast::Sender<Notice>,
+    events: Fanout<Notice>,
     /// Subscribers to some notices only (see [`Workspace::watch`]).
     watchers: Mutex<Vec<Watcher>>,
     /// Batches appended (one fdatasync each), for benchmarks and status.
@@ -478,7 +480,6 @@ impl Workspace {
             guard,
         } = load(&gaffer_dir, &chain)?;
         tracing::info!(workspace = %root.display(), seq = state.last_seq, replayed, "workspace opened");
-        let (events, _) = broadcast::channel(4096);
         let shared = Arc::new(Shared {
             io: Mutex::new(Io {
                 store,
@@ -490,7 +491,7 @@ impl Workspace {
                 state,
                 last_poll: Instant::now(),
             }),
-            events,
+            events: Fanout::default(),
             watchers: Mutex::new(Vec::new()),
             syncs: std::sync::atomic::AtomicU64::new(0),
             appending: std::sync::atomic::AtomicBool::new(false),
@@ -715,7 +716,7 @@ impl Workspace {
     }
 
     /// Notifications from every record folded from now on (this process's and others').
-    pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
+    pub fn subscribe(&self) -> Subscription<Notice> {
         self.shared.events.subscribe()
     }
 
@@ -786,13 +787,13 @@ fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
     }
     let mut watchers = lock(&shared.watchers);
     watchers.retain(|w| !w.tx.is_closed());
-    for n in notices {
-        for w in watchers.iter().filter(|w| (w.keep)(&n)) {
+    for n in &notices {
+        for w in watchers.iter().filter(|w| (w.keep)(n)) {
             let _ = w.tx.send(n.clone());
         }
-        // No subscribers is fine: nobody is listening yet.
-        let _ = shared.events.send(n);
     }
+    drop(watchers);
+    shared.events.send_all(&notices);
 }
 
 /// Folds records other processes appended since we last looked. The journal is read with

@@ -40,7 +40,11 @@ fn replay_seqs(dir: &Path) -> Result<Vec<u64>, StoreError> {
     let mut store = Store::open(dir)?;
     let mut got = Vec::new();
     store.replay(0, |r: Record| {
-        assert_eq!(r, rec(r.seq), "replayed record differs from what was written");
+        assert_eq!(
+            r,
+            rec(r.seq),
+            "replayed record differs from what was written"
+        );
         got.push(r.seq);
         Ok::<(), StoreError>(())
     })?;
@@ -70,7 +74,10 @@ fn appends_allocate_ahead_and_another_store_sees_them_and_nothing_more() {
     let mut a = writer(dir);
     append(&mut a, 1..=3);
     let len = fs::metadata(segment(dir, 1)).unwrap().len();
-    assert!(len >= HEADER_LEN as u64 + AHEAD, "space allocated ahead: {len}");
+    assert!(
+        len >= HEADER_LEN as u64 + AHEAD,
+        "space allocated ahead: {len}"
+    );
 
     let mut b = Store::open(dir).unwrap();
     let seqs = |v: Vec<Record>| v.iter().map(|r| r.seq).collect::<Vec<_>>();
@@ -80,7 +87,10 @@ fn appends_allocate_ahead_and_another_store_sees_them_and_nothing_more() {
     for seq in 4..=80 {
         append(&mut a, seq..=seq);
     }
-    assert!(fs::metadata(segment(dir, 1)).unwrap().len() > len, "allocated again");
+    assert!(
+        fs::metadata(segment(dir, 1)).unwrap().len() > len,
+        "allocated again"
+    );
     assert_eq!(seqs(b.poll().unwrap()), (4..=80).collect::<Vec<_>>());
     assert_eq!(seqs(b.poll().unwrap()), Vec::<u64>::new());
     // The other store writes too (taking the lock, catching up first), and the first sees it.
@@ -186,7 +196,11 @@ fn rotation_trims_the_space_after_the_last_record() {
     let exact_dir = tmp.path().join("exact");
     append(&mut Store::open(&exact_dir).unwrap(), 1..=5);
     let exact = fs::read(segment(&exact_dir, 1)).unwrap();
-    assert_eq!(fs::read(segment(dir, 1)).unwrap(), exact, "trimmed to its records");
+    assert_eq!(
+        fs::read(segment(dir, 1)).unwrap(),
+        exact,
+        "trimmed to its records"
+    );
     append(&mut store, 6..=7);
     assert!(fs::metadata(segment(dir, 2)).unwrap().len() >= HEADER_LEN as u64 + AHEAD);
     let mut reopened = Store::open(dir).unwrap();

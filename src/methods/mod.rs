@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
-use tokio::sync::broadcast;
 
 use crate::rpc::session::{Host, Push};
 use crate::rpc::{AppCode, CallCtx, ClientInfo, Profile, Role, Router, RpcError};
@@ -232,7 +231,7 @@ impl Host for Server {
         state.login_verify(challenge, signature)
     }
 
-    fn subscribe(&self, state: &App) -> broadcast::Receiver<Notice> {
+    fn subscribe(&self, state: &App) -> crate::fanout::Subscription<Notice> {
         state.workspace.subscribe()
     }
 

@@ -9,7 +9,6 @@ use std::sync::{Arc, Weak};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::broadcast;
 
 use super::{App, Server, store_error};
 use crate::bundles::BundleRef;
@@ -762,7 +761,7 @@ impl Host for LaneHost {
         self.login_challenge(state, challenge).map(|_| ())
     }
 
-    fn subscribe(&self, state: &App) -> broadcast::Receiver<Notice> {
+    fn subscribe(&self, state: &App) -> crate::fanout::Subscription<Notice> {
         state.workspace.subscribe()
     }
 

@@ -15,7 +15,9 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
+
+use crate::fanout::{RecvError, TryRecvError};
 use tokio::task::JoinSet;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
@@ -75,7 +77,7 @@ pub trait Host: Send + Sync + 'static {
         signature: &str,
     ) -> Result<(), RpcError>;
     /// Notifications for clients of `state` (from this process and from other processes).
-    fn subscribe(&self, state: &Self::State) -> broadcast::Receiver<Self::Notice>;
+    fn subscribe(&self, state: &Self::State) -> crate::fanout::Subscription<Self::Notice>;
     fn push(notice: Self::Notice) -> Push;
     /// Server name and version for `serverInfo`.
     fn server_info(&self) -> (&'static str, &'static str);
@@ -522,9 +524,7 @@ impl<H: Host> Conn<H> {
                 let next = if draining {
                     match rx.try_recv() {
                         Ok(n) => Ok(n),
-                        Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                            Err(broadcast::error::RecvError::Lagged(n))
-                        }
+                        Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
                         Err(_) => break,
                     }
                 } else {
@@ -550,10 +550,10 @@ impl<H: Host> Conn<H> {
                             break;
                         }
                     }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                    Err(RecvError::Lagged(n)) => {
                         tracing::warn!(skipped = n, "client fell behind; notifications dropped");
                     }
-                    Err(broadcast::error::RecvError::Closed) => break,
+                    Err(RecvError::Closed) => break,
                 }
             }
         }));

@@ -751,7 +751,7 @@ fn replay_answer(w: Worker) -> Result<Worker, WorkerError> {
 async fn run_loop(
     rt: std::sync::Weak<WorkerRuntime>,
     mut events: mpsc::UnboundedReceiver<ExecEvent>,
-    mut notices: broadcast::Receiver<Notice>,
+    mut notices: crate::fanout::Subscription<Notice>,
     nudge: Arc<tokio::sync::Notify>,
 ) {
     use tokio::time::{Instant, sleep_until};

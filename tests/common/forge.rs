@@ -5,7 +5,6 @@
 //! what the attacks watch: the operation's state, `kv-exec.log`, files under `docs/`.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
