@@ -24,6 +24,90 @@ pub enum Risk {
     Critical,
 }
 
+/// A JSON Schema in a catalog entry: given as JSON (an external provider's), or generated from
+/// a Rust type when first read (a built-in provider's: generating them all at every open was
+/// ~5% of a serving process's CPU from exec to its first reply). Clones share one copy.
+#[derive(Clone)]
+pub struct SchemaDoc(Arc<SchemaSource>);
+
+enum SchemaSource {
+    Given(Value),
+    Generated(fn() -> Value, std::sync::OnceLock<Value>),
+}
+
+impl SchemaDoc {
+    /// The schema of `T`, generated when first read.
+    pub fn of<T: JsonSchema>() -> SchemaDoc {
+        fn generate<T: JsonSchema>() -> Value {
+            crate::rpc::router::schema_of::<T>().to_value()
+        }
+        SchemaDoc(Arc::new(SchemaSource::Generated(
+            generate::<T>,
+            std::sync::OnceLock::new(),
+        )))
+    }
+
+    pub fn value(&self) -> &Value {
+        match &*self.0 {
+            SchemaSource::Given(v) => v,
+            SchemaSource::Generated(make, v) => v.get_or_init(*make),
+        }
+    }
+}
+
+impl From<Value> for SchemaDoc {
+    fn from(v: Value) -> Self {
+        SchemaDoc(Arc::new(SchemaSource::Given(v)))
+    }
+}
+
+impl PartialEq for SchemaDoc {
+    /// Two schemas of the same generator are equal without generating either; otherwise
+    /// their JSON is compared.
+    fn eq(&self, other: &Self) -> bool {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return true;
+        }
+        if let (SchemaSource::Generated(a, _), SchemaSource::Generated(b, _)) =
+            (&*self.0, &*other.0)
+            && std::ptr::fn_addr_eq(*a, *b)
+        {
+            return true;
+        }
+        self.value() == other.value()
+    }
+}
+
+impl std::fmt::Debug for SchemaDoc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value().fmt(f)
+    }
+}
+
+impl Serialize for SchemaDoc {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.value().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SchemaDoc {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Value::deserialize(d).map(SchemaDoc::from)
+    }
+}
+
+impl JsonSchema for SchemaDoc {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        Value::schema_name()
+    }
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        Value::json_schema(g)
+    }
+    fn inline_schema() -> bool {
+        Value::inline_schema()
+    }
+}
+
 /// One catalog entry: what an operation is and the JSON Schemas of its target and arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -35,8 +119,8 @@ pub struct Descriptor {
     pub summary: String,
     pub risk: Risk,
     pub target_kind: String,
-    pub target_schema: Value,
-    pub arguments_schema: Value,
+    pub target_schema: SchemaDoc,
+    pub arguments_schema: SchemaDoc,
     /// How long a request may wait for a human.
     pub request_ttl_seconds: u64,
     /// How long an approval stays usable.
@@ -86,7 +170,7 @@ impl Descriptor {
             ("target_schema", &self.target_schema),
             ("arguments_schema", &self.arguments_schema),
         ] {
-            if !s.is_object() {
+            if !s.value().is_object() {
                 return Err(format!(
                     "{}: {what} must be a JSON Schema object",
                     self.name
@@ -377,6 +461,32 @@ impl Registry {
 pub(crate) mod tests {
     use super::*;
 
+    fn generated(d: &SchemaDoc) -> bool {
+        match &*d.0 {
+            SchemaSource::Given(_) => true,
+            SchemaSource::Generated(_, v) => v.get().is_some(),
+        }
+    }
+
+    #[test]
+    fn a_type_schema_is_generated_only_when_read_and_equals_its_json() {
+        let a = SchemaDoc::of::<Presentation>();
+        let b = SchemaDoc::of::<Presentation>();
+        assert_eq!(a, b, "same generator");
+        assert!(
+            !generated(&a) && !generated(&b),
+            "comparing generated nothing"
+        );
+        let json = crate::rpc::router::schema_of::<Presentation>().to_value();
+        let given = SchemaDoc::from(json.clone());
+        assert_eq!(a, given, "a generated schema equals the same JSON given");
+        assert!(generated(&a));
+        assert_ne!(SchemaDoc::of::<Resolved>(), given);
+        assert_eq!(serde_json::to_value(&b).expect("serializes"), json);
+        let back: SchemaDoc = serde_json::from_value(json.clone()).expect("deserializes");
+        assert_eq!(back.value(), &json);
+    }
+
     /// A minimal adapter used to exercise the registry rules.
     pub(crate) struct Fixed(pub Descriptor);
 
@@ -456,8 +566,8 @@ pub(crate) mod tests {
             summary: "does a thing".into(),
             risk: Risk::Low,
             target_kind: "thing".into(),
-            target_schema: serde_json::json!({"type": "object"}),
-            arguments_schema: serde_json::json!({"type": "object"}),
+            target_schema: serde_json::json!({"type": "object"}).into(),
+            arguments_schema: serde_json::json!({"type": "object"}).into(),
             request_ttl_seconds: 60,
             approval_ttl_seconds: 60,
             requires_approval: false,

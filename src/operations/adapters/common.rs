@@ -27,8 +27,8 @@ pub fn decode_closed<T: DeserializeOwned>(root: &str, v: &Value) -> Result<T, Ad
 }
 
 /// JSON Schema of a closed input type, for the catalog.
-pub fn schema_of<T: JsonSchema>() -> Value {
-    crate::rpc::router::schema_of::<T>().to_value()
+pub fn schema_of<T: JsonSchema>() -> super::super::adapter::SchemaDoc {
+    super::super::adapter::SchemaDoc::of::<T>()
 }
 
 pub fn to_value<T: serde::Serialize>(v: &T) -> Value {

@@ -629,6 +629,6 @@ mod tests {
         let reg = crate::operations::adapter::Registry::new(&[catalog()], adapters()).unwrap();
         assert_eq!(reg.names(), vec!["file.delete", "file.write"]);
         let d = reg.lookup("file.write").unwrap().descriptor();
-        assert_eq!(d.target_schema["additionalProperties"], false);
+        assert_eq!(d.target_schema.value()["additionalProperties"], false);
     }
 }
