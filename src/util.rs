@@ -1,5 +1,6 @@
 //! Small helpers shared by several modules.
 
+#[cfg(not(target_os = "linux"))]
 use std::io::Read;
 
 use sha2::{Digest, Sha256};
@@ -59,10 +60,29 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// `n` bytes from the OS random source (`/dev/urandom`): for long-lived secrets (key seeds)
-/// and for seeding [`random_bytes`]' generator.
+/// `n` bytes from the OS random source: for long-lived secrets (key seeds) and for seeding
+/// [`random_bytes`]' generator. `getrandom(2)` on Linux (one system call, no descriptor;
+/// it waits only until the kernel's pool is first seeded at boot), `/dev/urandom` elsewhere.
 pub fn os_random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; n];
+    #[cfg(target_os = "linux")]
+    {
+        let mut filled = 0;
+        while filled < n {
+            let rest = &mut buf[filled..];
+            // SAFETY: getrandom writes at most `rest.len()` bytes into `rest`.
+            let got = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+            if got < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            filled += got as usize;
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
     Ok(buf)
 }
@@ -208,6 +228,21 @@ mod tests {
         g.fill(&mut b);
         assert_ne!(a, b);
         assert_ne!(g.key, [7; 32], "the key that produced `a` is gone");
+    }
+
+    #[test]
+    fn os_random_bytes_fills_what_is_asked_and_differs_between_draws() {
+        for n in [0, 1, 32, 300, 70_000] {
+            assert_eq!(os_random_bytes(n).expect("random").len(), n);
+        }
+        let (a, b) = (os_random_bytes(64), os_random_bytes(64));
+        assert_ne!(a.expect("random"), b.expect("random"));
+        let big = os_random_bytes(70_000).expect("random");
+        assert!(
+            big.iter().any(|&x| x != 0),
+            "a long draw is filled to its end"
+        );
+        assert!(big[69_000..].iter().any(|&x| x != 0));
     }
 
     #[test]

@@ -47,6 +47,15 @@ impl SchemaDoc {
         )))
     }
 
+    /// Whether the schema is a JSON object. A generated one is (the types of built-in providers
+    /// are structs: `builtin_schemas_are_objects` holds it) and is not generated to say so.
+    pub fn is_object(&self) -> bool {
+        match &*self.0 {
+            SchemaSource::Given(v) => v.is_object(),
+            SchemaSource::Generated(..) => true,
+        }
+    }
+
     pub fn value(&self) -> &Value {
         match &*self.0 {
             SchemaSource::Given(v) => v,
@@ -170,7 +179,7 @@ impl Descriptor {
             ("target_schema", &self.target_schema),
             ("arguments_schema", &self.arguments_schema),
         ] {
-            if !s.value().is_object() {
+            if !s.is_object() {
                 return Err(format!(
                     "{}: {what} must be a JSON Schema object",
                     self.name
@@ -465,6 +474,23 @@ pub(crate) mod tests {
         match &*d.0 {
             SchemaSource::Given(_) => true,
             SchemaSource::Generated(_, v) => v.get().is_some(),
+        }
+    }
+
+    #[test]
+    fn builtin_schemas_are_objects() {
+        use crate::operations::adapters::{command, plan, worker, workspace};
+        for c in [
+            command::catalog(),
+            plan::catalog(),
+            worker::catalog(),
+            workspace::catalog(),
+        ] {
+            for d in c.descriptors {
+                for s in [&d.target_schema, &d.arguments_schema] {
+                    assert!(s.value().is_object(), "{}: {:?}", d.name, s);
+                }
+            }
         }
     }
 
