@@ -1,11 +1,13 @@
 //! A journal cut at any byte offset opens to exactly the records wholly before the cut; damage
 //! before the tail is refused with the segment and offset; damage in the last record is a torn
-//! tail.
+//! tail. A segment whose writer allocates space ahead of its appends ends in zeros that are
+//! space never written: a write torn anywhere in it opens to exactly the committed prefix,
+//! other stores see appends and nothing more, and a frame placed past the zeros is corruption.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use gaffer::store::{HEADER_LEN, Record, Store, StoreError, verify};
+use gaffer::store::{HEADER_LEN, Record, Snapshot, Store, StoreError, verify};
 use serde_json::json;
 
 fn rec(seq: u64) -> Record {
@@ -64,6 +66,38 @@ fn store_with_segment(dst: &Path, bytes: &[u8]) {
     fs::write(dst.join("journal").join("000001.log"), bytes).unwrap();
 }
 
+/// After a cut at `cut`, the store in `dst` holds records 1..=`whole`: replay and a fresh
+/// poll see exactly those.
+fn reads_the_prefix(dst: &Path, whole: u64, cut: usize) {
+    let expected: Vec<u64> = (1..=whole).collect();
+    let got = replay_seqs(dst).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+    assert_eq!(got, expected, "cut at {cut}");
+    // Poll from a fresh store sees the same prefix and nothing more.
+    let mut poller = Store::open(dst).unwrap();
+    let polled: Vec<u64> = poller.poll().unwrap().iter().map(|r| r.seq).collect();
+    assert_eq!(polled, expected, "poll, cut at {cut}");
+}
+
+/// Once a writer appended record `whole + 1` after the cut prefix: all of it replays, and
+/// verify finds no torn tail and one chain through the new record.
+fn repaired(dst: &Path, whole: u64, cut: usize) {
+    let again = replay_seqs(dst).unwrap();
+    assert_eq!(
+        again,
+        (1..=whole + 1).collect::<Vec<_>>(),
+        "after repair, cut {cut}"
+    );
+    let report = verify(dst).unwrap();
+    assert!(report.ok, "cut {cut}: {:?}", report.problems);
+    assert!(
+        report.segments.iter().all(|s| s.torn_tail_at.is_none()),
+        "cut {cut}: tail still torn"
+    );
+    // The cut prefix chains, and the repairing append chained onto it.
+    assert_eq!(report.chain.broken_at, None, "cut {cut}");
+    assert_eq!(report.chain.verified_to, Some(whole + 1), "cut {cut}");
+}
+
 #[test]
 fn every_truncation_offset_opens_to_the_committed_prefix() {
     let tmp = tempfile::tempdir().unwrap();
@@ -78,13 +112,7 @@ fn every_truncation_offset_opens_to_the_committed_prefix() {
     for cut in 0..=full.len() {
         store_with_segment(&dst, &full[..cut]);
         let whole = ends[1..].iter().filter(|e| **e <= cut as u64).count() as u64;
-        let expected: Vec<u64> = (1..=whole).collect();
-        let got = replay_seqs(&dst).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
-        assert_eq!(got, expected, "cut at {cut}");
-        // Poll from a fresh store sees the same prefix and nothing more.
-        let mut poller = Store::open(&dst).unwrap();
-        let polled: Vec<u64> = poller.poll().unwrap().iter().map(|r| r.seq).collect();
-        assert_eq!(polled, expected, "poll, cut at {cut}");
+        reads_the_prefix(&dst, whole, cut);
 
         // A writer cuts the torn tail and appends after the last whole record.
         let mut store = Store::open(&dst).unwrap();
@@ -100,21 +128,7 @@ fn every_truncation_offset_opens_to_the_committed_prefix() {
         assert_eq!(txn.next_seq(), whole + 1);
         txn.append(&[rec(whole + 1)]).unwrap();
         drop(txn);
-        let again = replay_seqs(&dst).unwrap();
-        assert_eq!(
-            again,
-            (1..=whole + 1).collect::<Vec<_>>(),
-            "after repair, cut {cut}"
-        );
-        let report = verify(&dst).unwrap();
-        assert!(report.ok, "cut {cut}: {:?}", report.problems);
-        assert!(
-            report.segments.iter().all(|s| s.torn_tail_at.is_none()),
-            "cut {cut}: tail still torn"
-        );
-        // The cut prefix chains, and the repairing append chained onto it.
-        assert_eq!(report.chain.broken_at, None, "cut {cut}");
-        assert_eq!(report.chain.verified_to, Some(whole + 1), "cut {cut}");
+        repaired(&dst, whole, cut);
     }
 }
 
@@ -398,4 +412,152 @@ fn damage_inside_the_last_batch_is_torn_but_before_a_later_batch_is_corrupt() {
     bytes[ends[1] as usize + 9] ^= 0x01;
     store_with_segment(&dst, &bytes);
     assert_eq!(replay_seqs(&dst).unwrap(), vec![1, 2]);
+}
+
+// ----- a segment whose writer allocates space ahead (`Store::preallocate`, as every workspace
+// does): the zeros after its last record are space never written --------------------------
+
+/// Space the writers of these tests allocate ahead (small, so tests cross its end).
+const AHEAD: u64 = 4096;
+
+fn writer(dir: &Path) -> Store {
+    let mut store = Store::open(dir).unwrap();
+    store.replay(0, |_| Ok::<(), StoreError>(())).unwrap();
+    store.preallocate(AHEAD);
+    store
+}
+
+fn append(store: &mut Store, seqs: std::ops::RangeInclusive<u64>) {
+    let records: Vec<Record> = seqs.map(rec).collect();
+    let mut txn = store.begin().unwrap();
+    txn.append(&records).unwrap();
+}
+
+fn segment(dir: &Path, n: u64) -> std::path::PathBuf {
+    dir.join("journal").join(format!("{n:06}.log"))
+}
+
+#[test]
+fn appends_allocate_ahead_and_another_store_sees_them_and_nothing_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut a = writer(dir);
+    append(&mut a, 1..=3);
+    let len = fs::metadata(segment(dir, 1)).unwrap().len();
+    assert!(
+        len >= HEADER_LEN as u64 + AHEAD,
+        "space allocated ahead: {len}"
+    );
+
+    let mut b = Store::open(dir).unwrap();
+    let seqs = |v: Vec<Record>| v.iter().map(|r| r.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(b.poll().unwrap()), vec![1, 2, 3]);
+    assert_eq!(seqs(b.poll().unwrap()), Vec::<u64>::new());
+    // Enough appends to run past the first allocation.
+    for seq in 4..=80 {
+        append(&mut a, seq..=seq);
+    }
+    assert!(
+        fs::metadata(segment(dir, 1)).unwrap().len() > len,
+        "allocated again"
+    );
+    assert_eq!(seqs(b.poll().unwrap()), (4..=80).collect::<Vec<_>>());
+    assert_eq!(seqs(b.poll().unwrap()), Vec::<u64>::new());
+    // The other store writes too (taking the lock, catching up first), and the first sees it.
+    b.preallocate(AHEAD);
+    append(&mut b, 81..=82);
+    assert_eq!(seqs(a.poll().unwrap()), vec![81, 82]);
+
+    assert_eq!(replay_seqs(dir).unwrap(), (1..=82).collect::<Vec<_>>());
+    let report = verify(dir).unwrap();
+    assert!(report.ok, "{:?}", report.problems);
+    assert!(report.segments.iter().all(|s| s.torn_tail_at.is_none()));
+    assert_eq!(report.chain.verified_to, Some(82));
+}
+
+/// A crash while a record was being written into allocated space leaves part of it and zeros
+/// where the rest should be. Every such cut (from the header on: space is allocated only by
+/// appends, after the header) opens to the records wholly before it, and a writer appends
+/// after them.
+#[test]
+fn a_write_torn_anywhere_in_allocated_space_opens_to_the_committed_prefix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (seg, ends) = build(&tmp.path().join("src"), 8);
+    let full = fs::read(&seg).unwrap();
+    let dst = tmp.path().join("cut");
+    for cut in HEADER_LEN..=full.len() {
+        let mut bytes = full[..cut].to_vec();
+        bytes.resize(full.len() + AHEAD as usize, 0);
+        store_with_segment(&dst, &bytes);
+        let whole = ends[1..].iter().filter(|e| **e <= cut as u64).count() as u64;
+        reads_the_prefix(&dst, whole, cut);
+        append(&mut writer(&dst), whole + 1..=whole + 1);
+        repaired(&dst, whole, cut);
+    }
+}
+
+/// What an agent that can write the journal might try: a frame with a valid crc placed past
+/// the zeros (where a plain append would land). It is never read as a record: the segment is
+/// corrupt, and nothing after the committed records is taken.
+#[test]
+fn a_frame_placed_past_the_zeros_is_corruption_not_a_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let (seg, _) = build(&src, 3);
+    let full = fs::read(&seg).unwrap();
+    // The frame record 4 would be, as the store itself encodes it.
+    let mut store = Store::open(&src).unwrap();
+    store.replay(0, |_| Ok::<(), StoreError>(())).unwrap();
+    append(&mut store, 4..=4);
+    let with_four = fs::read(segment(&src, 1)).unwrap();
+    let frame = &with_four[full.len()..];
+
+    let dst = tmp.path().join("dst");
+    let mut bytes = full.clone();
+    bytes.resize(full.len() + AHEAD as usize, 0);
+    bytes.extend_from_slice(frame);
+    store_with_segment(&dst, &bytes);
+    match replay_seqs(&dst) {
+        Err(StoreError::Corrupt { offset, .. }) => assert_eq!(offset, full.len() as u64),
+        other => panic!("expected corruption at the zeros, got {other:?}"),
+    }
+}
+
+/// A snapshot moves appends to a new segment; the one left behind keeps its records and
+/// gives back the space allocated after them.
+#[test]
+fn rotation_trims_the_space_after_the_last_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut store = writer(dir);
+    append(&mut store, 1..=5);
+    let mut txn = store.begin().unwrap();
+    txn.write_snapshot(&Snapshot {
+        seq: 5,
+        state: json!({"n": 5}),
+    })
+    .unwrap();
+    drop(txn);
+    // The same batch written without allocating ahead.
+    let exact_dir = tmp.path().join("exact");
+    append(&mut Store::open(&exact_dir).unwrap(), 1..=5);
+    let exact = fs::read(segment(&exact_dir, 1)).unwrap();
+    assert_eq!(
+        fs::read(segment(dir, 1)).unwrap(),
+        exact,
+        "trimmed to its records"
+    );
+    append(&mut store, 6..=7);
+    assert!(fs::metadata(segment(dir, 2)).unwrap().len() >= HEADER_LEN as u64 + AHEAD);
+    let mut reopened = Store::open(dir).unwrap();
+    let mut seqs = Vec::new();
+    reopened
+        .replay(5, |r: Record| {
+            seqs.push(r.seq);
+            Ok::<(), StoreError>(())
+        })
+        .unwrap();
+    assert_eq!(seqs, vec![6, 7]);
+    let report = verify(dir).unwrap();
+    assert!(report.ok, "{:?}", report.problems);
 }
