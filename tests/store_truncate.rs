@@ -561,3 +561,58 @@ fn rotation_trims_the_space_after_the_last_record() {
     let report = verify(dir).unwrap();
     assert!(report.ok, "{:?}", report.problems);
 }
+
+/// Where each record frame of a segment's bytes starts, and where the last one ends (frames
+/// stop at the zeros of allocated space).
+fn frame_starts(bytes: &[u8]) -> (Vec<usize>, usize) {
+    let (mut at, mut starts) = (HEADER_LEN, Vec::new());
+    while at + 4 <= bytes.len() {
+        let word = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        if word == 0 {
+            break;
+        }
+        starts.push(at);
+        at += 8 + (word & ((1 << 30) - 1)) as usize;
+    }
+    (starts, at)
+}
+
+/// A machine crash while a batch was being written into allocated space, its pages reaching
+/// the disk out of order: the batch's first record (the bytes at the cursor) is zeros, its
+/// later records are there. The next writer after the restart must find and cut them: left
+/// behind its appends, a second crash of the same shape would put a batch-ending record in
+/// front of them, and the journal would no longer open.
+#[test]
+fn a_torn_batch_whose_first_page_was_lost_is_cut_by_the_next_writer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, scratch) = (tmp.path().join("ws"), tmp.path().join("scratch"));
+    let mut first = writer(&dir);
+    for seq in 1..=3 {
+        append(&mut first, seq..=seq);
+    }
+    drop(first);
+    // The batch [4, 5, 6] as the writer lays it out, from a copy.
+    let crash = |dir: &Path, seqs: std::ops::RangeInclusive<u64>| {
+        let (_, end) = frame_starts(&fs::read(segment(dir, 1)).unwrap());
+        store_with_segment(&scratch, &fs::read(segment(dir, 1)).unwrap());
+        append(&mut writer(&scratch), seqs);
+        let copy = fs::read(segment(&scratch, 1)).unwrap();
+        let (starts, batch_end) = frame_starts(&copy);
+        let second = starts.iter().copied().find(|s| *s > end).unwrap();
+        let mut torn = copy[end..batch_end].to_vec();
+        torn[..second - end].fill(0);
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .open(segment(dir, 1))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &torn, end as u64).unwrap();
+    };
+    crash(&dir, 4..=6);
+    reads_the_prefix(&dir, 3, 0);
+    // The restarted server's first commit.
+    append(&mut writer(&dir), 4..=4);
+    repaired(&dir, 3, 0);
+    // The same crash again, after record 4: still a committed prefix.
+    crash(&dir, 5..=6);
+    reads_the_prefix(&dir, 4, 0);
+}

@@ -310,6 +310,9 @@ pub struct Store {
     /// Bytes of space a writer allocates ahead of its appends (0: none); see
     /// [`Store::preallocate`].
     preallocate: u64,
+    /// This Store has read its journal to the end under the lock (and cut any torn tail) since
+    /// it was opened; until then [`Store::nothing_new`] is not trusted there.
+    tail_checked: bool,
     warned_torn: Option<(PathBuf, u64)>,
     /// Handle of `<dir>/lock`, opened by the first `begin` (which also creates the layout) and
     /// kept so later transactions cost one `flock` each.
@@ -383,6 +386,7 @@ impl Store {
             undelivered: Vec::new(),
             writer: None,
             preallocate: 0,
+            tail_checked: false,
             warned_torn: None,
             lock_file: None,
         })
@@ -609,8 +613,15 @@ impl Store {
 
     /// Under the lock: reads what others appended, cuts a torn tail, makes sure a segment
     /// exists and the write handle points at the segment the cursor is in.
+    ///
+    /// The first time, it reads to the end whatever [`Store::nothing_new`] says: after a machine
+    /// crash a torn batch in allocated space can start with a page that never reached the disk
+    /// (zeros at the cursor) while its later pages did, and only a read to the end finds and
+    /// cuts it. Later torn batches start where a live process wrote, so their first bytes are
+    /// there to see: a process killed mid-write leaves a prefix of its write (the page cache
+    /// keeps it), and a machine crash restarts every process.
     fn catch_up_locked(&mut self) -> Result<(), StoreError> {
-        if !self.nothing_new() {
+        if !self.tail_checked || !self.nothing_new() {
             let mut fresh = Vec::new();
             let mut progress = self.progress();
             let mut log = ChainLog::default();
@@ -624,6 +635,7 @@ impl Store {
                 self.cut_torn_tail(&torn)?;
             }
         }
+        self.tail_checked = true;
         Ok(())
     }
 
