@@ -295,14 +295,11 @@ fn raw_fdatasync(n: usize) -> f64 {
 /// fdatasync into space allocated beforehand (`fallocate`), so no write changes the file's
 /// size. The ratios the targets name stay against [`raw_fdatasync`] (plain appends).
 fn raw_allocated_fdatasync(n: usize) -> f64 {
-    use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let f = std::fs::File::create(dir.path().join("raw.log")).expect("raw file");
-    let room = (n * 208) as i64;
-    // SAFETY: fallocate reads its integer arguments; the fd is open for writing.
-    let allocated = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, room) } == 0;
-    assert!(allocated, "fallocate: {}", std::io::Error::last_os_error());
+    // The journal's own allocation call, on a plain file.
+    gaffer::store::allocate(&f, 0, (n * 208) as u64).expect("fallocate");
     let buf = [b'r'; 208];
     let t = Instant::now();
     for i in 0..n {

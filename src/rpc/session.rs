@@ -16,11 +16,11 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::{mpsc, watch};
-
-use crate::fanout::{RecvError, TryRecvError};
 use tokio::task::JoinSet;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
+
+use crate::fanout::{RecvError, TryRecvError};
 
 use super::framing::{Codec, Frame, FrameError, Framing};
 use super::outbox::{Outbox, OutboxReceiver, outbox};

@@ -71,6 +71,7 @@ use serde::{Deserialize, Serialize};
 
 pub use chain::{ChainBreak, ChainStatus, ChainView, Digest32, GENESIS, Head, STORE_CREATED};
 pub use codec::{HEADER_LEN, MAX_RECORD_BODY};
+pub use durable::allocate;
 pub use error::StoreError;
 pub use snapshot::SnapshotMark;
 pub use verify::{
