@@ -6,7 +6,9 @@
 //! CPUs exit the VM the wall time is mostly wake-ups, and this column is gaffer's part. Prints
 //! gaffer's own figures only; the reference selector appears as a figure labelled with the
 //! date it was measured, never as a ratio against a constant (a constant goes stale while the
-//! machine and the reference change). Asserts nothing.
+//! machine and the reference change). Each wire is measured twice: placed freely, and with the
+//! bench and the server pinned to one CPU, which separates gaffer's cost from the cross-CPU
+//! wake-ups of an idle VM. Asserts nothing.
 //! Run with `cargo bench --bench patterns`.
 
 use std::hint::black_box;
@@ -301,9 +303,48 @@ impl Drop for Conn {
     }
 }
 
-/// Sequential selections to one serving process over each wire.
+/// Where the kernel may run the bench and the serving process.
+#[derive(Clone, Copy)]
+enum Placement {
+    /// Wherever the scheduler puts them: on an idle VM it wakes the server on the other,
+    /// halted CPU, and a wake-up across CPUs costs a VM exit each way.
+    Free,
+    /// Both on one CPU (the bench pins itself before spawning; the child inherits the mask):
+    /// the round trip without cross-CPU wake-ups, what the same request costs when the machine
+    /// is busy enough that the scheduler keeps them together.
+    OneCpu,
+}
+
+/// Restricts the calling thread (and the processes it spawns from now on) to `cpus`.
+fn pin(cpus: &[usize]) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; the macros and the call touch only it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// The CPUs this process may run on now.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: as in `pin`; the kernel fills the set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Sequential selections to one serving process over each wire, placed freely and on one CPU.
 fn stdio_round_trip(cases: &[(&str, Value)]) {
     let ws = tempfile::tempdir().expect("tempdir");
+    let cpus = allowed_cpus();
     for (wire, title) in [
         (
             Wire::Ndjson,
@@ -318,74 +359,92 @@ fn stdio_round_trip(cases: &[(&str, Value)]) {
             "patterns/select over LSP Content-Length frames (serve --lsp), sequential",
         ),
     ] {
-        let mut conn = Conn::start(ws.path(), wire);
-        // The floor of this wire in this run: a `ping` round trip (pipes, framing, dispatch).
-        let mut id = 0u64;
-        let cpu = conn.cpu_ns();
-        let mut pings: Vec<f64> = (0..3_000)
-            .map(|_| {
-                id += 1;
-                let t = Instant::now();
-                conn.call(id, "ping", "{}");
-                t.elapsed().as_secs_f64() * 1e6
-            })
-            .collect();
-        let ping_cpu = (conn.cpu_ns() - cpu) as f64 / 3_000.0 / 1e3;
-        pings.sort_by(f64::total_cmp);
         println!();
         println!(
             "{title} ({REFERENCE_ROUND_TRIP}; {})",
             common::machine_idle()
         );
         println!(
-            "{:<32} {:>10} {:>10} {:>10} {:>14}",
+            "{:<44} {:>10} {:>10} {:>10} {:>14}",
             "request", "p50 µs", "p90 µs", "p99 µs", "server CPU µs"
         );
-        println!(
-            "{:<32} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
-            "ping (this wire's floor)",
-            percentile(&pings, 0.5),
-            percentile(&pings, 0.9),
-            percentile(&pings, 0.99),
-            ping_cpu,
-        );
-        for (name, params) in cases {
-            let body = serde_json::to_string(params).expect("json");
-            let (method, params) = match wire {
-                Wire::Mcp => (
-                    "tools/call",
-                    format!(r#"{{"name":"select_worker_pattern","arguments":{body}}}"#),
-                ),
-                Wire::Ndjson | Wire::Lsp => ("patterns/select", body),
-            };
-            let n = if cases_is_big(params.len()) {
-                200
-            } else {
-                3_000
-            };
-            for _ in 0..n / 10 {
-                id += 1;
-                conn.call(id, method, &params);
-            }
-            let cpu = conn.cpu_ns();
-            let mut samples: Vec<f64> = (0..n)
-                .map(|_| {
-                    id += 1;
-                    let t = Instant::now();
-                    conn.call(id, method, &params);
-                    t.elapsed().as_secs_f64() * 1e6
-                })
-                .collect();
-            let server_cpu = (conn.cpu_ns() - cpu) as f64 / n as f64 / 1e3;
-            samples.sort_by(f64::total_cmp);
-            println!(
-                "{name:<32} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
-                percentile(&samples, 0.5),
-                percentile(&samples, 0.9),
-                percentile(&samples, 0.99),
-                server_cpu,
-            );
+        round_trips(ws.path(), wire, Placement::Free, cases);
+        if let Some(&first) = cpus.first() {
+            pin(&[first]);
+            round_trips(ws.path(), wire, Placement::OneCpu, cases);
+            pin(&cpus);
         }
+    }
+}
+
+/// One serving process on `wire`: its `ping` floor, then each case, one row each.
+fn round_trips(ws: &std::path::Path, wire: Wire, placement: Placement, cases: &[(&str, Value)]) {
+    let label = match placement {
+        Placement::Free => "",
+        Placement::OneCpu => ", one CPU",
+    };
+    let mut conn = Conn::start(ws, wire);
+    // The floor of this wire in this run: a `ping` round trip (pipes, framing, dispatch).
+    let mut id = 0u64;
+    let cpu = conn.cpu_ns();
+    let mut pings: Vec<f64> = (0..3_000)
+        .map(|_| {
+            id += 1;
+            let t = Instant::now();
+            conn.call(id, "ping", "{}");
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let ping_cpu = (conn.cpu_ns() - cpu) as f64 / 3_000.0 / 1e3;
+    pings.sort_by(f64::total_cmp);
+    println!(
+        "{:<44} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
+        format!("ping (this wire's floor){label}"),
+        percentile(&pings, 0.5),
+        percentile(&pings, 0.9),
+        percentile(&pings, 0.99),
+        ping_cpu,
+    );
+    for (name, params) in cases {
+        let body = serde_json::to_string(params).expect("json");
+        let (method, params) = match wire {
+            Wire::Mcp => (
+                "tools/call",
+                format!(r#"{{"name":"select_worker_pattern","arguments":{body}}}"#),
+            ),
+            Wire::Ndjson | Wire::Lsp => ("patterns/select", body),
+        };
+        let n = if cases_is_big(params.len()) {
+            if matches!(placement, Placement::OneCpu) {
+                continue; // the large request's time is its work, wherever it runs
+            }
+            200
+        } else {
+            3_000
+        };
+        for _ in 0..n / 10 {
+            id += 1;
+            conn.call(id, method, &params);
+        }
+        let cpu = conn.cpu_ns();
+        let mut samples: Vec<f64> = (0..n)
+            .map(|_| {
+                id += 1;
+                let t = Instant::now();
+                conn.call(id, method, &params);
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        let server_cpu = (conn.cpu_ns() - cpu) as f64 / n as f64 / 1e3;
+        samples.sort_by(f64::total_cmp);
+        println!(
+            "{:<44} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
+            format!("{name}{label}"),
+            percentile(&samples, 0.5),
+            percentile(&samples, 0.9),
+            percentile(&samples, 0.99),
+            server_cpu,
+        );
     }
 }
 

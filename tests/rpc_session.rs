@@ -473,3 +473,92 @@ fn a_process_that_created_the_store_is_seen_as_a_peer() {
 fn st_pid(s: &mut Server) -> Value {
     s.call("gaffer/status", json!({}))["pid"].clone()
 }
+
+/// `initialize` from an anonymous client is answered before the workspace opens (the open
+/// follows the reply); a failed open is then reported by every request that needs the store,
+/// each retrying with the workspace `initialize` chose. A client that presents a credential
+/// needs the store to be identified, so its `initialize` itself reports the failure; a root
+/// that is no directory is refused by `initialize` naming the field.
+#[test]
+fn initialize_is_answered_before_the_workspace_opens_and_a_failed_open_is_reported_on_use() {
+    let ws = workspace();
+    let mut s = Server::start(ws.path(), Wire::Ndjson, &[]);
+    for id in ["open-a", "open-b"] {
+        let bundle = json!({
+            "metadata": {"id": id, "revision": "r1", "created_at": "2026-01-01T00:00:00Z",
+                         "provenance": {"source": "test"}},
+            "profiles": [{"selector": {"kind": "builtin", "value": "builtin:coder"},
+                          "command": ["sh", "-c", "cat"]}]
+        });
+        s.call("bundles/sync", json!({"bundle": bundle}));
+    }
+    assert_eq!(s.finish(), 0);
+    // Damage the first record: an earlier record's corruption makes the store refuse to open.
+    let dir = ws.path().join(".gaffer").join("journal");
+    let mut segments: Vec<_> = std::fs::read_dir(&dir)
+        .expect("journal")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    segments.sort();
+    let mut bytes = std::fs::read(&segments[0]).expect("segment");
+    let (at, len) = common::frames(&bytes)[0];
+    bytes[at + len - 2] ^= 0x5a;
+    std::fs::write(&segments[0], &bytes).expect("write");
+
+    let uri = format!(
+        "file://{}",
+        ws.path().canonicalize().expect("canon").display()
+    );
+    let elsewhere = workspace();
+    let mut lsp = Server::start_in(elsewhere.path(), Wire::Lsp);
+    let init = lsp.call(
+        "initialize",
+        json!({"processId": null, "rootUri": uri, "capabilities": {}}),
+    );
+    assert_eq!(init["client"], "anonymous", "{init}");
+    for _ in 0..2 {
+        let r = lsp.request("gaffer/status", json!({}));
+        assert_eq!(r["error"]["data"]["code"], "store_unavailable", "{r}");
+    }
+    // The damage repaired, the next request opens the workspace initialize chose (not the
+    // process's own directory).
+    bytes[at + len - 2] ^= 0x5a;
+    std::fs::write(&segments[0], &bytes).expect("write");
+    let st = lsp.call("gaffer/status", json!({}));
+    assert_eq!(
+        st["workspace"],
+        ws.path()
+            .canonicalize()
+            .expect("canon")
+            .display()
+            .to_string()
+    );
+    assert_eq!(
+        lsp.call("bundles/list", json!({}))["bundles"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+
+    // A credential needs the store: initialize reports the failure itself.
+    bytes[at + len - 2] ^= 0x5a;
+    std::fs::write(&segments[0], &bytes).expect("write");
+    let mut lsp = Server::start_in(elsewhere.path(), Wire::Lsp);
+    let r = lsp.request(
+        "initialize",
+        json!({"processId": null, "rootUri": uri, "capabilities": {},
+               "initializationOptions": {"clientToken": "not-a-token"}}),
+    );
+    assert_eq!(r["error"]["data"]["code"], "store_unavailable", "{r}");
+
+    // A root that is no directory is refused at initialize, naming the field.
+    let file = ws.path().join("plain-file");
+    std::fs::write(&file, "x").expect("write");
+    let mut lsp = Server::start_in(elsewhere.path(), Wire::Lsp);
+    let r = lsp.request(
+        "initialize",
+        json!({"processId": null, "rootUri": format!("file://{}", file.display()), "capabilities": {}}),
+    );
+    assert_eq!(r["error"]["data"]["field"], "rootUri", "{r}");
+}

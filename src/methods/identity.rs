@@ -53,22 +53,29 @@ fn login_error(e: LoginError) -> RpcError {
     RpcError::app(AppCode::Forbidden, code, e.to_string())
 }
 
+/// The credential a connection presents: the `clientToken` initialize option, else the token
+/// this process was started with (`GAFFER_CLIENT_TOKEN`); `None` for an anonymous connection.
+/// Needs no workspace, so `initialize` can answer an anonymous client before the store opens.
+pub fn presented_token<'a>(
+    init: &'a Value,
+    config: &'a super::AppConfig,
+) -> Result<Option<&'a str>, RpcError> {
+    let opts = init.get("initializationOptions").unwrap_or(&Value::Null);
+    match opts.get("clientToken") {
+        None | Some(Value::Null) => Ok(config.client_token.as_deref()),
+        Some(Value::String(t)) => Ok(Some(t.as_str())),
+        Some(_) => Err(RpcError::invalid_params(
+            "initializationOptions.clientToken",
+            "clientToken must be the token string `gaffer client add` printed",
+        )),
+    }
+}
+
 impl App {
     /// The identity for a connection: the `clientToken` initialize option, else the token this
     /// process was started with (`GAFFER_CLIENT_TOKEN`), else anonymous.
     pub fn identify(&self, init: &Value, _profile: Profile) -> Result<String, RpcError> {
-        let opts = init.get("initializationOptions").unwrap_or(&Value::Null);
-        let token = match opts.get("clientToken") {
-            None | Some(Value::Null) => self.config.client_token.as_deref(),
-            Some(Value::String(t)) => Some(t.as_str()),
-            Some(_) => {
-                return Err(RpcError::invalid_params(
-                    "initializationOptions.clientToken",
-                    "clientToken must be the token string `gaffer client add` printed",
-                ));
-            }
-        };
-        let Some(token) = token else {
+        let Some(token) = presented_token(init, &self.config)? else {
             return Ok(ANONYMOUS.to_string());
         };
         let key = crate::operator::current_public();

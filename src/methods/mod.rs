@@ -223,6 +223,19 @@ impl Host for Server {
         state.identify(init, profile)
     }
 
+    fn identify_early(&self, init: &Value) -> Result<Option<String>, RpcError> {
+        let root = self.choose_root(Some(init))?;
+        if !root.is_dir() {
+            return Err(RpcError::invalid_params(
+                "rootUri",
+                format!("workspace {} is not a directory", root.display()),
+            ));
+        }
+        Ok(identity::presented_token(init, &self.config)?
+            .is_none()
+            .then(|| crate::clients::ANONYMOUS.to_string()))
+    }
+
     fn login_challenge(&self, state: &App, connection_id: &str) -> Result<String, RpcError> {
         state.login_challenge(connection_id)
     }

@@ -749,6 +749,10 @@ impl Host for LaneHost {
         Ok(self.lane.client_id.clone())
     }
 
+    fn identify_early(&self, _init: &Value) -> Result<Option<String>, RpcError> {
+        Ok(Some(self.lane.client_id.clone()))
+    }
+
     fn login_challenge(&self, _state: &App, _connection_id: &str) -> Result<String, RpcError> {
         Err(RpcError::app(
             AppCode::Forbidden,

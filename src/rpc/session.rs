@@ -69,6 +69,12 @@ pub trait Host: Send + Sync + 'static {
     /// A fresh operator-login challenge for this connection (its exact text is signed).
     fn login_challenge(&self, state: &Self::State, connection_id: &str)
     -> Result<String, RpcError>;
+    /// The identity `initialize` can answer with before the state is open (no credential to
+    /// verify), or `None` when identifying needs the state. `Err` when the params choose
+    /// nothing that could be opened (a root that is no directory). With `Some`, the session
+    /// replies first and attaches right after the reply is written: the client does not wait
+    /// for the workspace to open.
+    fn identify_early(&self, init: &Value) -> Result<Option<String>, RpcError>;
     /// Checks the operator's signature over the challenge this connection was given.
     fn login_verify(
         &self,
@@ -129,7 +135,11 @@ struct Shared<H: Host> {
 
 /// MCP tools as listed, and which ones wrap a non-object result as `{"result": …}`.
 struct Tools {
-    list: Vec<Value>,
+    /// Tool names, for the error that names the known ones.
+    names: Vec<&'static str>,
+    /// The `tools/list` result, encoded once: plain, and with the 2026-07-28 cache fields.
+    result: Box<serde_json::value::RawValue>,
+    stateless_result: Box<serde_json::value::RawValue>,
     wrapped: std::collections::HashSet<&'static str>,
 }
 
@@ -147,6 +157,11 @@ struct Conn<H: Host> {
     /// The identity of a stateless MCP connection (no `initialize`).
     stateless_client: Option<Arc<ClientInfo>>,
     state: Option<Arc<H::State>>,
+    /// `initialize` params kept for an attach that follows the reply (and is retried, with the
+    /// same params, by the next request if it failed).
+    deferred_init: Option<Value>,
+    /// Set by an `initialize` answered before attaching: attach once the reply is out.
+    attach_after_reply: bool,
     shutdown: bool,
     writes_issued: u64,
     tasks: JoinSet<()>,
@@ -222,6 +237,8 @@ where
         },
         client: None,
         state: None,
+        deferred_init: None,
+        attach_after_reply: false,
         shutdown: false,
         writes_issued: 0,
         tasks: JoinSet::new(),
@@ -251,6 +268,14 @@ where
                 if conn.on_body(body) {
                     exit_requested = true;
                     break;
+                }
+                if conn.attach_after_reply {
+                    conn.attach_after_reply = false;
+                    // Let the writer send the `initialize` reply, then open the workspace.
+                    tokio::task::yield_now().await;
+                    if let Err(e) = conn.ensure_attached(None) {
+                        tracing::error!(error = %e.message, "opening the workspace after initialize failed; the next request retries");
+                    }
                 }
             }
         }
@@ -510,7 +535,14 @@ impl<H: Host> Conn<H> {
         if let Some(s) = &self.state {
             return Ok(Arc::clone(s));
         }
-        let state = self.shared.host.attach(init)?;
+        let kept = self.deferred_init.take();
+        let state = match self.shared.host.attach(init.or(kept.as_ref())) {
+            Ok(state) => state,
+            Err(e) => {
+                self.deferred_init = kept;
+                return Err(e);
+            }
+        };
         self.state = Some(Arc::clone(&state));
         // Forward domain notifications to this client for the life of the session.
         let mut rx = self.shared.host.subscribe(&state);
@@ -735,15 +767,21 @@ impl<H: Host> Conn<H> {
         let state = self.ensure_attached(None)?;
         let (target, args, mcp) = match method {
             "tools/list" if profile == Profile::Mcp => {
-                let tools = &self.tools().list;
-                let mut result = json!({ "tools": tools });
-                if stateless.is_some() {
-                    // 2026-07-28: every list result says how long it may be cached, and by whom.
-                    result["resultType"] = json!("complete");
-                    result["ttlMs"] = json!(0);
-                    result["cacheScope"] = json!("private");
+                let tools = self.tools();
+                let result = if stateless.is_some() {
+                    &tools.stateless_result
+                } else {
+                    &tools.result
+                };
+                let encoded = reply_ok_raw(&id, result);
+                match batch {
+                    Some(tx) => {
+                        let _ = tx.send(encoded);
+                    }
+                    None => {
+                        let _ = self.shared.out.send(encoded);
+                    }
                 }
-                self.reply(batch, reply_ok(&id, result));
                 return Ok(());
             }
             "tools/call" if profile == Profile::Mcp => {
@@ -753,12 +791,7 @@ impl<H: Host> Conn<H> {
                     .ok_or_else(|| RpcError::invalid_params("name", "`name` must be a tool name"))?
                     .to_string();
                 let m = self.shared.router.by_tool(&name).ok_or_else(|| {
-                    let known: Vec<&str> = self
-                        .tools()
-                        .list
-                        .iter()
-                        .filter_map(|t| t["name"].as_str())
-                        .collect();
+                    let known = self.tools().names.clone();
                     RpcError::invalid_params(
                         "name",
                         format!("unknown tool `{name}`; tools: {}", known.join(", ")),
@@ -903,24 +936,42 @@ impl<H: Host> Conn<H> {
                 ));
             }
         };
-        let state = self.ensure_attached(Some(params))?;
-        let id = self.shared.host.identify(&state, params, profile)?;
+        // An anonymous agent is answered before the workspace opens; a credential or an
+        // operator challenge needs the open state first.
+        let early = if wants_operator {
+            None
+        } else {
+            self.shared.host.identify_early(params)?
+        };
+        let (id, state) = match early {
+            Some(id) => (id, None),
+            None => {
+                let state = self.ensure_attached(Some(params))?;
+                let id = self.shared.host.identify(&state, params, profile)?;
+                (id, Some(state))
+            }
+        };
         self.client = Some(Arc::new(ClientInfo {
             id: id.clone(),
             role: Role::Agent,
             profile,
         }));
+        if state.is_none() {
+            self.deferred_init = Some(params.clone());
+            self.attach_after_reply = true;
+        }
         // An operator connection proves the key before it gets the role: the challenge rides
         // on the reply, the answer comes as `operator/login`.
-        let challenge = if wants_operator {
-            let text = self
-                .shared
-                .host
-                .login_challenge(&state, &self.connection_id)?;
-            self.challenge = Some(text.clone());
-            Some(text)
-        } else {
-            None
+        let challenge = match &state {
+            Some(state) if wants_operator => {
+                let text = self
+                    .shared
+                    .host
+                    .login_challenge(state, &self.connection_id)?;
+                self.challenge = Some(text.clone());
+                Some(text)
+            }
+            _ => None,
         };
         let (server, version) = self.shared.host.server_info();
         if profile == Profile::Mcp {
@@ -955,7 +1006,8 @@ impl<H: Host> Conn<H> {
     fn tools(&self) -> &Tools {
         self.shared.tools.get_or_init(|| {
             let mut wrapped = std::collections::HashSet::new();
-            let list = self
+            let mut names = Vec::new();
+            let list: Vec<Value> = self
                 .shared
                 .router
                 .methods()
@@ -973,6 +1025,7 @@ impl<H: Host> Conn<H> {
                     if wrap {
                         wrapped.insert(m.def.name);
                     }
+                    names.push(tool);
                     Some(json!({
                         "name": tool,
                         "title": m.def.name,
@@ -982,9 +1035,25 @@ impl<H: Host> Conn<H> {
                     }))
                 })
                 .collect();
-            Tools { list, wrapped }
+            let mut result = json!({ "tools": list });
+            let plain = raw_json(&result);
+            // 2026-07-28: every list result says how long it may be cached, and by whom.
+            result["resultType"] = json!("complete");
+            result["ttlMs"] = json!(0);
+            result["cacheScope"] = json!("private");
+            Tools {
+                names,
+                result: plain,
+                stateless_result: raw_json(&result),
+                wrapped,
+            }
         })
     }
+}
+
+/// `v` as encoded JSON (a `Value` always encodes).
+fn raw_json(v: &Value) -> Box<serde_json::value::RawValue> {
+    serde_json::value::to_raw_value(v).unwrap_or_default()
 }
 
 fn operator_not_on_mcp() -> RpcError {
