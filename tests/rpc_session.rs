@@ -540,10 +540,44 @@ fn initialize_is_answered_before_the_workspace_opens_and_a_failed_open_is_report
             .map(Vec::len),
         Some(2)
     );
+    lsp.call("shutdown", Value::Null);
+    lsp.notify("exit", Value::Null);
+    assert_eq!(
+        common::wait_exit(&mut lsp.child, Duration::from_secs(10)),
+        0
+    );
 
-    // A credential needs the store: initialize reports the failure itself.
+    // Damaged again: a client whose workspace failed to open may initialize with another root.
     bytes[at + len - 2] ^= 0x5a;
     std::fs::write(&segments[0], &bytes).expect("write");
+    let mut lsp = Server::start_in(elsewhere.path(), Wire::Lsp);
+    lsp.call(
+        "initialize",
+        json!({"processId": null, "rootUri": uri, "capabilities": {}}),
+    );
+    let r = lsp.request("gaffer/status", json!({}));
+    assert_eq!(r["error"]["data"]["code"], "store_unavailable", "{r}");
+    let other = workspace();
+    let other_path = other.path().canonicalize().expect("canon");
+    lsp.call(
+        "initialize",
+        json!({"processId": null, "rootUri": format!("file://{}", other_path.display()),
+               "capabilities": {}}),
+    );
+    let st = lsp.call("gaffer/status", json!({}));
+    assert_eq!(st["workspace"], other_path.display().to_string());
+    let again = lsp.request(
+        "initialize",
+        json!({"processId": null, "rootUri": uri, "capabilities": {}}),
+    );
+    assert_eq!(
+        code(&again),
+        -32600,
+        "once open, initialize is refused: {again}"
+    );
+    drop(lsp);
+
+    // A credential needs the store: initialize reports the failure itself.
     let mut lsp = Server::start_in(elsewhere.path(), Wire::Lsp);
     let r = lsp.request(
         "initialize",
@@ -551,6 +585,7 @@ fn initialize_is_answered_before_the_workspace_opens_and_a_failed_open_is_report
                "initializationOptions": {"clientToken": "not-a-token"}}),
     );
     assert_eq!(r["error"]["data"]["code"], "store_unavailable", "{r}");
+    drop(lsp);
 
     // A root that is no directory is refused at initialize, naming the field.
     let file = ws.path().join("plain-file");

@@ -271,7 +271,8 @@ where
                 }
                 if conn.attach_after_reply {
                     conn.attach_after_reply = false;
-                    // Let the writer send the `initialize` reply, then open the workspace.
+                    // Let the writer send the `initialize` reply (on the current-thread runtime
+                    // it runs before this task resumes), then open the workspace.
                     tokio::task::yield_now().await;
                     if let Err(e) = conn.ensure_attached(None) {
                         tracing::error!(error = %e.message, "opening the workspace after initialize failed; the next request retries");
@@ -918,7 +919,10 @@ impl<H: Host> Conn<H> {
     }
 
     fn initialize(&mut self, profile: Profile, params: &Value) -> Result<Value, RpcError> {
-        if self.client.is_some() {
+        // A client answered before its workspace opened, whose open then failed, may
+        // initialize again (another root): it has nothing else to recover with.
+        let open_failed = self.state.is_none() && self.deferred_init.is_some();
+        if self.client.is_some() && !open_failed {
             return Err(RpcError::invalid_request("already initialized"));
         }
         // MCP has no initializationOptions: a role beside the standard fields counts too.
