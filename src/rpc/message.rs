@@ -322,6 +322,27 @@ pub fn reply_ok_raw(id: &Id, result: &serde_json::value::RawValue) -> String {
     out
 }
 
+/// A success reply whose result `write` appends straight into the reply's buffer (no result
+/// string of its own to copy in). `write` appends UTF-8 only; should it not, the reply is an
+/// internal error rather than a corrupt frame.
+pub fn reply_ok_writing(id: &Id, size_hint: usize, write: impl FnOnce(&mut Vec<u8>)) -> String {
+    let id_text = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+    const HEAD: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":";
+    const RESULT: &[u8] = b",\"result\":";
+    let mut out = Vec::with_capacity(HEAD.len() + id_text.len() + RESULT.len() + size_hint + 1);
+    out.extend_from_slice(HEAD);
+    out.extend_from_slice(id_text.as_bytes());
+    out.extend_from_slice(RESULT);
+    write(&mut out);
+    out.push(b'}');
+    String::from_utf8(out).unwrap_or_else(|_| {
+        encode(&reply_err(
+            Some(id),
+            &RpcError::internal("encoding the reply"),
+        ))
+    })
+}
+
 /// Encodes a message for the wire (a `Value` always encodes; keys are strings).
 pub fn encode(v: &Value) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| {
@@ -355,6 +376,12 @@ mod tests {
                 json!({"jsonrpc": "2.0", "id": id, "result": {"a": [1, "x\"y"]}})
             );
             assert_eq!(text.len(), text.capacity(), "sized once");
+            let written =
+                reply_ok_writing(&id, 0, |out| out.extend_from_slice(result.get().as_bytes()));
+            assert_eq!(written, text, "written in place: the same bytes");
+            let bad = reply_ok_writing(&id, 0, |out| out.extend_from_slice(&[b'"', 0xff, b'"']));
+            let parsed: Value = serde_json::from_str(&bad).expect("still a JSON reply");
+            assert_eq!(parsed["error"]["code"], codes::INTERNAL_ERROR, "{bad}");
         }
     }
 

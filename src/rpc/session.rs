@@ -28,7 +28,7 @@ use serde_json::value::RawValue;
 
 use super::message::{
     Id, Incoming, RpcError, classify, codes, encode, notification, recover_id, reply_err, reply_ok,
-    reply_ok_raw,
+    reply_ok_raw, reply_ok_writing,
 };
 use super::router::{
     Access, Audience, CallCtx, ClientInfo, Profile, Progress, ProgressStyle, Role, Router,
@@ -893,12 +893,20 @@ impl<H: Host> Conn<H> {
                 return; // cancelled: -32800 was already sent
             }
             let reply = if let Some(wrap) = mcp {
-                match tool_result(result, wrap, stateless_result) {
-                    Ok(raw) => reply_ok_raw(&id, &raw),
-                    Err(_) => encode(&reply_err(
-                        Some(&id),
-                        &RpcError::internal("encoding the tool result"),
-                    )),
+                match result {
+                    Ok(raw) => {
+                        let text = raw.get();
+                        reply_ok_writing(&id, 2 * text.len() + 112, |out| {
+                            write_tool_result(out, text, wrap, stateless_result)
+                        })
+                    }
+                    Err(e) => match tool_error_result(e, stateless_result) {
+                        Ok(raw) => reply_ok_raw(&id, &raw),
+                        Err(_) => encode(&reply_err(
+                            Some(&id),
+                            &RpcError::internal("encoding the tool result"),
+                        )),
+                    },
                 }
             } else {
                 match result {
@@ -1144,34 +1152,25 @@ fn objectify(schema: &mut Value) {
     }
 }
 
-/// Wraps a method result as an MCP tool result: JSON text plus structured content; domain
-/// errors become `isError` results so the agent can read and correct them. A success is
-/// written straight from the result's encoded text (escaped once as the text content, spliced
-/// in as is as the structured content), never parsed back into a `Value`; its bytes are those
-/// earlier releases wrote through serde_json (held by `tool_result_bytes`).
-fn tool_result(
-    result: Result<Box<RawValue>, RpcError>,
-    wrap: bool,
-    stateless: bool,
-) -> Result<Box<RawValue>, serde_json::Error> {
-    let raw = match result {
-        Result::Ok(raw) => raw,
-        Err(e) => {
-            let mut out = json!({
-                "content": [{"type": "text", "text": e.message}],
-                "structuredContent": {"error": e},
-                "isError": true,
-            });
-            if stateless {
-                out["resultType"] = json!("complete");
-            }
-            return serde_json::value::to_raw_value(&out);
-        }
-    };
-    let text = raw.get();
-    let mut out = Vec::with_capacity(2 * text.len() + 112);
+/// An `isError` tool result: the message as text, the error object as structured content.
+fn tool_error_result(e: RpcError, stateless: bool) -> Result<Box<RawValue>, serde_json::Error> {
+    let mut out = json!({
+        "content": [{"type": "text", "text": e.message}],
+        "structuredContent": {"error": e},
+        "isError": true,
+    });
+    if stateless {
+        out["resultType"] = json!("complete");
+    }
+    serde_json::value::to_raw_value(&out)
+}
+
+/// Appends a successful tool result for the encoded method result `text`: the JSON as text
+/// content, and as structured content (wrapped as `{"result": …}` when it is no object).
+/// Written by hand straight into the reply, in the bytes serde_json writes for these parts.
+fn write_tool_result(out: &mut Vec<u8>, text: &str, wrap: bool, stateless: bool) {
     out.extend_from_slice(br#"{"content":[{"type":"text","text":"#);
-    crate::json_out::string_into(&mut out, text);
+    crate::json_out::string_into(out, text);
     out.extend_from_slice(br#"}],"isError":false,"#);
     if stateless {
         out.extend_from_slice(br#""resultType":"complete","#);
@@ -1185,9 +1184,6 @@ fn tool_result(
         out.push(b'}');
     }
     out.push(b'}');
-    // Spliced by serde_json as already-encoded text (a copy, not a parse).
-    let encoded = crate::json_out::into_raw(out).map_err(serde::ser::Error::custom)?;
-    serde_json::value::to_raw_value(&encoded)
 }
 
 #[cfg(test)]
@@ -1210,7 +1206,9 @@ mod tool_result_tests {
         let structured: Value = serde_json::from_str(text).unwrap();
         for wrap in [false, true] {
             for stateless in [false, true] {
-                let got = tool_result(Ok(raw.clone()), wrap, stateless).unwrap();
+                let mut got = Vec::new();
+                write_tool_result(&mut got, raw.get(), wrap, stateless);
+                let got = String::from_utf8(got).unwrap();
                 let mut expect = format!(
                     r#"{{"content":[{}],"isError":false,"#,
                     serde_json::to_string(&Item { kind: "text", text }).unwrap()
@@ -1224,7 +1222,7 @@ mod tool_result_tests {
                     structured.to_string()
                 };
                 expect.push_str(&format!(r#""structuredContent":{body}}}"#));
-                assert_eq!(got.get(), expect, "wrap {wrap}, stateless {stateless}");
+                assert_eq!(got, expect, "wrap {wrap}, stateless {stateless}");
             }
         }
     }
