@@ -418,7 +418,10 @@ impl<H: Host> Conn<H> {
     }
 
     fn reply(&self, batch: &Option<mpsc::UnboundedSender<String>>, v: Value) {
-        let encoded = encode(&v);
+        self.reply_encoded(batch, encode(&v));
+    }
+
+    fn reply_encoded(&self, batch: &Option<mpsc::UnboundedSender<String>>, encoded: String) {
         match batch {
             Some(tx) => {
                 let _ = tx.send(encoded);
@@ -774,15 +777,7 @@ impl<H: Host> Conn<H> {
                 } else {
                     &tools.result
                 };
-                let encoded = reply_ok_raw(&id, result);
-                match batch {
-                    Some(tx) => {
-                        let _ = tx.send(encoded);
-                    }
-                    None => {
-                        let _ = self.shared.out.send(encoded);
-                    }
-                }
+                self.reply_encoded(batch, reply_ok_raw(&id, result));
                 return Ok(());
             }
             "tools/call" if profile == Profile::Mcp => {
