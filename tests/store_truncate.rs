@@ -443,7 +443,7 @@ fn first_hole(path: &Path) -> u64 {
     let f = fs::File::open(path).unwrap();
     // SAFETY: lseek on a descriptor this function owns; no pointers.
     let at = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_HOLE) };
-    u64::try_from(at).unwrap()
+    u64::try_from(at).unwrap_or_else(|_| panic!("SEEK_HOLE: {}", std::io::Error::last_os_error()))
 }
 
 #[test]
@@ -459,7 +459,11 @@ fn appends_allocate_ahead_and_another_store_sees_them_and_nothing_more() {
     );
     // Written zeros, not space reserved by fallocate (an unwritten extent, which every
     // fdatasync after a write into it must convert): the file has no hole before its end.
-    assert_eq!(first_hole(&segment(dir, 1)), len, "the space ahead is written");
+    assert_eq!(
+        first_hole(&segment(dir, 1)),
+        len,
+        "the space ahead is written"
+    );
 
     let mut b = Store::open(dir).unwrap();
     let seqs = |v: Vec<Record>| v.iter().map(|r| r.seq).collect::<Vec<_>>();
@@ -572,6 +576,24 @@ fn rotation_trims_the_space_after_the_last_record() {
     assert_eq!(seqs, vec![6, 7]);
     let report = verify(dir).unwrap();
     assert!(report.ok, "{:?}", report.problems);
+
+    // A store that never wrote the segment it rotates away from (another process did) trims
+    // the zeros written ahead all the same.
+    let other = tmp.path().join("other");
+    append(&mut writer(&other), 1..=5);
+    let mut rotator = Store::open(&other).unwrap();
+    let mut txn = rotator.begin().unwrap();
+    txn.write_snapshot(&Snapshot {
+        seq: 5,
+        state: json!({"n": 5}),
+    })
+    .unwrap();
+    drop(txn);
+    assert_eq!(
+        fs::read(segment(&other, 1)).unwrap(),
+        exact,
+        "trimmed by a store that held no writer for it"
+    );
 }
 
 /// Where each record frame of a segment's bytes starts, and where the last one ends (frames

@@ -101,6 +101,29 @@ pub fn ensure_dir(dir: &Path) -> Result<bool, StoreError> {
     Ok(true)
 }
 
+/// Reserves `len` bytes of `file` from `offset` (extending its length): the space reads as
+/// zeros whatever reaches the disk, also after a crash that left the file's new size but not
+/// the data written there. Fails where the filesystem has no `fallocate`.
+pub fn allocate(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        };
+        // SAFETY: fallocate only reads its integer arguments; the fd is open for writing.
+        if unsafe { libc::fallocate(file.as_raw_fd(), 0, offset, len) } == 0 {
+            return Ok(());
+        }
+        Err(std::io::Error::last_os_error())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, offset, len);
+        Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+}
+
 /// Writes `len` zero bytes into `file` from `offset` (extending its length), so that later
 /// writes there overwrite blocks the file already has. On ext4 a write into space reserved by
 /// `fallocate` converts an unwritten extent, and the fdatasync after it must write that

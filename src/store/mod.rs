@@ -69,7 +69,7 @@ use serde::{Deserialize, Serialize};
 
 pub use chain::{ChainBreak, ChainStatus, ChainView, Digest32, GENESIS, Head, STORE_CREATED};
 pub use codec::{HEADER_LEN, MAX_RECORD_BODY};
-pub use durable::write_zeros;
+pub use durable::{allocate, write_zeros};
 pub use error::StoreError;
 pub use snapshot::SnapshotMark;
 pub use verify::{
@@ -922,10 +922,39 @@ impl SegmentWriter {
             return;
         }
         let want = ahead.max(len);
-        // Zeros after this append's bytes (which it writes itself), flushed with its data.
-        if durable::write_zeros(&self.file, offset + len, want - len).is_ok() {
-            self.allocated = offset + want;
-        }
+        // Reserved first, so that what a crash leaves there reads as zeros (on a filesystem
+        // that may persist the new size before the data); then written as zeros after this
+        // append's own bytes and flushed with them, so the next appends overwrite blocks the
+        // file has and their fdatasyncs write data only.
+        let _ = durable::allocate(&self.file, offset, want);
+        self.allocated = match durable::write_zeros(&self.file, offset + len, want - len) {
+            Ok(()) => offset + want,
+            // Whatever got written stays; later appends do not write it again.
+            Err(_) => self.file.metadata().map_or(self.allocated, |m| m.len()),
+        };
+    }
+}
+
+/// Rotation, under the lock: the segment left behind keeps its records and not the space
+/// written ahead of them (by this Store or another process, whatever `allocated` says), and
+/// the cut is made durable, since a segment that is no longer the last must end at its last
+/// record. Best effort: readers take leftover zeros for space never written anyway.
+fn trim_left_segment(store: &Store, segment: u64) {
+    let end = store.cursor.offset;
+    let path = segment::segment_path(&store.journal, segment);
+    let opened;
+    let file = match store.writer.as_ref().filter(|w| w.segment == segment) {
+        Some(w) => &w.file,
+        None => match OpenOptions::new().write(true).open(&path) {
+            Ok(f) => {
+                opened = f;
+                &opened
+            }
+            Err(_) => return,
+        },
+    };
+    if file.metadata().is_ok_and(|m| m.len() > end) {
+        let _ = file.set_len(end).and_then(|()| file.sync_data());
     }
 }
 
@@ -1047,13 +1076,7 @@ impl WriteTxn<'_> {
             current
         };
         if journal_from != current {
-            // The segment left behind keeps its records, not the space allocated after them.
-            // (Best effort: readers take leftover zeros for space never written anyway.)
-            if let Some(w) = store.writer.as_ref().filter(|w| w.segment == current)
-                && w.allocated > store.cursor.offset
-            {
-                let _ = w.file.set_len(store.cursor.offset);
-            }
+            trim_left_segment(store, current);
             let path = segment::segment_path(&store.journal, journal_from);
             store.writer = Some(SegmentWriter::open(journal_from, &path)?);
             store.cursor = Cursor {
