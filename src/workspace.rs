@@ -557,16 +557,32 @@ impl Workspace {
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         let stale = lock(&self.shared.folded).last_poll.elapsed() >= READ_FRESHNESS;
         if stale {
-            let io = match try_lock(&self.shared.io) {
-                Some(io) => Some(io),
-                None if self.shared.appending.load(Ordering::Acquire) => None,
-                None => Some(lock(&self.shared.io)),
-            };
-            if let Some(mut io) = io {
-                fold_new(&mut io, &self.shared);
-            }
+            self.catch_up();
         }
         f(&lock(&self.shared.folded).state)
+    }
+
+    /// [`read`](Self::read), after folding whatever other processes appended however recently
+    /// this process last looked: for a request naming what another process may have committed
+    /// a moment ago (an operator preparing a decision on an id an agent just got), where a
+    /// stale answer would be a wrong `not_found` or revision conflict, not merely an old view.
+    pub fn read_fresh<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        self.catch_up();
+        f(&lock(&self.shared.folded).state)
+    }
+
+    /// Folds other processes' records, unless this process's writer holds the store lock for
+    /// an append: it folded everything on disk when it took the lock, and nobody else can
+    /// append until it lets go.
+    fn catch_up(&self) {
+        let io = match try_lock(&self.shared.io) {
+            Some(io) => Some(io),
+            None if self.shared.appending.load(Ordering::Acquire) => None,
+            None => Some(lock(&self.shared.io)),
+        };
+        if let Some(mut io) = io {
+            fold_new(&mut io, &self.shared);
+        }
     }
 
     /// The last sequence number folded.
@@ -1356,6 +1372,25 @@ mod tests {
             })
             .expect("read");
         assert_eq!(seen, (1..=52).collect::<Vec<_>>());
+    }
+
+    /// A fresh read sees what another instance committed a moment after this one last looked
+    /// (a plain read may answer from that look for up to READ_FRESHNESS).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fresh_read_sees_a_commit_made_just_after_this_instance_looked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Workspace::open(dir.path()).expect("open a");
+        let b = Workspace::open(dir.path()).expect("open b");
+        a.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 0)], ())))
+            .await
+            .expect("first commit");
+        for n in 1..=20u64 {
+            let seen = b.read_fresh(|s| s.last_seq);
+            a.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", n)], ())))
+                .await
+                .expect("commit a");
+            assert_eq!(b.read_fresh(|s| s.last_seq), seen + 1, "round {n}");
+        }
     }
 
     #[tokio::test]

@@ -145,7 +145,7 @@ impl OperationRuntime {
     pub async fn approval(&self, id: &str) -> Result<ApprovalView, OpError> {
         let aid = self
             .ws
-            .read(|s| approval_id_for(&s.operations, id))
+            .read_fresh(|s| approval_id_for(&s.operations, id))
             .ok_or_else(no_approval)?;
         let mut view = self.view(&aid).await?;
         view.detail = self.detail_of(&aid).await;
@@ -167,7 +167,7 @@ impl OperationRuntime {
         }
         let (a, op) = self
             .ws
-            .read(|s| {
+            .read_fresh(|s| {
                 let aid = approval_id_for(&s.operations, &req.id)?;
                 let a = s.operations.approvals.get(&aid)?.clone();
                 let op = s.operations.get(&a.operation_id).cloned();
@@ -307,7 +307,7 @@ impl OperationRuntime {
     ) -> Result<(RevokePayload, String), OpError> {
         let a = self
             .ws
-            .read(|s| {
+            .read_fresh(|s| {
                 approval_id_for(&s.operations, id)
                     .and_then(|aid| s.operations.approvals.get(&aid).cloned())
             })
