@@ -423,13 +423,18 @@ impl OperationRuntime {
     // ---------- reads ----------
 
     pub fn get(&self, client: Option<&str>, id: &str) -> Result<OperationView, OpError> {
-        self.ws.read(|s| {
+        let look = |s: &crate::workspace::State| {
             s.operations
                 .get(id)
                 .filter(|op| client.is_none_or(|c| c == op.client_id))
                 .map(OperationView::of)
-                .ok_or_else(OpError::not_found)
-        })
+        };
+        // A miss is checked against the journal as it is now: the id may come from another
+        // process that committed it after this one last looked.
+        self.ws
+            .read(look)
+            .or_else(|| self.ws.read_fresh(look))
+            .ok_or_else(OpError::not_found)
     }
 
     pub fn list(&self, client: Option<&str>, f: &ListFilter) -> Vec<OperationView> {
