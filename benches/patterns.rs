@@ -387,7 +387,7 @@ fn round_trips(ws: &std::path::Path, wire: Wire, placement: Placement, cases: &[
     // The floor of this wire in this run: a `ping` round trip (pipes, framing, dispatch).
     let mut id = 0u64;
     let cpu = conn.cpu_ns();
-    let mut pings: Vec<f64> = (0..3_000)
+    let pings: Vec<f64> = (0..3_000)
         .map(|_| {
             id += 1;
             let t = Instant::now();
@@ -396,15 +396,7 @@ fn round_trips(ws: &std::path::Path, wire: Wire, placement: Placement, cases: &[
         })
         .collect();
     let ping_cpu = (conn.cpu_ns() - cpu) as f64 / 3_000.0 / 1e3;
-    pings.sort_by(f64::total_cmp);
-    println!(
-        "{:<44} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
-        format!("ping (this wire's floor){label}"),
-        percentile(&pings, 0.5),
-        percentile(&pings, 0.9),
-        percentile(&pings, 0.99),
-        ping_cpu,
-    );
+    print_row(&format!("ping (this wire's floor){label}"), pings, ping_cpu);
     for (name, params) in cases {
         let body = serde_json::to_string(params).expect("json");
         let (method, params) = match wire {
@@ -427,7 +419,7 @@ fn round_trips(ws: &std::path::Path, wire: Wire, placement: Placement, cases: &[
             conn.call(id, method, &params);
         }
         let cpu = conn.cpu_ns();
-        let mut samples: Vec<f64> = (0..n)
+        let samples: Vec<f64> = (0..n)
             .map(|_| {
                 id += 1;
                 let t = Instant::now();
@@ -436,16 +428,20 @@ fn round_trips(ws: &std::path::Path, wire: Wire, placement: Placement, cases: &[
             })
             .collect();
         let server_cpu = (conn.cpu_ns() - cpu) as f64 / n as f64 / 1e3;
-        samples.sort_by(f64::total_cmp);
-        println!(
-            "{:<44} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
-            format!("{name}{label}"),
-            percentile(&samples, 0.5),
-            percentile(&samples, 0.9),
-            percentile(&samples, 0.99),
-            server_cpu,
-        );
+        print_row(&format!("{name}{label}"), samples, server_cpu);
     }
+}
+
+/// One row: quantiles of the round trips (µs) and the server's CPU per call.
+fn print_row(name: &str, mut samples: Vec<f64>, server_cpu: f64) {
+    samples.sort_by(f64::total_cmp);
+    println!(
+        "{name:<44} {:>10.1} {:>10.1} {:>10.1} {:>14.1}",
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.9),
+        percentile(&samples, 0.99),
+        server_cpu,
+    );
 }
 
 /// Requests past this many bytes (the 1,000-scope one) get fewer samples.

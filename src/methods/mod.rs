@@ -198,6 +198,14 @@ pub fn file_uri_to_path(uri: &str) -> Option<PathBuf> {
     Some(PathBuf::from(String::from_utf8(out).ok()?))
 }
 
+/// The root an `initialize` chose (or the process's directory) is no directory.
+fn not_a_directory(root: &Path) -> RpcError {
+    RpcError::invalid_params(
+        "rootUri",
+        format!("workspace {} is not a directory", root.display()),
+    )
+}
+
 impl Host for Server {
     type State = App;
     type Notice = Notice;
@@ -205,10 +213,7 @@ impl Host for Server {
     fn attach(&self, init: Option<&Value>) -> Result<Arc<App>, RpcError> {
         let root = self.choose_root(init)?;
         let app = App::open(&root, self.config.clone()).map_err(|e| match e {
-            WorkspaceError::NotADirectory { .. } => RpcError::invalid_params(
-                "rootUri",
-                format!("workspace {} is not a directory", root.display()),
-            ),
+            WorkspaceError::NotADirectory { .. } => not_a_directory(&root),
             other => store_error("opening the workspace", &other),
         })?;
         // A serving process recovers interrupted operations and executes approved ones, and
@@ -226,10 +231,7 @@ impl Host for Server {
     fn identify_early(&self, init: &Value) -> Result<Option<String>, RpcError> {
         let root = self.choose_root(Some(init))?;
         if !root.is_dir() {
-            return Err(RpcError::invalid_params(
-                "rootUri",
-                format!("workspace {} is not a directory", root.display()),
-            ));
+            return Err(not_a_directory(&root));
         }
         Ok(identity::presented_token(init, &self.config)?
             .is_none()

@@ -310,13 +310,12 @@ pub fn reply_ok_raw(id: &Id, result: &serde_json::value::RawValue) -> String {
     let id = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
     // Sized once: `format!` cannot know the result's length and would grow (and copy) a
     // multi-megabyte selection several times.
-    const HEAD: &str = "{\"jsonrpc\":\"2.0\",\"id\":";
-    const RESULT: &str = ",\"result\":";
     let body = result.get();
-    let mut out = String::with_capacity(HEAD.len() + id.len() + RESULT.len() + body.len() + 1);
-    out.push_str(HEAD);
+    let mut out =
+        String::with_capacity(REPLY_HEAD.len() + id.len() + REPLY_RESULT.len() + body.len() + 1);
+    out.push_str(REPLY_HEAD);
     out.push_str(&id);
-    out.push_str(RESULT);
+    out.push_str(REPLY_RESULT);
     out.push_str(body);
     out.push('}');
     out
@@ -327,12 +326,11 @@ pub fn reply_ok_raw(id: &Id, result: &serde_json::value::RawValue) -> String {
 /// internal error rather than a corrupt frame.
 pub fn reply_ok_writing(id: &Id, size_hint: usize, write: impl FnOnce(&mut Vec<u8>)) -> String {
     let id_text = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
-    const HEAD: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":";
-    const RESULT: &[u8] = b",\"result\":";
-    let mut out = Vec::with_capacity(HEAD.len() + id_text.len() + RESULT.len() + size_hint + 1);
-    out.extend_from_slice(HEAD);
+    let mut out =
+        Vec::with_capacity(REPLY_HEAD.len() + id_text.len() + REPLY_RESULT.len() + size_hint + 1);
+    out.extend_from_slice(REPLY_HEAD.as_bytes());
     out.extend_from_slice(id_text.as_bytes());
-    out.extend_from_slice(RESULT);
+    out.extend_from_slice(REPLY_RESULT.as_bytes());
     write(&mut out);
     out.push(b'}');
     String::from_utf8(out).unwrap_or_else(|_| {
@@ -342,6 +340,10 @@ pub fn reply_ok_writing(id: &Id, size_hint: usize, write: impl FnOnce(&mut Vec<u
         ))
     })
 }
+
+/// A success reply's text around its id and result (the bytes serde_json writes for them).
+const REPLY_HEAD: &str = "{\"jsonrpc\":\"2.0\",\"id\":";
+const REPLY_RESULT: &str = ",\"result\":";
 
 /// Encodes a message for the wire (a `Value` always encodes; keys are strings).
 pub fn encode(v: &Value) -> String {
