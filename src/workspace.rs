@@ -442,11 +442,21 @@ fn anchor_appended(shared: &Shared) {
 
 /// A journal another process created while this one had none is judged against the anchor
 /// as soon as it is read, not only at this process's first append.
-fn judge_first_journal(shared: &Shared) {
+/// True when that first judgment found the journal short of its anchored head.
+fn judge_first_journal(shared: &Shared) -> bool {
     let mut guard = lock(&shared.guard);
     if guard.standing == Standing::Empty && shared.chain.head().seq > 0 {
         *guard = guard_of(&shared.root, &shared.chain, None);
+        return matches!(guard.standing, Standing::RolledBack { .. });
     }
+    false
+}
+
+/// Judges a first journal again after folding more of it; true while it still falls short.
+fn rejudge_first_journal(shared: &Shared) -> bool {
+    let mut guard = lock(&shared.guard);
+    *guard = guard_of(&shared.root, &shared.chain, None);
+    matches!(guard.standing, Standing::RolledBack { .. })
 }
 
 /// Remembers a snapshot this process wrote, while the store stands intact.
@@ -827,7 +837,23 @@ fn fold_new(io: &mut Io, shared: &Shared) {
                 folded.state.apply(rec, &mut notices);
             }
             // Judged before any read can see the new state (lock order: folded, then guard).
-            judge_first_journal(shared);
+            if judge_first_journal(shared) {
+                // The anchor may hold a head another process appended after this poll (it
+                // anchors once its records are durable): fold those before a rollback stands.
+                for _ in 0..3 {
+                    let more = match io.store.poll() {
+                        Ok(more) if !more.is_empty() => more,
+                        _ => break,
+                    };
+                    io.since_snapshot += more.len() as u64;
+                    for rec in &more {
+                        folded.state.apply(rec, &mut notices);
+                    }
+                    if !rejudge_first_journal(shared) {
+                        break;
+                    }
+                }
+            }
             drop(folded);
             broadcast_all(shared, notices);
         }
