@@ -303,11 +303,25 @@ fn load(dir: &Path, view: &ChainView) -> Result<Loaded, WorkspaceError> {
         Ok(())
     })?;
     state.last_seq = state.last_seq.max(after);
-    let guard = guard_of(
-        root,
-        view,
-        from_snapshot.as_ref().map(|(s, h)| (*s, h.as_str())),
-    );
+    let snapshot = from_snapshot.as_ref().map(|(s, h)| (*s, h.as_str()));
+    let mut guard = guard_of(root, view, snapshot);
+    if matches!(guard.standing, Standing::RolledBack { .. }) {
+        // Another process may have appended (and anchored) after the replay above: judge
+        // again under the store lock, holding everything appended so far.
+        let recheck = store.begin().and_then(|mut txn| {
+            let more = txn.take_new()?;
+            replayed += more.len() as u64;
+            for rec in &more {
+                state.apply(rec, &mut scratch);
+                scratch.clear();
+            }
+            guard = guard_of(root, view, snapshot);
+            Ok(())
+        });
+        if let Err(e) = recheck {
+            tracing::warn!(error = %e, "the store lock cannot be taken to judge the store again");
+        }
+    }
     Ok(Loaded {
         store,
         state,
@@ -452,11 +466,9 @@ fn judge_first_journal(shared: &Shared) -> bool {
     false
 }
 
-/// Judges a first journal again after folding more of it; true while it still falls short.
-fn rejudge_first_journal(shared: &Shared) -> bool {
-    let mut guard = lock(&shared.guard);
-    *guard = guard_of(&shared.root, &shared.chain, None);
-    matches!(guard.standing, Standing::RolledBack { .. })
+/// Judges a first journal again after folding more of it.
+fn rejudge_first_journal(shared: &Shared) {
+    *lock(&shared.guard) = guard_of(&shared.root, &shared.chain, None);
 }
 
 /// Remembers a snapshot this process wrote, while the store stands intact.
@@ -838,19 +850,21 @@ fn fold_new(io: &mut Io, shared: &Shared) {
             }
             // Judged before any read can see the new state (lock order: folded, then guard).
             if judge_first_journal(shared) {
-                // The anchor may hold a head another process appended after this poll (it
-                // anchors once its records are durable): fold those before a rollback stands.
-                for _ in 0..3 {
-                    let more = match io.store.poll() {
-                        Ok(more) if !more.is_empty() => more,
-                        _ => break,
-                    };
-                    io.since_snapshot += more.len() as u64;
+                // The anchor may hold a head another process appended after this poll (an
+                // appender anchors once durable, under the store lock): judge again holding
+                // that lock, with everything appended folded.
+                let recheck = io.store.begin().and_then(|mut txn| {
+                    let more = txn.take_new()?;
                     for rec in &more {
                         folded.state.apply(rec, &mut notices);
                     }
-                    if !rejudge_first_journal(shared) {
-                        break;
+                    rejudge_first_journal(shared);
+                    Ok(more.len() as u64)
+                });
+                match recheck {
+                    Ok(n) => io.since_snapshot += n,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the store lock cannot be taken to judge the store again")
                     }
                 }
             }
@@ -1416,6 +1430,62 @@ mod tests {
                 .await
                 .expect("commit a");
             assert_eq!(b.read_fresh(|s| s.last_seq), seen + 1, "round {n}");
+        }
+    }
+
+    /// Appends `rec`s from `a` until `stop`: another process writing while one opens or
+    /// first reads the store (it anchors each head once durable, under the store lock).
+    fn keep_appending(
+        a: Arc<Workspace>,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> tokio::task::JoinHandle<u64> {
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                a.commit(move |_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", n)], ())))
+                    .await
+                    .expect("commit a");
+            }
+            n
+        })
+    }
+
+    /// An anchor that moved on between reading the journal and reading the anchor is not a
+    /// rollback: opening while another instance appends always finds the store intact.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn opening_while_another_instance_appends_is_never_judged_rolled_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Workspace::open(dir.path()).expect("open a");
+        a.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 0)], ())))
+            .await
+            .expect("first commit");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let appender = keep_appending(Arc::clone(&a), Arc::clone(&stop));
+        for round in 0..40 {
+            let b = Workspace::open(dir.path()).expect("open b");
+            assert_eq!(b.standing(), Standing::Intact, "open {round}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(appender.await.expect("appender") > 0);
+    }
+
+    /// The same when the journal is first created by another instance after this one opened:
+    /// its first fold judges it, and a head anchored after that fold's read is no rollback.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_journal_first_read_while_another_instance_appends_is_never_judged_rolled_back() {
+        for round in 0..100 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let a = Workspace::open(dir.path()).expect("open a");
+            let b = Workspace::open(dir.path()).expect("open b");
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let appender = keep_appending(Arc::clone(&a), Arc::clone(&stop));
+            while b.read_fresh(|s| s.last_seq) < 20 {
+                tokio::task::yield_now().await;
+            }
+            stop.store(true, Ordering::Relaxed);
+            appender.await.expect("appender");
+            assert_eq!(b.standing(), Standing::Intact, "round {round}");
         }
     }
 

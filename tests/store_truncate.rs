@@ -362,7 +362,7 @@ fn a_batch_is_all_or_nothing_at_every_truncation_offset() {
             "poll, cut {cut}"
         );
         let mut store = Store::open(&dst).unwrap();
-        let txn = store.begin().unwrap();
+        let txn = store.begin().unwrap_or_else(|e| panic!("cut {cut}: {e}"));
         assert_eq!(
             fs::metadata(dst.join("journal/000001.log")).unwrap().len(),
             ends[whole_batches],

@@ -630,8 +630,20 @@ impl Store {
             });
             self.advance(progress, log);
             self.undelivered.append(&mut fresh);
-            if let Some(torn) = result? {
-                self.cut_torn_tail(&torn)?;
+            match result? {
+                Some(torn) => self.cut_torn_tail(&torn)?,
+                // A scan ends early where bytes filled in while it read (a reader without the
+                // lock overtaking a writer). Nobody appends while this lock is held, so here
+                // that means something writes the journal without it: refused, never
+                // appended over.
+                None if self.cursor.offset > 0 && !self.nothing_new() => {
+                    return Err(StoreError::Corrupt {
+                        segment: segment::segment_path(&self.journal, self.cursor.segment),
+                        offset: self.cursor.offset,
+                        reason: "the journal changed while read under the store lock".into(),
+                    });
+                }
+                None => {}
             }
         }
         self.tail_checked = true;

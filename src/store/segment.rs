@@ -422,6 +422,7 @@ fn scan_serial<E: From<StoreError>>(
 }
 
 /// Where a scan met bytes that are not a whole frame.
+#[derive(Clone, Copy)]
 struct Damage {
     /// The frame boundary the bytes start at.
     offset: u64,
@@ -441,7 +442,9 @@ struct Damage {
 /// writer starts a batch only after the previous one was fdatasynced. So the damage is a torn
 /// tail when nothing whole follows it except later records of the same batch (a crash can
 /// persist a batch's pages out of order); a whole record that starts a new batch after it
-/// proves the damaged batch had been acknowledged.
+/// proves the damaged batch had been acknowledged. Unless the damaged batch is whole when
+/// read again: a reader without the store lock met an append in progress (or space it had
+/// yet to fill) and read on into later appends; its scan ends before that batch.
 fn damaged(
     path: &Path,
     file: &mut File,
@@ -464,6 +467,12 @@ fn damaged(
     file.read_to_end(&mut rest).map_err(StoreError::io(path))?;
     if settled && rest.iter().all(|b| *b == 0) {
         return Ok(SegmentEnd::Clean { end: offset });
+    }
+    if overtaken(file, tail).map_err(StoreError::io(path))? {
+        // A reader without the store lock read this space before an append filled it, and
+        // what follows once later appends had landed: the scan ran ahead of a writer. It
+        // ends before the unfinished batch; the next read resumes there.
+        return Ok(SegmentEnd::Clean { end: tail });
     }
     if !is_last {
         return Err(corrupt(format!(
@@ -494,9 +503,119 @@ fn damaged(
     Ok(SegmentEnd::Torn { end: tail, reason })
 }
 
+/// True when a whole batch now starts at `tail` (the start of the batch a scan found damaged):
+/// the file changed since the scan read it. Read unchanged, the same bytes give the same
+/// damage.
+fn overtaken(file: &File, tail: u64) -> io::Result<bool> {
+    let mut at = tail;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let mut n = read_at_most(file, &mut buf, at)?;
+        if let Frame::Incomplete {
+            needed: Some(total),
+        } = codec::decode(&buf[..n])
+            && n == buf.len()
+        {
+            buf.resize(total, 0);
+            n = read_at_most(file, &mut buf, at)?;
+        }
+        match codec::decode(&buf[..n]) {
+            Frame::Whole { len, last, .. } => {
+                if last {
+                    return Ok(true);
+                }
+                at += len as u64;
+            }
+            _ => return Ok(false),
+        }
+    }
+}
+
+/// Fills `buf` from `offset` as far as the file goes; returns how much was read.
+fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match read_at(file, &mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn batch(
+        seqs: std::ops::RangeInclusive<u64>,
+        prev: crate::store::chain::Digest32,
+    ) -> (Vec<u8>, crate::store::chain::Digest32) {
+        let records: Vec<crate::store::Record> = seqs
+            .map(|seq| crate::store::Record {
+                seq,
+                time_ms: 1_700_000_000_000 + seq,
+                kind: "test.event".into(),
+                payload: crate::store::raw_payload(serde_json::json!({ "n": seq })),
+            })
+            .collect();
+        let mut out = Vec::new();
+        let hashes = codec::encode_batch_into(&records, prev, &mut out).expect("encode");
+        (out, *hashes.last().expect("a record"))
+    }
+
+    /// What `damaged` decides about damage met at `at` by a scan that had buffered `seen`
+    /// from there, given what the file holds by the time it reads the rest.
+    fn judge(file_now: &[u8], seen: &[u8], at: Damage) -> Result<SegmentEnd, StoreError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("000001.log");
+        fs::write(&path, file_now).expect("write");
+        let mut file = File::open(&path).expect("open");
+        file.seek(SeekFrom::Start(at.offset + seen.len() as u64))
+            .expect("seek");
+        let reason = "damage as the scan saw it".to_string();
+        damaged(&path, &mut file, seen, at, reason, true)
+    }
+
+    /// A reader without the store lock can read space ahead of the writer as zeros, or a
+    /// batch half copied in, and then (reading on) the batches appended meanwhile: that is the
+    /// end of what was written when it looked, not corruption. Zeros that are still there
+    /// before a later batch are.
+    #[test]
+    fn a_batch_filled_in_while_reading_ends_the_scan_but_a_hole_is_corrupt() {
+        let (first, head) = batch(1..=2, crate::store::chain::GENESIS);
+        let (later, _) = batch(3..=3, head);
+        let filled = [first.clone(), later.clone()].concat();
+        let zeros_at_start = Damage {
+            offset: 0,
+            tail: 0,
+            settled: true,
+        };
+        match judge(&filled, &[0u8; 64], zeros_at_start) {
+            Ok(SegmentEnd::Clean { end }) => assert_eq!(end, 0),
+            other => panic!("expected a clean end where the append began, got {other:?}"),
+        }
+        // Record 1 whole and nothing after it when read: the batch lacked its last record.
+        let lacking_last = Damage {
+            offset: 0,
+            tail: 0,
+            settled: false,
+        };
+        match judge(&filled, &[], lacking_last) {
+            Ok(SegmentEnd::Clean { end }) => assert_eq!(end, 0),
+            other => panic!("expected a clean end where the batch began, got {other:?}"),
+        }
+        let hole = [vec![0u8; first.len()], later].concat();
+        match judge(&hole, &[0u8; 64], zeros_at_start) {
+            Err(StoreError::Corrupt { offset, reason, .. }) => {
+                assert_eq!(offset, 0);
+                assert!(reason.contains("a later batch follows"), "{reason}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
 
     #[test]
     fn segment_names() {
