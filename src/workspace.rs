@@ -7,7 +7,9 @@
 //! fdatasync (group commit), and only then answers the callers and pushes notifications.
 //! The store (I/O) and the folded state (CPU) have separate locks: staging holds the state
 //! lock, the append and its fdatasync do not, so reads never wait for the disk and the next
-//! batch's commits queue while an fdatasync runs.
+//! batch's commits queue while an fdatasync runs. A commit with no other under way runs
+//! the same steps on its caller's thread instead: handing it to the writer and being woken
+//! back cost more CPU than the commit itself.
 //! A tailer thread folds in other processes' appends between writes, so their changes reach
 //! this process's clients as notifications.
 //!
@@ -195,6 +197,11 @@ struct Shared {
     watchers: Mutex<Vec<Watcher>>,
     /// Batches appended (one fdatasync each), for benchmarks and status.
     syncs: std::sync::atomic::AtomicU64,
+    /// Commits in the writer thread's last batch. While it is 1 (one committer at a time), a
+    /// commit that finds the queue empty and the writer idle runs on its caller's thread.
+    last_batch: std::sync::atomic::AtomicUsize,
+    /// Commits called and not yet answered.
+    committing: std::sync::atomic::AtomicUsize,
     /// Set while the writer appends a staged batch: it holds the store lock and has folded
     /// everything on disk before it, so a read then has nothing to catch up on.
     appending: std::sync::atomic::AtomicBool,
@@ -516,6 +523,8 @@ impl Workspace {
             events: Fanout::default(),
             watchers: Mutex::new(Vec::new()),
             syncs: std::sync::atomic::AtomicU64::new(0),
+            last_batch: std::sync::atomic::AtomicUsize::new(1),
+            committing: std::sync::atomic::AtomicUsize::new(0),
             appending: std::sync::atomic::AtomicBool::new(false),
             snapshot_writing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             root: root.clone(),
@@ -670,11 +679,47 @@ impl Workspace {
                 }
             }
         });
-        self.jobs
-            .push(job)
-            .map_err(|_| CommitError::Store(WorkspaceError::WriterGone))?;
+        let _counted = Counted::enter(&self.shared.committing);
+        if self.lone_committer() {
+            // Lets every task that is ready run up to its own commit first (on a runtime of
+            // one thread they could not while this one writes): alone still, it writes here.
+            tokio::task::yield_now().await;
+        }
+        if let Some(job) = self.commit_here(job) {
+            self.jobs
+                .push(job)
+                .map_err(|_| CommitError::Store(WorkspaceError::WriterGone))?;
+        }
         rx.await
             .unwrap_or(Err(CommitError::Store(WorkspaceError::CommitPanicked)))
+    }
+
+    /// One committer at a time (the writer's last batch held one commit, nothing is queued and
+    /// the writer is idle): runs `job` as a batch of its own on this thread, saving the two
+    /// thread hand-offs (to the writer and back) that cost more CPU than the commit itself.
+    /// Hands `job` back when commits contend; they go to the writer, which groups them.
+    fn commit_here(&self, job: Job) -> Option<Job> {
+        if !self.lone_committer() || !self.jobs.is_empty() {
+            return Some(job);
+        }
+        let Some(mut io) = try_lock(&self.shared.io) else {
+            return Some(job);
+        };
+        // Never waits here for another process's lock (or the root's, to create the journal):
+        // the caller's thread may be the one every request of a session runs on.
+        if !io.journal_exists {
+            return Some(job);
+        }
+        let shared = &self.shared;
+        let at = (self.gaffer_dir.as_path(), &self.chain);
+        write_batch(&mut io, shared, at, vec![job], Some(&self.jobs));
+        None
+    }
+
+    /// No other commit is under way, and the writer's last batch held a single commit.
+    fn lone_committer(&self) -> bool {
+        self.shared.committing.load(Ordering::Relaxed) == 1
+            && self.shared.last_batch.load(Ordering::Relaxed) <= 1
     }
 
     /// Registers `hook` to run under the store lock before every append, once the store
@@ -953,6 +998,22 @@ fn snapshot_in_background(io: &mut Io, shared: &Shared) {
     }
 }
 
+/// Counts a commit under way until it is answered (or its caller gives up on it).
+struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn enter(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Counted(n)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// What the writer learned from its last batch, to decide how long the next one gathers.
 struct Gather {
     /// Jobs in the last batch: their callers are about to commit again (a client's result
@@ -994,23 +1055,36 @@ fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), queue: &Commit
     };
     while let Some(jobs) = gather.take(queue) {
         gather.expect = jobs.len();
+        shared.last_batch.store(jobs.len(), Ordering::Relaxed);
         let started = Instant::now();
-        let mut io = lock(&shared.io);
-        if let Err(e) = run_batch(&mut io, shared, jobs) {
-            tracing::error!(error = %e, "commit batch failed; reloading state from disk");
-            match load(dir, view) {
-                Ok(loaded) => {
-                    io.store = loaded.store;
-                    lock(&shared.folded).state = loaded.state;
-                    *lock(&shared.guard) = loaded.guard;
-                }
-                Err(e) => tracing::error!(error = %e, "reloading the store failed"),
-            }
-        }
+        write_batch(&mut lock(&shared.io), shared, (dir, view), jobs, None);
         gather.took = started.elapsed();
-        if io.since_snapshot >= SNAPSHOT_EVERY {
-            snapshot_in_background(&mut io, shared);
+    }
+}
+
+/// Runs one group commit (`io` held); a failed batch reloads the state from disk, and a
+/// snapshot is started when enough has been written since the last. With `busy`, the batch
+/// never waits for another process's store lock: held, its jobs go to that queue instead.
+fn write_batch(
+    io: &mut Io,
+    shared: &Shared,
+    (dir, view): (&Path, &ChainView),
+    jobs: Vec<Job>,
+    busy: Option<&CommitQueue<Job>>,
+) {
+    if let Err(e) = run_batch(io, shared, jobs, busy) {
+        tracing::error!(error = %e, "commit batch failed; reloading state from disk");
+        match load(dir, view) {
+            Ok(loaded) => {
+                io.store = loaded.store;
+                lock(&shared.folded).state = loaded.state;
+                *lock(&shared.guard) = loaded.guard;
+            }
+            Err(e) => tracing::error!(error = %e, "reloading the store failed"),
         }
+    }
+    if io.since_snapshot >= SNAPSHOT_EVERY {
+        snapshot_in_background(io, shared);
     }
 }
 
@@ -1080,7 +1154,12 @@ fn publish(shared: &Shared, written: usize, completions: Vec<Completion>, notice
 
 /// One group commit, `io` held throughout: stage under the state lock, append and fdatasync
 /// without it, then publish. Returns Err when state may be ahead of disk and must be reloaded.
-fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), WorkspaceError> {
+fn run_batch(
+    io: &mut Io,
+    shared: &Shared,
+    jobs: Vec<Job>,
+    busy: Option<&CommitQueue<Job>>,
+) -> Result<(), WorkspaceError> {
     // Before the first write there is no store to lock, and a batch that writes nothing must
     // not create one: under a lock on the workspace root (which every creator of the store
     // holds), stage against the folded state and create the store only if records result.
@@ -1089,7 +1168,7 @@ fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), Workspa
     let journal = io.store.dir().join("journal");
     if io.journal_exists || journal.exists() {
         io.journal_exists = true;
-        return run_batch_locked(io, shared, jobs);
+        return run_batch_locked(io, shared, jobs, busy);
     }
     let root_lock = io
         .store
@@ -1099,7 +1178,7 @@ fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), Workspa
         .and_then(|f| f.lock().ok().map(|()| f));
     if root_lock.is_none() || journal.exists() {
         drop(root_lock);
-        return run_batch_locked(io, shared, jobs);
+        return run_batch_locked(io, shared, jobs, busy);
     }
     let (staged, notices, completions, next_seq) = {
         let mut folded = lock(&shared.folded);
@@ -1114,6 +1193,7 @@ fn run_batch(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), Workspa
         return Err(e);
     }
     drop(root_lock);
+    io.journal_exists = !staged.is_empty();
     io.since_snapshot += staged.len() as u64;
     publish(shared, staged.len(), completions, notices);
     Ok(())
@@ -1144,10 +1224,27 @@ fn create_journal(
 }
 
 /// A batch on an existing journal: catch up with other processes' records, stage, append.
-fn run_batch_locked(io: &mut Io, shared: &Shared, jobs: Vec<Job>) -> Result<(), WorkspaceError> {
+fn run_batch_locked(
+    io: &mut Io,
+    shared: &Shared,
+    jobs: Vec<Job>,
+    busy: Option<&CommitQueue<Job>>,
+) -> Result<(), WorkspaceError> {
     let hook = io.before_write.clone();
-    let mut txn = match io.store.begin() {
-        Ok(t) => t,
+    let locked = match busy {
+        None => io.store.begin().map(Some),
+        Some(_) => io.store.try_begin(),
+    };
+    let mut txn = match locked {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            for job in jobs {
+                if let Some(Err(job)) = busy.map(|queue| queue.push(job)) {
+                    job(Err(WorkspaceError::WriterGone));
+                }
+            }
+            return Ok(());
+        }
         Err(e) => {
             let msg = e.to_string();
             tracing::error!(error = %msg, "cannot take the store lock");
@@ -1358,6 +1455,89 @@ mod tests {
             lone.take(&queue).is_none(),
             "a closed, empty queue ends the writer"
         );
+    }
+
+    /// Where a commit's closure ran, and the fdatasyncs it took.
+    async fn commit_where(ws: &Workspace, n: u64) -> std::thread::ThreadId {
+        ws.commit(move |_s: &State| {
+            Ok::<_, ()>((vec![rec("gaffer.test", n)], std::thread::current().id()))
+        })
+        .await
+        .expect("commit")
+    }
+
+    /// One committer at a time writes on its own thread (no hand-off to the writer and
+    /// back); committers that contend go to the writer, which groups them.
+    #[tokio::test]
+    async fn a_lone_commit_runs_on_its_callers_thread_and_contending_ones_are_grouped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        // The first creates the journal (under the root's lock): the writer does that.
+        commit_where(&ws, 0).await;
+        let here = std::thread::current().id();
+        let syncs = ws.syncs();
+        for n in 1..=3 {
+            assert_eq!(commit_where(&ws, n).await, here, "commit {n}");
+        }
+        assert_eq!(ws.syncs() - syncs, 3);
+        let syncs = ws.syncs();
+        let tasks: Vec<_> = (0..8u64)
+            .map(|n| {
+                let ws = Arc::clone(&ws);
+                tokio::spawn(async move { commit_where(&ws, 10 + n).await })
+            })
+            .collect();
+        for t in tasks {
+            assert_ne!(
+                t.await.expect("join"),
+                here,
+                "contending commits go to the writer"
+            );
+        }
+        assert!(
+            ws.syncs() - syncs < 8,
+            "8 contending commits took {} fdatasyncs",
+            ws.syncs() - syncs
+        );
+        assert_eq!(ws.seq(), 13);
+    }
+
+    /// A lone commit never waits on this thread for another process's store lock: while one
+    /// holds it, the commit goes to the writer and the caller's runtime runs on.
+    #[tokio::test]
+    async fn a_lone_commit_does_not_block_its_thread_on_another_processes_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        commit_where(&ws, 0).await;
+        let gaffer_dir = dir.path().join(".gaffer");
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let other = std::thread::spawn(move || {
+            let mut store = Store::open(&gaffer_dir).expect("store");
+            let txn = store.begin().expect("lock");
+            held_tx.send(()).expect("held");
+            std::thread::sleep(Duration::from_millis(300));
+            drop(txn);
+        });
+        held_rx.recv().expect("the other process holds the lock");
+        let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let ticker = {
+            let ticks = Arc::clone(&ticks);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let here = std::thread::current().id();
+        assert_ne!(commit_where(&ws, 1).await, here, "the writer wrote it");
+        ticker.abort();
+        other.join().expect("other");
+        assert!(
+            ticks.load(Ordering::Relaxed) >= 5,
+            "the runtime ran while the lock was held elsewhere"
+        );
+        assert_eq!(ws.seq(), 3);
     }
 
     #[tokio::test]

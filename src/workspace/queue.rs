@@ -51,6 +51,11 @@ impl<T> CommitQueue<T> {
         Ok(())
     }
 
+    /// Nothing is queued (an instant's answer: a push may follow at once).
+    pub(super) fn is_empty(&self) -> bool {
+        self.lock().items.is_empty()
+    }
+
     /// No more items are accepted; the writer takes what is queued, then sees the end.
     pub(super) fn close(&self) {
         self.lock().closed = true;
