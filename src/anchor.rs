@@ -250,6 +250,18 @@ impl Anchor {
     /// Records `mark` as the last head seen durable. Callers hold the store's lock, so heads
     /// arrive in order across processes.
     pub fn advance(&self, mark: &HeadMark) -> Result<(), AnchorError> {
+        self.advance_checked(mark, |_| Standing::Intact).map(|_| ())
+    }
+
+    /// [`advance`](Self::advance), unless the head recorded so far does not stand against the
+    /// journal `mark` ends (`judge`): a head another process anchored is not moved back by an
+    /// append that landed on its records after they were destroyed. The recorded head is read
+    /// through the handle kept for writing (one read, one write). Returns the verdict.
+    pub fn advance_checked(
+        &self,
+        mark: &HeadMark,
+        judge: impl FnOnce(&HeadMark) -> Standing,
+    ) -> Result<Standing, AnchorError> {
         let path = self.dir.join("head");
         let mut file = self.head.lock().unwrap_or_else(|p| p.into_inner());
         if file.is_none() {
@@ -264,11 +276,32 @@ impl Anchor {
             *file = Some(f);
         }
         let Some(f) = file.as_ref() else {
-            return Ok(());
+            return Ok(Standing::Intact);
         };
+        let mut slots = [0u8; 2 * SLOT];
+        let mut read = 0;
+        while read < slots.len() {
+            match f.read_at(&mut slots[read..], read as u64) {
+                Ok(0) => break,
+                Ok(n) => read += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
+        }
+        let recorded = slots[..read]
+            .chunks(SLOT)
+            .filter_map(parse_slot)
+            .max_by_key(|m| m.seq);
+        if let Some(recorded) = recorded {
+            let verdict = judge(&recorded);
+            if verdict != Standing::Intact {
+                return Ok(verdict);
+            }
+        }
         let slot = (mark.seq % 2) * SLOT as u64;
         f.write_all_at(&encode_slot(mark), slot)
-            .map_err(io_err(&path))
+            .map_err(io_err(&path))?;
+        Ok(Standing::Intact)
     }
 
     /// Records `mark` only if no head was recorded yet (a journal first seen here), under the

@@ -315,7 +315,7 @@ fn load(dir: &Path, view: &ChainView) -> Result<Loaded, WorkspaceError> {
     if matches!(guard.standing, Standing::RolledBack { .. }) {
         // Another process may have appended (and anchored) after the replay above: judge
         // again under the store lock, holding everything appended so far.
-        let recheck = store.begin().and_then(|mut txn| {
+        let recheck = under_lock_for_rejudging(&mut store, |txn| {
             let more = txn.take_new()?;
             replayed += more.len() as u64;
             for rec in &more {
@@ -335,6 +335,29 @@ fn load(dir: &Path, view: &ChainView) -> Result<Loaded, WorkspaceError> {
         replayed,
         guard,
     })
+}
+
+/// How long a rollback verdict waits for the store lock to be judged again.
+const REJUDGE_WAIT: Duration = Duration::from_secs(1);
+
+/// Runs `f` under the store lock, waiting for it at most [`REJUDGE_WAIT`]; `None` when it
+/// stayed held. A verdict of rollback then stands: refusing to execute is the safe side, and
+/// whoever keeps the lock cannot make an open (or the reads behind a fold) hang.
+fn under_lock_for_rejudging<T>(
+    store: &mut Store,
+    f: impl FnOnce(&mut crate::store::WriteTxn<'_>) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let until = Instant::now() + REJUDGE_WAIT;
+    loop {
+        if let Some(mut txn) = store.try_begin()? {
+            return f(&mut txn).map(Some);
+        }
+        if Instant::now() >= until {
+            tracing::warn!("the store lock stayed held; the rollback verdict stands");
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// A store opened and folded, with its standing against the anchor.
@@ -431,22 +454,41 @@ fn guard_of(root: &Path, view: &ChainView, snapshot: Option<(u64, &str)>) -> Gua
     }
 }
 
-/// Anchors `head` while the store stands intact. A rolled-back store is never anchored: its
-/// head would hide the rollback from the next open.
-fn advance_guard(guard: &mut Guard, head: &Head) {
+/// Anchors the head `view` reached while the store stands intact. A rolled-back store is
+/// never anchored: its head would hide the rollback from the next open. Nor is a head whose
+/// journal no longer reaches the one anchored so far: another process's acknowledged batches
+/// past this one's cursor, destroyed (zeroed) before it read them, are appended over, and
+/// anchoring that would hide it.
+fn advance_guard(guard: &mut Guard, view: &ChainView) {
     if guard.standing != Standing::Intact {
         return;
     }
-    if let Some(a) = &guard.anchor
-        && let Err(e) = a.advance(&HeadMark {
-            seq: head.seq,
-            hash: head.hash.clone(),
-        })
-    {
-        tracing::error!(error = %e, "the workspace anchor cannot be written");
-        guard.standing = Standing::Unavailable {
-            detail: e.to_string(),
-        };
+    let Some(anchor) = guard.anchor.clone() else {
+        return;
+    };
+    let head = view.head();
+    let broken_at = view.status().broken_at.map(|b| b.seq);
+    let mark = HeadMark {
+        seq: head.seq,
+        hash: head.hash.clone(),
+    };
+    let judge = |anchored: &HeadMark| {
+        crate::anchor::judge(anchored, head.seq, |s| view.hash_at(s), None, broken_at)
+    };
+    match anchor.advance_checked(&mark, judge) {
+        Ok(Standing::Intact) => {}
+        Ok(verdict) => {
+            if let Standing::RolledBack { detail } = &verdict {
+                tracing::error!(detail = %detail, "the store does not reach its anchored head");
+            }
+            guard.standing = verdict;
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the workspace anchor cannot be written");
+            guard.standing = Standing::Unavailable {
+                detail: e.to_string(),
+            };
+        }
     }
 }
 
@@ -458,7 +500,7 @@ fn anchor_appended(shared: &Shared) {
         *guard = guard_of(&shared.root, &shared.chain, None);
         return;
     }
-    advance_guard(&mut guard, &shared.chain.head());
+    advance_guard(&mut guard, &shared.chain);
 }
 
 /// A journal another process created while this one had none is judged against the anchor
@@ -898,7 +940,7 @@ fn fold_new(io: &mut Io, shared: &Shared) {
                 // The anchor may hold a head another process appended after this poll (an
                 // appender anchors once durable, under the store lock): judge again holding
                 // that lock, with everything appended folded.
-                let recheck = io.store.begin().and_then(|mut txn| {
+                let recheck = under_lock_for_rejudging(&mut io.store, |txn| {
                     let more = txn.take_new()?;
                     for rec in &more {
                         folded.state.apply(rec, &mut notices);
@@ -907,7 +949,7 @@ fn fold_new(io: &mut Io, shared: &Shared) {
                     Ok(more.len() as u64)
                 });
                 match recheck {
-                    Ok(n) => io.since_snapshot += n,
+                    Ok(n) => io.since_snapshot += n.unwrap_or(0),
                     Err(e) => {
                         tracing::warn!(error = %e, "the store lock cannot be taken to judge the store again")
                     }
@@ -1063,8 +1105,10 @@ fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), queue: &Commit
 }
 
 /// Runs one group commit (`io` held); a failed batch reloads the state from disk, and a
-/// snapshot is started when enough has been written since the last. With `busy`, the batch
-/// never waits for another process's store lock: held, its jobs go to that queue instead.
+/// snapshot is started when enough has been written since the last. With `busy` (a caller's
+/// thread, not the writer's), the batch never waits for another process's store lock: held,
+/// its jobs go to that queue instead, and so does the snapshot. (A failed batch still reloads
+/// here: nothing may commit on a state ahead of the disk.)
 fn write_batch(
     io: &mut Io,
     shared: &Shared,
@@ -1083,8 +1127,16 @@ fn write_batch(
             Err(e) => tracing::error!(error = %e, "reloading the store failed"),
         }
     }
-    if io.since_snapshot >= SNAPSHOT_EVERY {
-        snapshot_in_background(io, shared);
+    if io.since_snapshot < SNAPSHOT_EVERY {
+        return;
+    }
+    match busy {
+        None => snapshot_in_background(io, shared),
+        // Preparing a snapshot waits for the store lock: the writer does it, woken by a
+        // commit that stages nothing.
+        Some(queue) => {
+            let _ = queue.push(Box::new(|_| None));
+        }
     }
 }
 
@@ -1472,14 +1524,20 @@ mod tests {
     async fn a_lone_commit_runs_on_its_callers_thread_and_contending_ones_are_grouped() {
         let dir = tempfile::tempdir().expect("tempdir");
         let ws = Workspace::open(dir.path()).expect("open");
-        // The first creates the journal (under the root's lock): the writer does that.
-        commit_where(&ws, 0).await;
+        // The first creates the journal (under the root's lock): the writer does that. The
+        // next may still find the writer holding the store (it answers before letting go).
         let here = std::thread::current().id();
+        let mut n = 0;
+        while commit_where(&ws, n).await != here {
+            n += 1;
+            assert!(n < 20, "no commit ran on its caller's thread");
+        }
         let syncs = ws.syncs();
-        for n in 1..=3 {
-            assert_eq!(commit_where(&ws, n).await, here, "commit {n}");
+        for k in 1..=3 {
+            assert_eq!(commit_where(&ws, n + k).await, here, "commit {k} after");
         }
         assert_eq!(ws.syncs() - syncs, 3);
+        let base = ws.seq();
         let syncs = ws.syncs();
         let tasks: Vec<_> = (0..8u64)
             .map(|n| {
@@ -1499,7 +1557,7 @@ mod tests {
             "8 contending commits took {} fdatasyncs",
             ws.syncs() - syncs
         );
-        assert_eq!(ws.seq(), 13);
+        assert_eq!(ws.seq(), base + 8);
     }
 
     /// A lone commit never waits on this thread for another process's store lock: while one
@@ -1660,13 +1718,61 @@ mod tests {
             let b = Workspace::open(dir.path()).expect("open b");
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let appender = keep_appending(Arc::clone(&a), Arc::clone(&stop));
-            while b.read_fresh(|s| s.last_seq) < 20 {
-                tokio::task::yield_now().await;
-            }
+            let seen = tokio::time::timeout(Duration::from_secs(30), async {
+                while b.read_fresh(|s| s.last_seq) < 20 {
+                    tokio::task::yield_now().await;
+                }
+            });
+            seen.await.expect("b sees a's appends");
             stop.store(true, Ordering::Relaxed);
             appender.await.expect("appender");
             assert_eq!(b.standing(), Standing::Intact, "round {round}");
         }
+    }
+
+    /// The agent zeroes batches another process appended (and anchored) before this process
+    /// read them: this process's next append lands on them, and must not move the anchor back
+    /// below what the other process anchored. The store stands rolled back instead.
+    #[tokio::test]
+    async fn an_append_over_destroyed_acknowledged_batches_is_judged_rolled_back() {
+        for attempt in 0..10 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let a = Workspace::open(dir.path()).expect("open a");
+            commit_where(&a, 0).await;
+            let segment = dir.path().join(".gaffer/journal/000001.log");
+            let before = std::fs::read(&segment).expect("segment");
+            let b = Workspace::open(dir.path()).expect("open b");
+            for n in 1..=3 {
+                commit_where(&b, n).await;
+            }
+            let after = std::fs::read(&segment).expect("segment");
+            let start = before
+                .iter()
+                .zip(&after)
+                .position(|(x, y)| x != y)
+                .expect("b appended");
+            let end = after.iter().rposition(|x| *x != 0).expect("records") + 1;
+            let mut zeroed = after.clone();
+            zeroed[start..end].fill(0);
+            std::fs::write(&segment, &zeroed).expect("the agent zeroes b's batches");
+            if a.journal_head().seq != 2 {
+                continue; // a's tailer folded b's records first: no attack to play
+            }
+            commit_where(&a, 9).await;
+            assert!(
+                matches!(a.standing(), Standing::RolledBack { .. }),
+                "attempt {attempt}: {:?}",
+                a.standing()
+            );
+            let reopened = Workspace::open(dir.path()).expect("reopen");
+            assert!(
+                matches!(reopened.standing(), Standing::RolledBack { .. }),
+                "the anchor still holds b's head: {:?}",
+                reopened.standing()
+            );
+            return;
+        }
+        panic!("the tailer folded b's records before they were zeroed in every attempt");
     }
 
     #[tokio::test]

@@ -468,7 +468,8 @@ fn damaged(
     if settled && rest.iter().all(|b| *b == 0) {
         return Ok(SegmentEnd::Clean { end: offset });
     }
-    if overtaken(file, tail).map_err(StoreError::io(path))? {
+    // Only the last segment is ever being appended to.
+    if is_last && overtaken(file, tail).map_err(StoreError::io(path))? {
         // A reader without the store lock read this space before an append filled it, and
         // what follows once later appends had landed: the scan ran ahead of a writer. It
         // ends before the unfinished batch; the next read resumes there.
@@ -507,6 +508,7 @@ fn damaged(
 /// the file changed since the scan read it. Read unchanged, the same bytes give the same
 /// damage.
 fn overtaken(file: &File, tail: u64) -> io::Result<bool> {
+    let len = file.metadata()?.len();
     let mut at = tail;
     let mut buf = vec![0u8; 4096];
     loop {
@@ -515,6 +517,7 @@ fn overtaken(file: &File, tail: u64) -> io::Result<bool> {
             needed: Some(total),
         } = codec::decode(&buf[..n])
             && n == buf.len()
+            && (total as u64) <= len.saturating_sub(at)
         {
             buf.resize(total, 0);
             n = read_at_most(file, &mut buf, at)?;
