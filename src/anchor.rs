@@ -234,10 +234,7 @@ impl Anchor {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_err(&path)(e)),
         };
-        let best = bytes
-            .chunks(SLOT)
-            .filter_map(parse_slot)
-            .max_by_key(|m| m.seq);
+        let best = newest_slot(&bytes);
         if best.is_none() && !bytes.is_empty() {
             return Err(AnchorError::Corrupt {
                 path,
@@ -288,11 +285,7 @@ impl Anchor {
                 Err(e) => return Err(io_err(&path)(e)),
             }
         }
-        let recorded = slots[..read]
-            .chunks(SLOT)
-            .filter_map(parse_slot)
-            .max_by_key(|m| m.seq);
-        if let Some(recorded) = recorded {
+        if let Some(recorded) = newest_slot(&slots[..read]) {
             let verdict = judge(&recorded);
             if verdict != Standing::Intact {
                 return Ok(verdict);
@@ -561,6 +554,14 @@ fn encode_slot(mark: &HeadMark) -> [u8; SLOT] {
     let n = line.len().min(SLOT);
     out[..n].copy_from_slice(&line.as_bytes()[..n]);
     out
+}
+
+/// The newer of the head file's slots that check.
+fn newest_slot(bytes: &[u8]) -> Option<HeadMark> {
+    bytes
+        .chunks(SLOT)
+        .filter_map(parse_slot)
+        .max_by_key(|m| m.seq)
 }
 
 fn parse_slot(slot: &[u8]) -> Option<HeadMark> {
