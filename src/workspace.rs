@@ -426,7 +426,6 @@ fn guard_of(root: &Path, view: &ChainView, snapshot: Option<(u64, &str)>) -> Gua
         Ok(_) => {}
     }
     let head = view.head();
-    let broken_at = view.status().broken_at.map(|b| b.seq);
     let judged = match anchor.head() {
         Err(e) => return unavailable(e),
         // First seen on this machine: taken as it is, unless another opener anchored it first.
@@ -441,17 +440,31 @@ fn guard_of(root: &Path, view: &ChainView, snapshot: Option<(u64, &str)>) -> Gua
     let standing = match judged {
         Err(e) => return unavailable(e),
         Ok(None) => Standing::Intact,
-        Ok(Some(m)) => crate::anchor::judge(&m, head.seq, |s| view.hash_at(s), snapshot, broken_at),
+        Ok(Some(m)) => judge_chain(&m, view, snapshot),
     };
-    if let Standing::RolledBack { detail } = &standing {
-        tracing::error!(detail = %detail, "the store does not reach its anchored head");
-    }
     // Heads after the anchored one are anchored by the processes that append (under the store
     // lock); an opener never writes one, or a stale open could move the anchor back.
     Guard {
         anchor: Some(anchor),
         standing,
     }
+}
+
+/// How the journal as read (`view`) stands against the `anchored` head (logged when it falls
+/// short); `snapshot` is the authenticated snapshot the state starts from (seq, head).
+fn judge_chain(anchored: &HeadMark, view: &ChainView, snapshot: Option<(u64, &str)>) -> Standing {
+    let broken_at = view.status().broken_at.map(|b| b.seq);
+    let standing = crate::anchor::judge(
+        anchored,
+        view.head().seq,
+        |s| view.hash_at(s),
+        snapshot,
+        broken_at,
+    );
+    if let Standing::RolledBack { detail } = &standing {
+        tracing::error!(detail = %detail, "the store does not reach its anchored head");
+    }
+    standing
 }
 
 /// Anchors the head `view` reached while the store stands intact. A rolled-back store is
@@ -467,22 +480,13 @@ fn advance_guard(guard: &mut Guard, view: &ChainView) {
         return;
     };
     let head = view.head();
-    let broken_at = view.status().broken_at.map(|b| b.seq);
     let mark = HeadMark {
         seq: head.seq,
-        hash: head.hash.clone(),
+        hash: head.hash,
     };
-    let judge = |anchored: &HeadMark| {
-        crate::anchor::judge(anchored, head.seq, |s| view.hash_at(s), None, broken_at)
-    };
-    match anchor.advance_checked(&mark, judge) {
+    match anchor.advance_checked(&mark, |anchored| judge_chain(anchored, view, None)) {
         Ok(Standing::Intact) => {}
-        Ok(verdict) => {
-            if let Standing::RolledBack { detail } = &verdict {
-                tracing::error!(detail = %detail, "the store does not reach its anchored head");
-            }
-            guard.standing = verdict;
-        }
+        Ok(verdict) => guard.standing = verdict,
         Err(e) => {
             tracing::error!(error = %e, "the workspace anchor cannot be written");
             guard.standing = Standing::Unavailable {
