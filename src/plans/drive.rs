@@ -295,7 +295,6 @@ impl PlanRuntime {
         input: String,
         sandbox: Setting,
     ) -> Result<String, (Option<String>, String)> {
-        let fail = |w: Option<&str>, e: String| (w.map(str::to_string), e);
         let argument_input =
             (lane.profile.input_mode == crate::bundles::InputMode::Argument).then(|| {
                 vec![Segment::Text {
@@ -309,28 +308,53 @@ impl PlanRuntime {
             "initial_input": input,
         });
         let mut req = crate::workers::request::parse_create(&params, Some(self.ws.root()))
-            .map_err(|e| fail(None, e.to_string()))?;
+            .map_err(|e| (None, e.to_string()))?;
         req.created_by = Some(identity.client_id.clone());
         let worker = self
             .workers
             .create(req)
             .await
-            .map_err(|e| fail(None, e.to_string()))?;
-        let w = Some(worker.id.as_str());
+            .map_err(|e| (None, e.to_string()))?;
+        let started = self
+            .start_created(
+                operation_id,
+                spec,
+                (lane, identity),
+                &worker.id,
+                argument_input,
+                sandbox,
+            )
+            .await;
+        if let Err(why) = &started {
+            // Nothing else will start it: a worker left pending would wait forever.
+            let reason = Some(format!("its lane could not start: {why}"));
+            if let Err(e) = self.workers.stop(&worker.id, reason).await {
+                tracing::warn!(worker = %worker.id, error = %e, "could not retire a lane worker");
+            }
+        }
+        started.map_err(|why| (Some(worker.id.clone()), why))
+    }
+
+    /// Links a created lane worker to the launch, gives it its channel and starts it.
+    async fn start_created(
+        &self,
+        operation_id: &str,
+        spec: &LaunchSpec,
+        (lane, identity): (&LaneSpec, &LaneIdentity),
+        worker_id: &str,
+        argument_input: Option<Vec<Segment>>,
+        sandbox: Setting,
+    ) -> Result<String, String> {
         self.workers
-            .link_operation(&worker.id, operation_id)
+            .link_operation(worker_id, operation_id)
             .await
-            .map_err(|e| fail(w, e.to_string()))?;
-        let (ours, theirs) =
-            std::os::unix::net::UnixStream::pair().map_err(|e| fail(w, e.to_string()))?;
-        let server = self
-            .server
-            .get()
-            .ok_or_else(|| fail(w, "no lane server".into()))?;
+            .map_err(|e| e.to_string())?;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| e.to_string())?;
+        let server = self.server.get().ok_or("no lane server")?;
         self.lanes.insert(identity.clone());
         server.serve(identity.clone(), ours);
         let start = StartSpec {
-            worker_id: worker.id.clone(),
+            worker_id: worker_id.to_string(),
             operation_id: operation_id.to_string(),
             profile: lane.profile.clone(),
             declarations: spec.declarations.clone(),
@@ -348,7 +372,7 @@ impl PlanRuntime {
             .workers
             .start_worker(start)
             .await
-            .map_err(|e| fail(w, e.to_string()))?;
+            .map_err(|e| e.to_string())?;
         Ok(started.id)
     }
 

@@ -5,12 +5,23 @@ use std::sync::Arc;
 
 use super::{LiveWorker, WorkerRuntime, commit_error, new_record};
 use crate::bundles::{self, Declaration, Profile};
+use crate::operations::lifecycle::OpState;
 use crate::secrets::{self, Scrubber};
 use crate::workers::backend::SpawnRequest;
 use crate::workers::plan::WorkerError;
 use crate::workers::state::{Started, StatusChange, records};
 use crate::workers::types::{Owner, Segment, Worker, WorkerStatus};
 use crate::workspace::State;
+
+/// Where a pending worker's gating operation stands.
+enum Gate {
+    /// Not decided or still executing: the start may yet come.
+    Open,
+    /// Succeeded: its executor starts the worker (a plan's lanes, one after another).
+    Succeeded,
+    /// Denied, expired, cancelled or failed: nothing will start it.
+    Ended,
+}
 
 /// What an authorized plan says to run.
 #[derive(Debug, Clone)]
@@ -181,23 +192,32 @@ impl WorkerRuntime {
     /// Pending workers that can never start become stopped: their creating process died
     /// before requesting the start, or their start operation ended without starting them
     /// (denied, expired, cancelled, failed). Nothing is ever started here.
+    ///
+    /// A plan's launch is one operation that succeeds before its later lanes start; their
+    /// workers wait under it, and only their creator's death makes them unstartable.
     pub(super) async fn retire_unstartable(&self) {
-        let pending: Vec<(Worker, Option<bool>)> = self.workspace.read(|s| {
+        let pending: Vec<(Worker, Option<Gate>)> = self.workspace.read(|s| {
             s.workers
                 .list()
                 .filter(|w| w.status == WorkerStatus::PendingApproval)
                 .map(|w| {
-                    let op_ended = w
-                        .operation_id
-                        .as_deref()
-                        .map(|id| s.operations.get(id).is_some_and(|o| o.state.is_terminal()));
-                    (w.clone(), op_ended)
+                    let gate = w.operation_id.as_deref().map(|id| {
+                        match s.operations.get(id).map(|o| o.state) {
+                            Some(OpState::Succeeded) => Gate::Succeeded,
+                            Some(st) if st.is_terminal() => Gate::Ended,
+                            _ => Gate::Open,
+                        }
+                    });
+                    (w.clone(), gate)
                 })
                 .collect()
         });
-        for (w, op_ended) in pending {
-            let why = match op_ended {
-                Some(true) => "its start operation ended without starting it",
+        for (w, gate) in pending {
+            let why = match gate {
+                Some(Gate::Ended) => "its start operation ended without starting it",
+                Some(Gate::Succeeded) if !self.creator_alive(&w) => {
+                    "its gaffer process ended before it started the worker"
+                }
                 None if !self.creator_alive(&w) => {
                     "its gaffer process ended before the start was requested"
                 }

@@ -153,3 +153,86 @@ async fn output_is_journalled_in_order_and_coalesced() {
         .count();
     assert!(outputs < 3000, "output was batched into {outputs} records");
 }
+
+/// Commits operation records as the engine would write them.
+async fn commit_ops(ws: &Workspace, records: Vec<(&'static str, serde_json::Value)>) {
+    let records: Vec<NewRecord> = records
+        .into_iter()
+        .map(|(kind, v)| NewRecord {
+            kind: kind.to_string(),
+            payload: crate::store::raw_payload(v),
+        })
+        .collect();
+    ws.commit(move |_: &State| Ok::<_, WorkerError>((records, ())))
+        .await
+        .map_err(|_| "commit failed")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_pending_worker_under_a_succeeded_launch_waits_for_its_living_creator() {
+    // A plan's launch succeeds before its later lanes start; the periodic restore must not
+    // retire a lane worker waiting under it. A start operation that ended otherwise must.
+    use crate::operations::lifecycle::OpState as S;
+    use crate::operations::state::tests::{created, op, tr};
+    use crate::operations::state::{KIND_CREATED, KIND_TRANSITIONED};
+    let (_dir, ws, reference) = workspace().await;
+    commit_ops(
+        &ws,
+        vec![
+            (
+                KIND_CREATED,
+                created(op("op_launch", S::Approved, None), None),
+            ),
+            (
+                KIND_TRANSITIONED,
+                tr("op_launch", S::Approved, S::Executing, 2, None),
+            ),
+            (
+                KIND_TRANSITIONED,
+                tr("op_launch", S::Executing, S::Succeeded, 3, None),
+            ),
+            (
+                KIND_CREATED,
+                created(op("op_denied", S::Denied, None), None),
+            ),
+        ],
+    )
+    .await;
+    let state_of = |id: &str| ws.read(|s| s.operations.get(id).map(|o| o.state));
+    assert_eq!(state_of("op_launch"), Some(S::Succeeded));
+    assert_eq!(state_of("op_denied"), Some(S::Denied));
+    let rt = WorkerRuntime::new(Arc::clone(&ws));
+    let lane = rt.create(request(&reference)).await.unwrap();
+    rt.link_operation(&lane.id, "op_launch").await.unwrap();
+    let refused = rt.create(request(&reference)).await.unwrap();
+    rt.link_operation(&refused.id, "op_denied").await.unwrap();
+    rt.restore().await;
+    let status = |id: &str| ws.read(|s| s.workers.get(id).cloned()).unwrap();
+    assert_eq!(status(&lane.id).status, WorkerStatus::PendingApproval);
+    let gone = status(&refused.id);
+    assert_eq!(gone.status, WorkerStatus::Stopped);
+    assert!(
+        gone.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("ended without starting it"),
+        "{gone:?}"
+    );
+    let b = bundle();
+    let started = rt
+        .start_worker(StartSpec {
+            worker_id: lane.id.clone(),
+            operation_id: "op_launch".into(),
+            profile: b.profiles[0].clone(),
+            declarations: b.declarations.clone(),
+            argument_input: None,
+            channel: None,
+            env: Vec::new(),
+            sandbox: Default::default(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(started.status, WorkerStatus::Running);
+    rt.shutdown(Duration::from_secs(10)).await;
+}
