@@ -55,12 +55,15 @@ const TAIL_INTERVAL: Duration = Duration::from_millis(25);
 const READ_FRESHNESS: Duration = Duration::from_millis(2);
 
 /// A record to append; the workspace assigns `seq` and `time_ms`.
-/// The payload is encoded once, here, straight to JSON text; the fold decodes that text and the
-/// journal writes it as it is.
+/// The payload is encoded once, here, straight to JSON text; the journal writes it as it is,
+/// and the fold decodes that text unless the committer kept the value it encoded.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NewRecord {
     pub kind: String,
     pub payload: Box<serde_json::value::RawValue>,
+    /// The value `payload` encodes, for the domains whose fold takes it (see [`Typed`]).
+    #[serde(skip)]
+    pub typed: Option<Typed>,
 }
 
 impl NewRecord {
@@ -68,7 +71,47 @@ impl NewRecord {
         Ok(NewRecord {
             kind: kind.into(),
             payload: serde_json::value::to_raw_value(&payload).map_err(WorkspaceError::Encode)?,
+            typed: None,
         })
+    }
+
+    /// A record of an already encoded payload.
+    pub fn text(kind: impl Into<String>, payload: Box<serde_json::value::RawValue>) -> Self {
+        NewRecord {
+            kind: kind.into(),
+            payload,
+            typed: None,
+        }
+    }
+
+    /// [`NewRecord::new`] keeping `payload` itself, so this process's fold skips decoding the
+    /// text it just encoded. The text stays the record: replay and every other process decode
+    /// it, and debug builds check at each fold that it decodes to this value.
+    pub fn typed<T>(kind: impl Into<String>, payload: T) -> Result<Self, WorkspaceError>
+    where
+        T: Serialize + Clone + Send + Sync + 'static,
+    {
+        let mut rec = NewRecord::new(kind, &payload)?;
+        rec.typed = Some(Typed(Arc::new(payload)));
+        Ok(rec)
+    }
+}
+
+/// A staged record's payload as its committer built it.
+#[derive(Clone)]
+pub struct Typed(Arc<dyn std::any::Any + Send + Sync>);
+
+impl Typed {
+    /// The value if it is a `T` (moved out when this is its only holder).
+    pub fn take<T: Clone + Send + Sync + 'static>(self) -> Option<T> {
+        let value = self.0.downcast::<T>().ok()?;
+        Some(Arc::try_unwrap(value).unwrap_or_else(|shared| (*shared).clone()))
+    }
+}
+
+impl std::fmt::Debug for Typed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Typed(..)")
     }
 }
 
@@ -137,6 +180,17 @@ impl State {
             // `store.created`: the id lives in the store's chain view, not in the state.
             "gaffer" | "store" => {}
             _ => tracing::warn!(kind = %rec.kind, seq = rec.seq, "unknown record kind skipped"),
+        }
+    }
+
+    /// [`State::apply`] for a record staged here with its payload's value at hand.
+    pub fn apply_typed(&mut self, rec: &Record, typed: Typed, out: &mut Vec<Notice>) {
+        match rec.kind.split('.').next() {
+            Some("operation") => {
+                self.last_seq = rec.seq;
+                self.operations.apply_typed(rec, typed, out);
+            }
+            _ => self.apply(rec, out),
         }
     }
 }
@@ -904,7 +958,10 @@ impl Stage<'_> {
                 payload: r.payload,
             };
             self.next_seq += 1;
-            self.state.apply(&rec, &mut self.notices);
+            match r.typed {
+                Some(typed) => self.state.apply_typed(&rec, typed, &mut self.notices),
+                None => self.state.apply(&rec, &mut self.notices),
+            }
             self.staged.push(rec);
         }
     }
@@ -1356,10 +1413,7 @@ mod tests {
     use serde_json::json;
 
     fn rec(kind: &str, n: u64) -> NewRecord {
-        NewRecord {
-            kind: kind.into(),
-            payload: crate::store::raw_payload(json!({ "n": n })),
-        }
+        NewRecord::text(kind, crate::store::raw_payload(json!({ "n": n })))
     }
 
     /// The automatic snapshot is written by its own thread while commits go on; a reopen
@@ -1871,5 +1925,75 @@ mod tests {
         assert_eq!(created, vec![(1, json!(id))]);
         assert_eq!(b.workspace_id(), Some(id));
         assert_eq!(a.journal_head(), b.journal_head());
+    }
+
+    /// An operation created and moved twice, as the engine's commits record it.
+    fn typed_operation_records(reason: &str) -> Vec<NewRecord> {
+        use crate::operations::lifecycle::OpState as S;
+        use crate::operations::state::tests::op;
+        use crate::operations::state::{Created, KIND_CREATED, KIND_TRANSITIONED, Transitioned};
+        let mut o = op("op_typed", S::Approved, None);
+        o.reason = reason.into();
+        o.target = json!({"path": "dir/\u{1F600} \"quoted\"\n", "mode": null});
+        o.arguments = json!({"n": [1, -2, 2.5, 1e300, u64::MAX], "nested": {"b": true, "a": []}});
+        let step = |from, to, revision| Transitioned {
+            id: "op_typed".into(),
+            from,
+            to,
+            revision,
+            at_ms: 20 * revision,
+            error: None,
+            result: (to == S::Succeeded).then(|| json!({"exit_code": 0, "bytes": 0.1})),
+            upstream_status: None,
+            approval: None,
+            executor: Some("pr_x".into()),
+        };
+        let created = Created {
+            operation: o,
+            approval: None,
+        };
+        vec![
+            NewRecord::typed(KIND_CREATED, created).expect("encode"),
+            NewRecord::typed(KIND_TRANSITIONED, step(S::Approved, S::Executing, 2))
+                .expect("encode"),
+            NewRecord::typed(KIND_TRANSITIONED, step(S::Executing, S::Succeeded, 3))
+                .expect("encode"),
+        ]
+    }
+
+    #[tokio::test]
+    async fn a_record_folded_from_its_value_equals_its_replay_from_the_text() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        let records = typed_operation_records("r");
+        assert!(records.iter().all(|r| r.typed.is_some()));
+        ws.commit(move |_| Ok::<_, ()>((records, ())))
+            .await
+            .expect("commit");
+        let live = ws.read(|s| s.operations.get("op_typed").cloned());
+        let live = live.expect("folded");
+        assert_eq!(live.state, crate::operations::lifecycle::OpState::Succeeded);
+        drop(ws);
+        let again = Workspace::open(dir.path()).expect("reopen");
+        let replayed = again.read(|s| s.operations.get("op_typed").cloned());
+        assert_eq!(Some(live), replayed);
+    }
+
+    #[cfg(debug_assertions)]
+    #[tokio::test]
+    async fn a_value_its_text_does_not_decode_to_abandons_the_commit_in_debug_builds() {
+        // The journal is the record: a value that differs from the text it travels with
+        // would make this process's state differ from every replay.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        let mut records = typed_operation_records("the text");
+        let other = typed_operation_records("another value");
+        records[0].typed = other[0].typed.clone();
+        let r = ws.commit(move |_| Ok::<_, ()>((records, ()))).await;
+        assert!(
+            matches!(r, Err(CommitError::Store(WorkspaceError::CommitPanicked))),
+            "{r:?}"
+        );
+        assert!(ws.read(|s| s.operations.get("op_typed").is_none()));
     }
 }

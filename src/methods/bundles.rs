@@ -208,11 +208,11 @@ async fn sync(
                 payload,
                 availability,
             } => Ok((
-                vec![NewRecord {
-                    kind: kind.to_string(),
-                    payload: serde_json::value::to_raw_value(&payload)
+                vec![NewRecord::text(
+                    kind,
+                    serde_json::value::to_raw_value(&payload)
                         .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned()),
-                }],
+                )],
                 SyncResult {
                     availability,
                     created: true,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::adapter::{Presentation, Resolved};
-use super::canonical::{Exact, jcs};
+use super::canonical::Exact;
 use super::policy::{Classification, DecisionEffect, GrantMode};
 
 pub const PLAN_SCHEMA: &str = "gaffer.dev/plan/v1";
@@ -20,6 +20,38 @@ pub struct PlanAuthorization {
     pub mode: Option<GrantMode>,
     pub requested_duration_seconds: Option<u64>,
     pub requested_max_uses: Option<u32>,
+}
+
+impl PlanAuthorization {
+    fn write_canonical(&self, out: &mut Vec<u8>) {
+        use crate::jcs::{write_string, write_u64, write_value};
+        // The small parts go through serde, so their spelling stays the derived one.
+        let value = |v: serde_json::Result<Value>| v.unwrap_or(Value::Null);
+        out.extend_from_slice(b"{\"classification\":");
+        write_value(&value(serde_json::to_value(&self.classification)), out);
+        out.extend_from_slice(b",\"mode\":");
+        write_value(&value(serde_json::to_value(self.mode)), out);
+        out.extend_from_slice(b",\"policy_effect\":");
+        write_value(&value(serde_json::to_value(self.policy_effect)), out);
+        out.extend_from_slice(b",\"requested_duration_seconds\":");
+        match self.requested_duration_seconds {
+            Some(n) => write_u64(n, out),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"requested_max_uses\":");
+        match self.requested_max_uses {
+            Some(n) => write_u64(u64::from(n), out),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"rule_ids\":[");
+        for (i, id) in self.rule_ids.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_string(id, out);
+        }
+        out.extend_from_slice(b"]}");
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,10 +87,51 @@ pub enum PlanError {
 }
 
 impl Plan {
-    /// RFC 8785 text of the plan.
+    /// RFC 8785 text of the plan, written member by member (no `Value` copy of the target
+    /// and arguments); a test holds it to the derived `Serialize` through [`jcs`].
     pub fn canonical(&self) -> String {
-        // A derived Serialize of plain data cannot fail.
-        jcs(&serde_json::to_value(self).unwrap_or(Value::Null))
+        use crate::jcs::{write_string, write_u64, write_value};
+        let mut out = Vec::with_capacity(1024);
+        let member = |name: &str, out: &mut Vec<u8>| {
+            out.push(if out.is_empty() { b'{' } else { b',' });
+            write_string(name, out);
+            out.push(b':');
+        };
+        // Member names in JCS order (all ASCII, so byte order is UTF-16 order).
+        member("arguments", &mut out);
+        write_value(&self.arguments, &mut out);
+        member("authorization", &mut out);
+        self.authorization.write_canonical(&mut out);
+        member("client_id", &mut out);
+        write_string(&self.client_id, &mut out);
+        member("created_at_ms", &mut out);
+        write_u64(self.created_at_ms, &mut out);
+        member("expires_at_ms", &mut out);
+        write_u64(self.expires_at_ms, &mut out);
+        member("operation", &mut out);
+        write_string(&self.operation, &mut out);
+        member("operation_id", &mut out);
+        write_string(&self.operation_id, &mut out);
+        member("operation_revision", &mut out);
+        write_u64(u64::from(self.operation_revision), &mut out);
+        member("preconditions", &mut out);
+        write_value(&self.preconditions, &mut out);
+        member("presentation", &mut out);
+        out.extend_from_slice(b"{\"summary\":");
+        write_string(&self.presentation.summary, &mut out);
+        out.extend_from_slice(b",\"title\":");
+        write_string(&self.presentation.title, &mut out);
+        out.push(b'}');
+        member("provider", &mut out);
+        write_string(&self.provider, &mut out);
+        member("schema", &mut out);
+        write_string(&self.schema, &mut out);
+        member("target", &mut out);
+        write_value(&self.target, &mut out);
+        out.push(b'}');
+        // Every piece above is UTF-8 text.
+        String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     pub fn digest_of(text: &str) -> String {
@@ -111,6 +184,7 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
+    use super::super::canonical::jcs;
     use super::*;
     use std::collections::{BTreeMap, BTreeSet};
 
@@ -165,6 +239,35 @@ mod tests {
         );
         assert!(text.contains(r#""path":["a","b"]"#), "{text}");
         assert_eq!(Exact::parse(&text).unwrap().jcs_text().unwrap(), text);
+    }
+
+    #[test]
+    fn the_member_writer_spells_every_plan_as_the_derived_serialize_does() {
+        let mut plans = vec![plan()];
+        let mut p = plan();
+        p.target = serde_json::json!({"\u{e9}": 1, "z": [true, null, -0.5, 1e21], "\u{1F600}": {"b": "\u{7}\\\"", "a": ""}});
+        p.arguments = serde_json::json!([u64::MAX, i64::MIN, 9_007_199_254_740_993_u64, 0.1]);
+        p.preconditions = serde_json::Value::Null;
+        p.presentation.summary = "line\nbreak \u{2028} </script>".into();
+        p.created_at_ms = u64::MAX;
+        p.expires_at_ms = (1 << 53) + 1;
+        p.operation_revision = u32::MAX;
+        p.authorization.mode = Some(GrantMode::Window);
+        p.authorization.policy_effect = DecisionEffect::Request;
+        p.authorization.requested_duration_seconds = Some(3_600);
+        p.authorization.requested_max_uses = Some(u32::MAX);
+        p.authorization.rule_ids = vec![];
+        p.authorization.classification.must_name = ["secret".to_string()].into();
+        p.authorization.classification.argv = Some(vec!["a b".into(), "\"".into()]);
+        plans.push(p.clone());
+        p.authorization.mode = Some(GrantMode::Execution);
+        p.authorization.policy_effect = DecisionEffect::NoMatch;
+        p.authorization.rule_ids = vec!["b".into(), "a".into()];
+        plans.push(p);
+        for p in plans {
+            let derived = jcs(&serde_json::to_value(&p).unwrap());
+            assert_eq!(p.canonical(), derived);
+        }
     }
 
     #[test]

@@ -320,7 +320,50 @@ impl OperationState {
         out: &mut Vec<crate::workspace::Notice>,
     ) {
         let mut notices = Vec::new();
-        if let Err(e) = self.apply_record(&rec.kind, &*rec.payload, &mut notices) {
+        let folded = self.apply_record(&rec.kind, &*rec.payload, &mut notices);
+        Self::emit(rec, folded, notices, out);
+    }
+
+    /// [`OperationState::apply`] for a record staged by this process, folding the value its
+    /// committer encoded instead of decoding the text again. Anything but a created or a
+    /// transitioned record, or a value of another type, takes the text path.
+    pub fn apply_typed(
+        &mut self,
+        rec: &crate::workspace::Record,
+        typed: crate::workspace::Typed,
+        out: &mut Vec<crate::workspace::Notice>,
+    ) {
+        let mut notices = Vec::new();
+        let folded = match rec.kind.as_str() {
+            KIND_CREATED => match typed.take::<Created>() {
+                Some(c) => {
+                    same_as_text::<Created>(rec, &c);
+                    self.apply_created(c, &mut notices)
+                }
+                None => return self.apply(rec, out),
+            },
+            KIND_TRANSITIONED => match typed.take::<Transitioned>() {
+                Some(t) => {
+                    same_as_text::<Transitioned>(rec, &t);
+                    self.apply_transitioned(t, &mut notices)
+                }
+                None => return self.apply(rec, out),
+            },
+            _ => return self.apply(rec, out),
+        };
+        if folded.is_err() {
+            self.skipped += 1;
+        }
+        Self::emit(rec, folded, notices, out);
+    }
+
+    fn emit(
+        rec: &crate::workspace::Record,
+        folded: Result<(), ApplyError>,
+        notices: Vec<OpNotice>,
+        out: &mut Vec<crate::workspace::Notice>,
+    ) {
+        if let Err(e) = folded {
             tracing::warn!(seq = rec.seq, kind = %rec.kind, error = %e, "operation record skipped");
             return;
         }
@@ -733,6 +776,24 @@ fn approval_notice(a: &Approval, op: &Operation) -> Value {
         pending_expires_at_ms: a.pending_expires_at_ms,
     })
     .unwrap_or(Value::Null)
+}
+
+/// Debug builds check that a value folded directly is what replay will decode from the text:
+/// the journal, not this process's memory, is the record.
+fn same_as_text<T>(rec: &crate::workspace::Record, value: &T)
+where
+    T: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+{
+    if cfg!(debug_assertions) {
+        let decoded: Result<T, _> = rec.payload.decode();
+        assert_eq!(
+            decoded.as_ref().ok(),
+            Some(value),
+            "record {} ({}) folds differently from its text",
+            rec.seq,
+            rec.kind
+        );
+    }
 }
 
 #[cfg(test)]

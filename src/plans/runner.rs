@@ -356,9 +356,9 @@ impl PlanRuntime {
 }
 
 pub(super) fn record<T: serde::Serialize>(kind: &str, payload: &T) -> NewRecord {
-    NewRecord {
-        kind: kind.to_string(),
-        payload: serde_json::value::to_raw_value(payload)
+    NewRecord::text(
+        kind,
+        serde_json::value::to_raw_value(payload)
             .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned()),
-    }
+    )
 }

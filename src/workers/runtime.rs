@@ -105,11 +105,7 @@ fn commit_error(e: CommitError<WorkerError>) -> WorkerError {
 }
 
 fn new_record((kind, payload): (&'static str, serde_json::Value)) -> NewRecord {
-    NewRecord {
-        kind: kind.to_string(),
-        payload: serde_json::value::to_raw_value(&payload)
-            .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned()),
-    }
+    NewRecord::text(kind, crate::store::raw_payload(payload))
 }
 
 impl WorkerRuntime {

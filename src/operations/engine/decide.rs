@@ -478,7 +478,7 @@ fn decide_records(
                     approval_id: a.id.clone(),
                     effect: ApprovalEffect::Expire,
                 }));
-            recs.push(rec(KIND_TRANSITIONED, &t)?);
+            recs.push(typed_rec(KIND_TRANSITIONED, t)?);
         }
         return Ok((recs, (None, true)));
     }
@@ -506,7 +506,7 @@ fn decide_records(
                 },
             ),
         };
-        recs.push(rec(KIND_TRANSITIONED, &t)?);
+        recs.push(typed_rec(KIND_TRANSITIONED, t)?);
     }
     Ok((recs, (approved, false)))
 }
@@ -550,7 +550,7 @@ fn revoke_records(
             if let Some(op) = op.filter(|o| o.state == OpState::Approved) {
                 let t = transition(op, OpState::Canceled, now)
                     .error(codes::CANCELED, "the operator revoked the approval");
-                recs.push(rec(KIND_TRANSITIONED, &t)?);
+                recs.push(typed_rec(KIND_TRANSITIONED, t)?);
             }
             Ok((recs, ()))
         }
@@ -563,7 +563,7 @@ fn revoke_records(
                     approval_id: a.id.clone(),
                     effect: ApprovalEffect::Cancel,
                 }));
-            Ok((vec![rec(KIND_TRANSITIONED, &t)?], ()))
+            Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], ()))
         }
         other => Err(OpError::new(
             ErrorKind::Conflict,

@@ -330,7 +330,7 @@ impl OperationRuntime {
             let fail = |code: &str, msg: &str| -> Result<(Vec<NewRecord>, Claim), OpError> {
                 tracing::warn!(operation = %op.id, code, reason = msg, "execution refused");
                 let t = transition(op, OpState::Failed, now).error(code, msg);
-                Ok((vec![rec(KIND_TRANSITIONED, &t)?], Claim::Refused))
+                Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], Claim::Refused))
             };
             if let Some(why) = store_refusal.as_deref() {
                 return fail(codes::STORE_ROLLED_BACK, why);
@@ -378,7 +378,7 @@ impl OperationRuntime {
             }));
             t.executor = Some(executor);
             Ok((
-                vec![rec(KIND_TRANSITIONED, &t)?],
+                vec![typed_rec(KIND_TRANSITIONED, t)?],
                 Claim::Run {
                     spend,
                     policy: Arc::clone(&policy),
@@ -549,7 +549,7 @@ impl OperationRuntime {
                     .error(&code, message)
                     .approval(change(effect)),
             };
-            Ok((vec![rec(KIND_TRANSITIONED, &t)?], ()))
+            Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], ()))
         })
         .await
         .map_err(commit_err)

@@ -133,6 +133,14 @@ fn rec(kind: &str, payload: impl serde::Serialize) -> Result<NewRecord, OpError>
     NewRecord::new(kind, payload).map_err(OpError::store)
 }
 
+/// A created or transitioned record, keeping its value for this process's fold.
+fn typed_rec<T>(kind: &str, payload: T) -> Result<NewRecord, OpError>
+where
+    T: serde::Serialize + Clone + Send + Sync + 'static,
+{
+    NewRecord::typed(kind, payload).map_err(OpError::store)
+}
+
 fn new_id(prefix: &str) -> Result<String, OpError> {
     crate::util::new_id(prefix).map_err(OpError::store)
 }
@@ -534,7 +542,8 @@ impl OperationRuntime {
                 let t = transition(op, OpState::Canceled, now)
                     .error(codes::CANCELED, "the requester canceled the operation")
                     .approval(change);
-                Ok((vec![rec(KIND_TRANSITIONED, &t)?], view_after(op, &t)))
+                let view = view_after(op, &t);
+                Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], view))
             })
             .await
             .map_err(commit_err)?;

@@ -192,7 +192,7 @@ impl OperationRuntime {
                             "the approval expired before the operation ran",
                         )
                         .approval(own);
-                    recs.push(rec(KIND_TRANSITIONED, &t)?);
+                    recs.push(typed_rec(KIND_TRANSITIONED, t)?);
                 }
                 Ok((recs, ()))
             })

@@ -243,7 +243,7 @@ impl OperationRuntime {
                 Some(t) => view_after(&op, t),
                 None => OperationView::of(&op),
             };
-            let mut recs = vec![rec(
+            let mut recs = vec![typed_rec(
                 KIND_CREATED,
                 Created {
                     operation: op,
@@ -251,7 +251,7 @@ impl OperationRuntime {
                 },
             )?];
             if let Some(t) = follow {
-                recs.push(rec(KIND_TRANSITIONED, &t)?);
+                recs.push(typed_rec(KIND_TRANSITIONED, t)?);
             }
             Ok((recs, (view, true, claimed)))
         })

@@ -23,10 +23,7 @@ async fn workspace() -> (tempfile::TempDir, Arc<Workspace>, bundles::BundleRef) 
     let reference = prepared.reference();
     ws.commit(move |s: &State| match s.bundles.plan_sync(&prepared) {
         Ok(SyncOutcome::New { kind, payload, .. }) => Ok((
-            vec![NewRecord {
-                kind: kind.to_string(),
-                payload: crate::store::raw_payload(payload),
-            }],
+            vec![NewRecord::text(kind, crate::store::raw_payload(payload))],
             (),
         )),
         Ok(SyncOutcome::AlreadySynced(_)) => Ok((vec![], ())),
@@ -119,10 +116,7 @@ async fn output_is_journalled_in_order_and_coalesced() {
     let reference = prepared.reference();
     ws.commit(move |s: &State| match s.bundles.plan_sync(&prepared) {
         Ok(SyncOutcome::New { kind, payload, .. }) => Ok((
-            vec![NewRecord {
-                kind: kind.to_string(),
-                payload: crate::store::raw_payload(payload),
-            }],
+            vec![NewRecord::text(kind, crate::store::raw_payload(payload))],
             (),
         )),
         _ => Err(()),
@@ -158,10 +152,7 @@ async fn output_is_journalled_in_order_and_coalesced() {
 async fn commit_ops(ws: &Workspace, records: Vec<(&'static str, serde_json::Value)>) {
     let records: Vec<NewRecord> = records
         .into_iter()
-        .map(|(kind, v)| NewRecord {
-            kind: kind.to_string(),
-            payload: crate::store::raw_payload(v),
-        })
+        .map(|(kind, v)| NewRecord::text(kind, crate::store::raw_payload(v)))
         .collect();
     ws.commit(move |_: &State| Ok::<_, WorkerError>((records, ())))
         .await
