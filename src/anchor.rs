@@ -308,16 +308,24 @@ impl Anchor {
     }
 
     /// Replaces the head outright, both slots (the operator accepting the store as it is).
+    /// Written in place, never by rename: every running gaffer process keeps one handle on
+    /// this file, and their next appends must advance the head that every reader reads. A
+    /// crash between the two slots leaves the old one beside the new and the newest wins:
+    /// at worst the store is judged as before the reset, and the operator runs it again.
     pub fn reset_head(&self, mark: &HeadMark) -> Result<(), AnchorError> {
         self.ensure_dir()?;
         let path = self.dir.join("head");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err(&path))?;
         let mut both = encode_slot(mark).to_vec();
         both.extend_from_slice(&encode_slot(mark));
-        crate::store::write_file_atomic(&path, &both).map_err(|e| AnchorError::Corrupt {
-            path,
-            reason: e.to_string(),
-        })?;
-        *self.head.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        f.write_all_at(&both, 0).map_err(io_err(&path))?;
+        f.sync_data().map_err(io_err(&path))?;
         Ok(())
     }
 
@@ -722,6 +730,24 @@ mod tests {
         bytes[SLOT + 3] ^= 0xff;
         std::fs::write(&path, &bytes).expect("write");
         assert_eq!(a.head().expect("read"), Some(mark(4, 'c')));
+    }
+
+    #[test]
+    fn a_reset_head_is_what_other_processes_next_appends_advance() {
+        // Process `a` holds its handle on `head` from an earlier append; the operator resets
+        // the head from process `b`; `a`'s next append must land where everyone reads.
+        let d = tempfile::tempdir().expect("tempdir");
+        let a = anchor_in(d.path());
+        let b = anchor_in(d.path());
+        a.advance(&mark(5, 'a')).expect("advance");
+        b.reset_head(&mark(2, 'b')).expect("reset");
+        assert_eq!(a.head().expect("read"), Some(mark(2, 'b')));
+        a.advance(&mark(3, 'c')).expect("advance after the reset");
+        assert_eq!(b.head().expect("read"), Some(mark(3, 'c')));
+        assert_eq!(
+            anchor_in(d.path()).head().expect("read"),
+            Some(mark(3, 'c'))
+        );
     }
 
     #[test]
