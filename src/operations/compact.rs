@@ -3,7 +3,6 @@
 //! field when decoding). Snapshots written before hold a map of objects; both decode.
 //! Records in the journal keep the object form: this is the snapshot's cache format only.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -132,17 +131,18 @@ impl<'de> Visitor<'de> for CompactVisitor {
     }
 }
 
-struct Op(Operation);
+struct Op(Box<Operation>);
 
 impl<'de> Deserialize<'de> for Op {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Op, D::Error> {
-        d.deserialize_tuple(FIELDS, CompactVisitor).map(Op)
+        d.deserialize_tuple(FIELDS, CompactVisitor)
+            .map(|op| Op(Box::new(op)))
     }
 }
 
 /// Serializes the operations map as an array of compact operations, in id order.
 pub fn serialize_ops<S: Serializer>(
-    ops: &BTreeMap<String, Operation>,
+    ops: &crate::operations::state::Operations,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     let mut seq = s.serialize_seq(Some(ops.len()))?;
@@ -155,10 +155,10 @@ pub fn serialize_ops<S: Serializer>(
 /// Decodes the operations from either form, building the map in bulk (full nodes).
 pub fn deserialize_ops<'de, D: Deserializer<'de>>(
     d: D,
-) -> Result<BTreeMap<String, Operation>, D::Error> {
+) -> Result<crate::operations::state::Operations, D::Error> {
     struct Either;
     impl<'de> Visitor<'de> for Either {
-        type Value = Vec<(String, Operation)>;
+        type Value = Vec<(String, Box<Operation>)>;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("operations, as an array of arrays or a map of objects")
         }
@@ -190,7 +190,7 @@ mod tests {
     #[derive(Serialize, Deserialize, PartialEq, Debug)]
     struct Wrap {
         #[serde(serialize_with = "serialize_ops", deserialize_with = "deserialize_ops")]
-        ops: BTreeMap<String, Operation>,
+        ops: crate::operations::state::Operations,
     }
 
     fn text() -> impl Strategy<Value = String> {
@@ -256,8 +256,8 @@ mod tests {
         fn prop_compact_and_object_forms_round_trip(
             ops in proptest::collection::vec(operation(), 0..6),
         ) {
-            let ops: BTreeMap<String, Operation> =
-                ops.into_iter().map(|o| (o.id.clone(), o)).collect();
+            let ops: crate::operations::state::Operations =
+                ops.into_iter().map(|o| (o.id.clone(), Box::new(o))).collect();
             let compact = serde_json::to_string(&Wrap { ops: ops.clone() }).unwrap();
             let back: Wrap = serde_json::from_str(&compact).unwrap();
             prop_assert_eq!(&back.ops, &ops);
@@ -280,6 +280,6 @@ mod tests {
             assert!(r.is_err(), "{r:?}");
         }
         let ok: Wrap = serde_json::from_value(json!({ "ops": [full] })).unwrap();
-        assert_eq!(ok.ops["op_1"], op);
+        assert_eq!(*ok.ops["op_1"], op);
     }
 }

@@ -62,7 +62,7 @@ pub struct Derived {
 
 /// Everything derived from `operations` and `approvals`, each tree built in bulk.
 pub fn derive(
-    operations: &BTreeMap<String, Operation>,
+    operations: &super::state::Operations,
     approvals: &BTreeMap<String, Approval>,
 ) -> Derived {
     let n = operations.len();
@@ -150,7 +150,7 @@ fn remove_key<K: std::hash::Hash + Eq>(
 impl Index {
     /// The index of `operations` and `approvals`, from scratch.
     pub fn build(
-        operations: &BTreeMap<String, Operation>,
+        operations: &super::state::Operations,
         approvals: &BTreeMap<String, Approval>,
     ) -> Index {
         derive(operations, approvals).index

@@ -237,7 +237,7 @@ fn check_queries(s: &OperationState) {
             .take(3)
             .map(|op| op.id.as_str())
             .collect();
-        let mut all: Vec<&Operation> = s.operations.values().filter(keep).collect();
+        let mut all: Vec<&Operation> = s.operations.values().map(|o| &**o).filter(keep).collect();
         all.sort_by(|a, b| (b.created_at_ms, &b.id).cmp(&(a.created_at_ms, &a.id)));
         let scan: Vec<&str> = all.into_iter().take(3).map(|op| op.id.as_str()).collect();
         assert_eq!(indexed, scan, "list {client:?} {states:?}");

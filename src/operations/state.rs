@@ -259,12 +259,16 @@ pub struct OpNotice {
     pub operators_only: bool,
 }
 
+/// Operations by id. Each is boxed: an `Operation` is ~500 bytes, and a tree node holding
+/// eleven of them inline made every insert shift kilobytes and every bulk build copy them all.
+pub type Operations = BTreeMap<String, Box<Operation>>;
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(from = "Stored")]
 pub struct OperationState {
     /// Stored in the compact form (see [`super::compact`]).
     #[serde(serialize_with = "super::compact::serialize_ops")]
-    pub operations: BTreeMap<String, Operation>,
+    pub operations: Operations,
     pub approvals: BTreeMap<String, Approval>,
     /// client -> idempotency key -> operation id. Derived, like `terminal` and `index`: not
     /// stored (rebuilt when a snapshot is decoded, sharing one id per operation).
@@ -284,7 +288,7 @@ pub struct OperationState {
 #[derive(Deserialize)]
 struct Stored {
     #[serde(deserialize_with = "super::compact::deserialize_ops")]
-    operations: BTreeMap<String, Operation>,
+    operations: Operations,
     #[serde(deserialize_with = "crate::util::bulk_map")]
     approvals: BTreeMap<String, Approval>,
     skipped: u64,
@@ -377,7 +381,7 @@ impl OperationState {
     }
 
     pub fn get(&self, id: &str) -> Option<&Operation> {
-        self.operations.get(id)
+        self.operations.get(id).map(|o| &**o)
     }
 
     pub fn by_idempotency(&self, client: &str, key: &str) -> Option<&Operation> {
@@ -385,6 +389,7 @@ impl OperationState {
             .get(client)
             .and_then(|m| m.get(key))
             .and_then(|id| self.operations.get(&**id))
+            .map(|o| &**o)
     }
 
     pub fn approval_of(&self, op: &Operation) -> Option<&Approval> {
@@ -501,7 +506,7 @@ impl OperationState {
             self.terminal.insert((t, shared));
         }
         let (id, aid) = (op.id.clone(), op.approval_id.clone());
-        self.operations.insert(op.id.clone(), op);
+        self.operations.insert(op.id.clone(), Box::new(op));
         self.refresh_deadline(&id);
         if let Some(aid) = aid {
             self.approval_changed(&aid);
