@@ -48,6 +48,34 @@ pub fn unhex32(text: &str) -> Option<[u8; 32]> {
 }
 
 /// Hex sha256 of `bytes`.
+/// How deeply the containers of a JSON text nest (0 for a scalar), brackets inside strings
+/// not counted. For text this process wrote, before anything relies on reading it back:
+/// serde_json refuses to parse more than 127 levels and writes any depth.
+pub fn json_depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
@@ -213,6 +241,19 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_depth_counts_containers_and_skips_strings() {
+        assert_eq!(json_depth(b"1"), 0);
+        assert_eq!(json_depth(br#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(json_depth(br#"["[[[\"{{", {}]"#), 2);
+        let deep: serde_json::Value =
+            (0..200).fold(serde_json::json!(0), |v, _| serde_json::json!([v]));
+        assert_eq!(
+            json_depth(serde_json::to_string(&deep).unwrap().as_bytes()),
+            200
+        );
+    }
 
     #[test]
     fn generated_ids_do_not_repeat_and_the_generator_rekeys() {

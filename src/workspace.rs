@@ -92,10 +92,17 @@ impl NewRecord {
         T: Serialize + Clone + Send + Sync + 'static,
     {
         let mut rec = NewRecord::new(kind, &payload)?;
-        rec.typed = Some(Typed(Arc::new(payload)));
+        // A text nested deeper than a reader parses folds nowhere else: this process must not
+        // fold it either, so it takes the text path and is skipped like everywhere.
+        if crate::util::json_depth(rec.payload.get().as_bytes()) <= TYPED_DEPTH_LIMIT {
+            rec.typed = Some(Typed(Arc::new(payload)));
+        }
         Ok(rec)
     }
 }
+
+/// Deepest record text folded from its value: serde_json parses at most 127 nested levels.
+const TYPED_DEPTH_LIMIT: usize = 100;
 
 /// A staged record's payload as its committer built it.
 #[derive(Clone)]
@@ -1995,5 +2002,32 @@ mod tests {
             "{r:?}"
         );
         assert!(ws.read(|s| s.operations.get("op_typed").is_none()));
+    }
+
+    #[tokio::test]
+    async fn a_record_too_deep_to_read_back_is_not_folded_here_either() {
+        // serde_json writes any depth and reads at most 127 levels: such a record is skipped
+        // by every replay, so this process must not hold it in its state.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        let mut records = typed_operation_records("deep");
+        let deep: Value = (0..126).fold(json!(1), |v, _| json!([v]));
+        let mut created: crate::operations::state::Created =
+            serde_json::from_str(records[0].payload.get()).expect("decode");
+        created.operation.target = json!({ "x": deep });
+        records[0] =
+            NewRecord::typed(crate::operations::state::KIND_CREATED, created).expect("encode");
+        assert!(
+            records[0].typed.is_none(),
+            "a text this deep folds from its text"
+        );
+        ws.commit(move |_| Ok::<_, ()>((records, ())))
+            .await
+            .expect("commit");
+        let live = ws.read(|s| s.operations.get("op_typed").cloned());
+        drop(ws);
+        let again = Workspace::open(dir.path()).expect("reopen");
+        assert_eq!(live, None);
+        assert_eq!(again.read(|s| s.operations.get("op_typed").cloned()), None);
     }
 }

@@ -207,6 +207,29 @@ fn bad_input_is_refused_with_the_field_and_nothing_is_written() {
     assert_eq!(r["error"]["data"]["field"], "arguments.content");
     let r = a.request("operations/submit", json!({"operation": "file.write", "target": [1], "arguments": {}, "reason": "r", "idempotency_key": "x"}));
     assert_eq!(r["error"]["code"], -32602, "{r}");
+    // Nesting that a record or snapshot carrying it could not read back is refused up front,
+    // also when smuggled as a raw value past the message parser's own depth limit.
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let nested: Value = serde_json::from_str(&deep(40)).unwrap();
+    let r = submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a", "x": nested}),
+        json!({"content": "x"}),
+        "x",
+    );
+    assert_eq!(r["error"]["data"]["field"], "target", "{r}");
+    let r = submit(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/a"}),
+        json!({"content": "x", "x": nested}),
+        "x",
+    );
+    assert_eq!(r["error"]["data"]["field"], "arguments", "{r}");
+    let smuggled = format!("{{\"path\":\"docs/a\",\"x\":{}}}", deep(124));
+    let r = a.request("operations/submit", json!({"operation": "file.write", "target": {"$serde_json::private::RawValue": smuggled}, "arguments": {"content": "x"}, "reason": "r", "idempotency_key": "deep"}));
+    assert_eq!(r["error"]["data"]["field"], "target", "{r}");
     let r = a.request("operations/submit", json!({"operation": "file.write", "target": {"path": "a"}, "arguments": {"content": ""}, "reason": "  ", "idempotency_key": "x"}));
     assert_eq!(r["error"]["data"]["field"], "reason");
     let r = a.request("operations/submit", json!({"operation": "file.write", "target": {"path": "a"}, "arguments": {"content": ""}, "reason": "r", "idempotency_key": "x", "extra": 1}));
@@ -318,7 +341,7 @@ fn operator_deny_stale_revision_narrowing_and_agent_refusal() {
         &mut a,
         json!({"id": id, "decision": "approve", "expected_revision": 1, "idempotency_key": "x"}),
     );
-    assert!(r.get("error").is_some(), "{r}");
+    assert_eq!(r["error"]["data"]["field"], "target", "{r}");
     let r = env.decide(
         &mut op,
         json!({"id": id, "decision": "approve", "expected_revision": 7, "idempotency_key": "x"}),
@@ -1377,7 +1400,7 @@ fn untrusted_providers_yaml_starts_nothing() {
         json!({"value": 1}),
         "kv",
     );
-    assert!(r.get("error").is_some(), "{r}");
+    assert_eq!(r["error"]["data"]["field"], "target", "{r}");
     drop(a);
     assert!(!marker.exists(), "an untrusted provider was started");
 

@@ -35,6 +35,9 @@ use crate::workspace::{CommitError, NewRecord, Workspace};
 pub const MAX_KEY_BYTES: usize = 128;
 pub const MAX_REASON_BYTES: usize = 2000;
 pub const MAX_TARGET_BYTES: usize = 16 * 1024;
+/// Deepest nesting accepted in `target` and `arguments`: every record and snapshot that
+/// carries them nests them a few levels further, and all of it must read back.
+pub const MAX_VALUE_DEPTH: usize = 32;
 pub const MAX_ARGUMENTS_BYTES: usize = 1 << 20;
 pub const MAX_RESULT_BYTES: usize = 2 << 20;
 pub const MAX_WAIT_SECONDS: u64 = 30;

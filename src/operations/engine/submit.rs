@@ -365,6 +365,12 @@ fn check_input(input: &SubmitInput) -> Result<(String, String, String), OpError>
                 format!("{field} is larger than {max} bytes"),
             ));
         }
+        if crate::util::json_depth(raw.as_bytes()) > MAX_VALUE_DEPTH {
+            return Err(OpError::invalid(
+                field,
+                format!("{field} nests deeper than {MAX_VALUE_DEPTH} levels"),
+            ));
+        }
         let ex = Exact::parse_object(raw)
             .map_err(|e| OpError::invalid(field, format!("{field}: {e}")))?;
         if let Exact::Object(m) = &ex
