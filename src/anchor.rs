@@ -262,15 +262,7 @@ impl Anchor {
         let path = self.dir.join("head");
         let mut file = self.head.lock().unwrap_or_else(|p| p.into_inner());
         if file.is_none() {
-            self.ensure_dir()?;
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(io_err(&path))?;
-            *file = Some(f);
+            *file = Some(self.open_head(&path)?);
         }
         let Some(f) = file.as_ref() else {
             return Ok(Standing::Intact);
@@ -297,6 +289,18 @@ impl Anchor {
         Ok(Standing::Intact)
     }
 
+    /// The head file for reading and writing in place, created if absent (never truncated).
+    fn open_head(&self, path: &Path) -> Result<File, AnchorError> {
+        self.ensure_dir()?;
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io_err(path))
+    }
+
     /// Records `mark` only if no head was recorded yet (a journal first seen here), under the
     /// anchor's lock: an opener holds no store lock, so it must never overwrite a newer head.
     pub fn adopt(&self, mark: &HeadMark) -> Result<(), AnchorError> {
@@ -313,15 +317,8 @@ impl Anchor {
     /// crash between the two slots leaves the old one beside the new and the newest wins:
     /// at worst the store is judged as before the reset, and the operator runs it again.
     pub fn reset_head(&self, mark: &HeadMark) -> Result<(), AnchorError> {
-        self.ensure_dir()?;
         let path = self.dir.join("head");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_err(&path))?;
+        let f = self.open_head(&path)?;
         let mut both = encode_slot(mark).to_vec();
         both.extend_from_slice(&encode_slot(mark));
         f.write_all_at(&both, 0).map_err(io_err(&path))?;

@@ -45,18 +45,28 @@ async fn create_started(rt: &Arc<WorkerRuntime>, b: &Bundle, req: CreateRequest)
         .clone();
     let w = rt.create(req).await.unwrap();
     assert_eq!(w.status, WorkerStatus::PendingApproval);
-    rt.start_worker(StartSpec {
-        worker_id: w.id.clone(),
-        operation_id: "op_unit".into(),
+    rt.start_worker(start_spec(&w.id, "op_unit", profile, b))
+        .await
+        .unwrap()
+}
+
+/// What an authorized start of `worker_id` under `operation_id` passes.
+fn start_spec(
+    worker_id: &str,
+    operation_id: &str,
+    profile: bundles::Profile,
+    b: &Bundle,
+) -> StartSpec {
+    StartSpec {
+        worker_id: worker_id.to_string(),
+        operation_id: operation_id.into(),
         profile,
         declarations: b.declarations.clone(),
         argument_input: None,
         channel: None,
         env: Vec::new(),
         sandbox: Default::default(),
-    })
-    .await
-    .unwrap()
+    }
 }
 
 fn request(reference: &bundles::BundleRef) -> CreateRequest {
@@ -212,16 +222,7 @@ async fn a_pending_worker_under_a_succeeded_launch_waits_for_its_living_creator(
     );
     let b = bundle();
     let started = rt
-        .start_worker(StartSpec {
-            worker_id: lane.id.clone(),
-            operation_id: "op_launch".into(),
-            profile: b.profiles[0].clone(),
-            declarations: b.declarations.clone(),
-            argument_input: None,
-            channel: None,
-            env: Vec::new(),
-            sandbox: Default::default(),
-        })
+        .start_worker(start_spec(&lane.id, "op_launch", b.profiles[0].clone(), &b))
         .await
         .unwrap();
     assert_eq!(started.status, WorkerStatus::Running);
