@@ -1,7 +1,9 @@
 //! Operations as a snapshot stores them: each one a JSON array of its fields in a fixed order,
 //! without the field names (about half the text of the object form, and no name to match per
-//! field when decoding). Snapshots written before hold a map of objects; both decode.
-//! Records in the journal keep the object form: this is the snapshot's cache format only.
+//! field when decoding), grouped in chunks of [`CHUNK`] that decode on every core at once.
+//! Snapshots written before hold one array of compact operations, or a map of objects; all
+//! decode. Records in the journal keep the object form: this is the snapshot's cache format
+//! only.
 
 use std::fmt;
 
@@ -140,7 +142,9 @@ impl<'de> Deserialize<'de> for Op {
     }
 }
 
-/// Serializes the operations map as an array of compact operations, in id order.
+/// Serializes the operations map as an array of compact operations, in id order: the form
+/// snapshots held before chunks, written now only by tests showing they still decode.
+#[cfg(test)]
 pub fn serialize_ops<S: Serializer>(
     ops: &crate::operations::state::Operations,
     s: S,
@@ -152,7 +156,108 @@ pub fn serialize_ops<S: Serializer>(
     seq.end()
 }
 
-/// Decodes the operations from either form, building the map in bulk (full nodes).
+/// Operations per chunk: enough that a chunk's decode dwarfs handing it to a thread, few
+/// enough that 100,000 operations spread evenly over the cores.
+pub const CHUNK: usize = 2048;
+
+/// At most this many threads decode one snapshot's chunks.
+const MAX_DECODERS: usize = 8;
+
+/// Serializes the operations as an array of chunks, each an array of compact operations, all
+/// in id order.
+pub fn serialize_chunks<S: Serializer>(
+    ops: &crate::operations::state::Operations,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    struct Chunk<'a>(&'a [&'a Operation]);
+    impl Serialize for Chunk<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut seq = s.serialize_seq(Some(self.0.len()))?;
+            for op in self.0 {
+                seq.serialize_element(&Compact(op))?;
+            }
+            seq.end()
+        }
+    }
+    let all: Vec<&Operation> = ops.values().map(|op| &**op).collect();
+    let mut seq = s.serialize_seq(Some(all.len().div_ceil(CHUNK)))?;
+    for chunk in all.chunks(CHUNK) {
+        seq.serialize_element(&Chunk(chunk))?;
+    }
+    seq.end()
+}
+
+/// Decodes chunks as [`serialize_chunks`] writes them: each chunk's text is found (one scan),
+/// then runs of consecutive chunks decode on separate threads and are joined in order, so the
+/// map is still built from ids in order. The chunks are borrowed from the input: the decoder
+/// must read from memory (as a snapshot's is).
+pub fn deserialize_chunks<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<crate::operations::state::Operations, D::Error> {
+    let chunks = <Vec<&'de serde_json::value::RawValue>>::deserialize(d)?;
+    let decoders = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, MAX_DECODERS)
+        .min(chunks.len());
+    let ops = if decoders <= 1 {
+        decode_run(0, &chunks)
+    } else {
+        let per = chunks.len().div_ceil(decoders);
+        std::thread::scope(|s| {
+            let mut runs = chunks.chunks(per).enumerate();
+            let first = runs.next().map_or(&[][..], |(_, run)| run);
+            let others: Vec<_> = runs
+                .map(|(i, run)| s.spawn(move || decode_run(i * per, run)))
+                .collect();
+            let mut ops = decode_run(0, first)?;
+            for other in others {
+                let more = other
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+                ops.extend(more);
+            }
+            Ok(ops)
+        })
+    };
+    Ok(ops.map_err(de::Error::custom)?.into_iter().collect())
+}
+
+/// The operations of consecutive chunks, in order; `first` is the first one's index (for
+/// the error).
+fn decode_run(
+    first: usize,
+    chunks: &[&serde_json::value::RawValue],
+) -> Result<Vec<(String, Box<Operation>)>, String> {
+    struct Run<'a>(&'a mut Vec<(String, Box<Operation>)>);
+    impl<'de> de::DeserializeSeed<'de> for Run<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Run<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a chunk of operations")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+            while let Some(Op(op)) = a.next_element()? {
+                self.0.push((op.id.clone(), op));
+            }
+            Ok(())
+        }
+    }
+    let mut out = Vec::with_capacity(chunks.len() * CHUNK);
+    for (i, chunk) in chunks.iter().enumerate() {
+        let mut de = serde_json::Deserializer::from_str(chunk.get());
+        de::DeserializeSeed::deserialize(Run(&mut out), &mut de)
+            .and_then(|()| de.end())
+            .map_err(|e| format!("operation chunk {}: {e}", first + i))?;
+    }
+    Ok(out)
+}
+
+/// Decodes the operations from either older form, building the map in bulk (full nodes).
 pub fn deserialize_ops<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<crate::operations::state::Operations, D::Error> {
@@ -191,6 +296,25 @@ mod tests {
     struct Wrap {
         #[serde(serialize_with = "serialize_ops", deserialize_with = "deserialize_ops")]
         ops: crate::operations::state::Operations,
+    }
+
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct Chunked {
+        #[serde(
+            serialize_with = "serialize_chunks",
+            deserialize_with = "deserialize_chunks"
+        )]
+        ops: crate::operations::state::Operations,
+    }
+
+    fn many(n: usize) -> crate::operations::state::Operations {
+        (0..n)
+            .map(|i| {
+                let id = format!("op_{i:06}");
+                let op = crate::operations::state::tests::op(&id, OpState::Denied, None);
+                (id, Box::new(op))
+            })
+            .collect()
     }
 
     fn text() -> impl Strategy<Value = String> {
@@ -250,14 +374,17 @@ mod tests {
     }
 
     proptest! {
-        /// The compact form decodes to exactly what was encoded, and the object form of
-        /// older snapshots decodes to the same map.
+        /// The chunked form decodes to exactly what was encoded, and so do the two forms of
+        /// older snapshots (one compact array, a map of objects).
         #[test]
-        fn prop_compact_and_object_forms_round_trip(
+        fn prop_chunked_compact_and_object_forms_round_trip(
             ops in proptest::collection::vec(operation(), 0..6),
         ) {
             let ops: crate::operations::state::Operations =
                 ops.into_iter().map(|o| (o.id.clone(), Box::new(o))).collect();
+            let chunked = serde_json::to_string(&Chunked { ops: ops.clone() }).unwrap();
+            let back: Chunked = serde_json::from_str(&chunked).unwrap();
+            prop_assert_eq!(&back.ops, &ops);
             let compact = serde_json::to_string(&Wrap { ops: ops.clone() }).unwrap();
             let back: Wrap = serde_json::from_str(&compact).unwrap();
             prop_assert_eq!(&back.ops, &ops);
@@ -265,6 +392,31 @@ mod tests {
             let back: Wrap = serde_json::from_str(&objects).unwrap();
             prop_assert_eq!(&back.ops, &ops);
         }
+    }
+
+    #[test]
+    fn operations_over_several_chunks_decode_in_id_order_across_threads() {
+        let ops = many(2 * CHUNK + 1);
+        let text = serde_json::to_string(&Chunked { ops: ops.clone() }).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let sizes: Vec<usize> = v["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_array().unwrap().len())
+            .collect();
+        assert_eq!(sizes, [CHUNK, CHUNK, 1]);
+        let back: Chunked = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.ops, ops);
+    }
+
+    #[test]
+    fn a_damaged_operation_in_a_later_chunk_is_refused_naming_its_chunk() {
+        let ops = many(2 * CHUNK + 1);
+        let mut v = serde_json::to_value(Chunked { ops }).unwrap();
+        v["ops"][2][0][10] = json!("not a revision");
+        let err = serde_json::from_str::<Chunked>(&v.to_string()).unwrap_err();
+        assert!(err.to_string().contains("operation chunk 2"), "{err}");
     }
 
     #[test]

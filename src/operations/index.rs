@@ -60,77 +60,137 @@ pub struct Derived {
     pub by_key: BTreeMap<String, BTreeMap<String, Id>>,
 }
 
-/// Everything derived from `operations` and `approvals`, each tree built in bulk.
+/// From this many operations on, [`derive`] builds its two halves on two threads.
+pub(crate) const DERIVE_IN_PARALLEL_FROM: usize = 4096;
+
+/// Everything derived from `operations` and `approvals`, each tree built in bulk. Each
+/// operation's shared id is made once; list order and the rest are independent halves, built
+/// side by side when there are many operations (a snapshot's decode is followed by this).
 pub fn derive(
     operations: &super::state::Operations,
     approvals: &BTreeMap<String, Approval>,
 ) -> Derived {
-    let n = operations.len();
-    let mut order = Vec::with_capacity(n);
-    let mut by_state: HashMap<OpState, Vec<OrderKey>> = HashMap::new();
-    let mut by_client: HashMap<&str, Vec<OrderKey>> = HashMap::new();
-    let mut refs: HashMap<&str, Vec<Id>> = HashMap::new();
-    let mut deadlines = Vec::new();
-    let mut terminal = Vec::new();
-    let mut keys: HashMap<&str, Vec<(String, Id)>> = HashMap::new();
-    for op in operations.values() {
-        let id: Id = Arc::from(op.id.as_str());
-        let key = (op.created_at_ms, Arc::clone(&id));
-        order.push(key.clone());
-        by_state.entry(op.state).or_default().push(key.clone());
-        by_client.entry(&op.client_id).or_default().push(key);
-        if !op.state.is_terminal()
-            && let Some(a) = &op.approval_id
-        {
-            refs.entry(a).or_default().push(Arc::clone(&id));
-        }
-        if let Some(at) = deadline(op, approvals) {
-            deadlines.push((at, Arc::clone(&id)));
-        }
-        if let Some(t) = op.terminal_at_ms {
-            terminal.push((t, Arc::clone(&id)));
-        }
-        keys.entry(&op.client_id)
-            .or_default()
-            .push((op.idempotency_key.clone(), id));
-    }
-    let windows = approvals
+    let ops: Vec<(&Operation, Id)> = operations
         .values()
-        .filter(|a| a.mode == GrantMode::Window && a.status == ApprovalStatus::Active)
-        .fold(HashMap::<String, BTreeSet<String>>::new(), |mut w, a| {
-            w.entry(a.client_id.clone())
-                .or_default()
-                .insert(a.id.clone());
-            w
-        });
-    let index = Index {
-        deadline_of: deadlines
-            .iter()
-            .map(|(at, id)| (Arc::clone(id), *at))
-            .collect(),
-        deadlines: deadlines.into_iter().collect(),
-        order: order.into_iter().collect(),
-        by_state: by_state
-            .into_iter()
-            .map(|(s, v)| (s, v.into_iter().collect()))
-            .collect(),
-        by_client: by_client
-            .into_iter()
-            .map(|(c, v)| (c.to_string(), v.into_iter().collect()))
-            .collect(),
-        refs: refs
-            .into_iter()
-            .map(|(a, v)| (a.to_string(), v.into_iter().collect()))
-            .collect(),
-        windows,
+        .map(|op| (&**op, Arc::from(op.id.as_str())))
+        .collect();
+    let (lists, rest) = if ops.len() >= DERIVE_IN_PARALLEL_FROM {
+        std::thread::scope(|s| {
+            let lists = s.spawn(|| Lists::of(&ops));
+            let rest = Rest::of(&ops, approvals);
+            let lists = lists
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (lists, rest)
+        })
+    } else {
+        (Lists::of(&ops), Rest::of(&ops, approvals))
     };
     Derived {
-        index,
-        terminal: terminal.into_iter().collect(),
-        by_key: keys
-            .into_iter()
-            .map(|(c, v)| (c.to_string(), v.into_iter().collect()))
-            .collect(),
+        index: Index {
+            order: lists.order,
+            by_state: lists.by_state,
+            by_client: lists.by_client,
+            deadlines: rest.deadlines,
+            deadline_of: rest.deadline_of,
+            refs: rest.refs,
+            windows: rest.windows,
+        },
+        terminal: rest.terminal,
+        by_key: rest.by_key,
+    }
+}
+
+/// List order: overall, per state, per client.
+struct Lists {
+    order: BTreeSet<OrderKey>,
+    by_state: HashMap<OpState, BTreeSet<OrderKey>>,
+    by_client: HashMap<String, BTreeSet<OrderKey>>,
+}
+
+impl Lists {
+    fn of(ops: &[(&Operation, Id)]) -> Lists {
+        let mut order = Vec::with_capacity(ops.len());
+        let mut by_state: HashMap<OpState, Vec<OrderKey>> = HashMap::new();
+        let mut by_client: HashMap<&str, Vec<OrderKey>> = HashMap::new();
+        for (op, id) in ops {
+            let key = (op.created_at_ms, Arc::clone(id));
+            order.push(key.clone());
+            by_state.entry(op.state).or_default().push(key.clone());
+            by_client.entry(&op.client_id).or_default().push(key);
+        }
+        Lists {
+            order: order.into_iter().collect(),
+            by_state: by_state
+                .into_iter()
+                .map(|(s, v)| (s, v.into_iter().collect()))
+                .collect(),
+            by_client: by_client
+                .into_iter()
+                .map(|(c, v)| (c.to_string(), v.into_iter().collect()))
+                .collect(),
+        }
+    }
+}
+
+/// Deadlines, approval references, windows, retention order and idempotency keys.
+struct Rest {
+    deadlines: BTreeSet<(u64, Id)>,
+    deadline_of: HashMap<Id, u64>,
+    refs: HashMap<String, BTreeSet<Id>>,
+    windows: HashMap<String, BTreeSet<String>>,
+    terminal: BTreeSet<(u64, Id)>,
+    by_key: BTreeMap<String, BTreeMap<String, Id>>,
+}
+
+impl Rest {
+    fn of(ops: &[(&Operation, Id)], approvals: &BTreeMap<String, Approval>) -> Rest {
+        let mut refs: HashMap<&str, Vec<Id>> = HashMap::new();
+        let mut deadlines = Vec::new();
+        let mut terminal = Vec::new();
+        let mut keys: HashMap<&str, Vec<(String, Id)>> = HashMap::new();
+        for (op, id) in ops {
+            if !op.state.is_terminal()
+                && let Some(a) = &op.approval_id
+            {
+                refs.entry(a).or_default().push(Arc::clone(id));
+            }
+            if let Some(at) = deadline(op, approvals) {
+                deadlines.push((at, Arc::clone(id)));
+            }
+            if let Some(t) = op.terminal_at_ms {
+                terminal.push((t, Arc::clone(id)));
+            }
+            keys.entry(&op.client_id)
+                .or_default()
+                .push((op.idempotency_key.clone(), Arc::clone(id)));
+        }
+        let windows = approvals
+            .values()
+            .filter(|a| a.mode == GrantMode::Window && a.status == ApprovalStatus::Active)
+            .fold(HashMap::<String, BTreeSet<String>>::new(), |mut w, a| {
+                w.entry(a.client_id.clone())
+                    .or_default()
+                    .insert(a.id.clone());
+                w
+            });
+        Rest {
+            deadline_of: deadlines
+                .iter()
+                .map(|(at, id)| (Arc::clone(id), *at))
+                .collect(),
+            deadlines: deadlines.into_iter().collect(),
+            refs: refs
+                .into_iter()
+                .map(|(a, v)| (a.to_string(), v.into_iter().collect()))
+                .collect(),
+            windows,
+            terminal: terminal.into_iter().collect(),
+            by_key: keys
+                .into_iter()
+                .map(|(c, v)| (c.to_string(), v.into_iter().collect()))
+                .collect(),
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use super::lifecycle::OpState;
 use super::policy::GrantMode;
 use super::state::tests::{approval, created, decided, envelope, op, tr};
 use super::state::*;
-use crate::operations::index::{deadline, derive};
+use crate::operations::index::{DERIVE_IN_PARALLEL_FROM, deadline, derive};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -86,14 +86,26 @@ const EFFECTS: [ApprovalEffect; 8] = [
 
 /// A created operation (and its approval when pending) from a `Step::Create`.
 fn create(s: &OperationState, st: &Step) -> Option<(String, Value)> {
+    let Step::Create { op, ap, .. } = *st else {
+        return None;
+    };
+    create_as(s, st, usize::from(op), usize::from(ap))
+}
+
+/// [`create`] with the operation's and the approval's numbers given.
+fn create_as(
+    s: &OperationState,
+    st: &Step,
+    op_n: usize,
+    ap_n: usize,
+) -> Option<(String, Value)> {
     let Step::Create {
-        op: op_n,
         kind,
         client,
         at,
-        ap: ap_n,
         window,
         expires,
+        ..
     } = *st
     else {
         return None;
@@ -268,4 +280,53 @@ proptest! {
         prop_assert_eq!(&back.operations, &s.operations);
         prop_assert_eq!(&back.approvals, &s.approvals);
     }
+}
+
+/// Enough operations that a rebuild derives on two threads and a snapshot holds several
+/// chunks: both equal what the folds built one record at a time.
+#[test]
+fn a_large_state_rebuilds_on_several_threads_what_its_folds_built() {
+    let mut s = OperationState::default();
+    let mut out = vec![];
+    let n = DERIVE_IN_PARALLEL_FROM + super::compact::CHUNK + 7;
+    for i in 0..n {
+        let st = Step::Create {
+            op: 0,
+            kind: (i % 4) as u8,
+            client: (i % 2) as u8,
+            at: (i % 5) as u8,
+            ap: 0,
+            window: i % 3 == 0,
+            expires: (i % 1999) as u16,
+        };
+        // Approved operations name an approval made earlier (some of them windows).
+        let ap = if i % 4 == 1 { i.saturating_sub(3) } else { i };
+        let (kind, payload) = create_as(&s, &st, i, ap).expect("a create");
+        s.apply_record(&kind, &payload, &mut out).expect("folds");
+    }
+    // Some window approvals granted, so that clients hold active windows.
+    let windows: Vec<(String, u64)> = s
+        .approvals
+        .values()
+        .filter(|a| a.mode == GrantMode::Window)
+        .take(150)
+        .map(|a| (a.id.clone(), a.revision))
+        .collect();
+    for (id, revision) in windows {
+        let v = decided(&id, revision + 1, DecisionKind::Approve);
+        s.apply_record(KIND_DECIDED, &v, &mut out).expect("folds");
+    }
+    assert_eq!(s.operations.len(), n);
+    assert!(s.index.deadlines.len() > 100 && s.terminal.len() > 100);
+    assert!(s.index.windows.values().map(|w| w.len()).sum::<usize>() > 100);
+    let rebuilt = derive(&s.operations, &s.approvals);
+    assert_eq!(rebuilt.index, s.index);
+    assert_eq!(rebuilt.terminal, s.terminal);
+    assert_eq!(rebuilt.by_key, s.by_key);
+    let back: OperationState =
+        serde_json::from_str(&serde_json::to_string(&s).expect("encodes")).expect("decodes");
+    assert_eq!(back.operations, s.operations);
+    assert_eq!(back.index, s.index);
+    assert_eq!(back.terminal, s.terminal);
+    assert_eq!(back.by_key, s.by_key);
 }

@@ -266,8 +266,11 @@ pub type Operations = BTreeMap<String, Box<Operation>>;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(from = "Stored")]
 pub struct OperationState {
-    /// Stored in the compact form (see [`super::compact`]).
-    #[serde(serialize_with = "super::compact::serialize_ops")]
+    /// Stored in chunks of the compact form (see [`super::compact`]).
+    #[serde(
+        rename(serialize = "operation_chunks"),
+        serialize_with = "super::compact::serialize_chunks"
+    )]
     pub operations: Operations,
     pub approvals: BTreeMap<String, Approval>,
     /// client -> idempotency key -> operation id. Derived, like `terminal` and `index`: not
@@ -287,7 +290,11 @@ pub struct OperationState {
 /// written before `by_key` and `terminal` were derived carry them too; they are ignored.)
 #[derive(Deserialize)]
 struct Stored {
-    #[serde(deserialize_with = "super::compact::deserialize_ops")]
+    /// As snapshots store them now.
+    #[serde(default, deserialize_with = "super::compact::deserialize_chunks")]
+    operation_chunks: Operations,
+    /// As older snapshots did: one array of compact operations, or a map of objects.
+    #[serde(default, deserialize_with = "super::compact::deserialize_ops")]
     operations: Operations,
     #[serde(deserialize_with = "crate::util::bulk_map")]
     approvals: BTreeMap<String, Approval>,
@@ -295,10 +302,12 @@ struct Stored {
 }
 
 impl From<Stored> for OperationState {
-    fn from(s: Stored) -> OperationState {
-        let derived = index::derive(&s.operations, &s.approvals);
+    fn from(mut s: Stored) -> OperationState {
+        let mut operations = s.operation_chunks;
+        operations.append(&mut s.operations);
+        let derived = index::derive(&operations, &s.approvals);
         OperationState {
-            operations: s.operations,
+            operations,
             approvals: s.approvals,
             by_key: derived.by_key,
             terminal: derived.terminal,
