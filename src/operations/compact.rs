@@ -5,7 +5,9 @@
 //! decode. Records in the journal keep the object form: this is the snapshot's cache format
 //! only.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, SerializeTuple, Serializer};
@@ -160,7 +162,7 @@ pub fn serialize_ops<S: Serializer>(
 /// enough that 100,000 operations spread evenly over the cores.
 pub const CHUNK: usize = 2048;
 
-/// At most this many threads decode one snapshot's chunks.
+/// At most this many threads decode one snapshot's chunks (the scanning one included).
 const MAX_DECODERS: usize = 8;
 
 /// Serializes the operations as an array of chunks, each an array of compact operations, all
@@ -187,74 +189,155 @@ pub fn serialize_chunks<S: Serializer>(
     seq.end()
 }
 
-/// Decodes chunks as [`serialize_chunks`] writes them: each chunk's text is found (one scan),
-/// then runs of consecutive chunks decode on separate threads and are joined in order, so the
-/// map is still built from ids in order. The chunks are borrowed from the input: the decoder
-/// must read from memory (as a snapshot's is).
+/// Decodes chunks as [`serialize_chunks`] writes them. This thread finds each chunk's text
+/// (one scan of the array) and queues it; from the second chunk on, other threads decode
+/// queued chunks while the scan goes on, and this one joins them once it is done. The chunks
+/// are joined in order, so the map is still built from ids in order. They are borrowed from
+/// the input: the decoder must read from memory (as a snapshot's is).
 pub fn deserialize_chunks<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<crate::operations::state::Operations, D::Error> {
-    let chunks = <Vec<&'de serde_json::value::RawValue>>::deserialize(d)?;
-    let decoders = std::thread::available_parallelism()
+    let helpers = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .clamp(1, MAX_DECODERS)
-        .min(chunks.len());
-    let ops = if decoders <= 1 {
-        decode_run(0, &chunks)
-    } else {
-        let per = chunks.len().div_ceil(decoders);
-        std::thread::scope(|s| {
-            let mut runs = chunks.chunks(per).enumerate();
-            let first = runs.next().map_or(&[][..], |(_, run)| run);
-            let others: Vec<_> = runs
-                .map(|(i, run)| s.spawn(move || decode_run(i * per, run)))
-                .collect();
-            let mut ops = decode_run(0, first)?;
-            for other in others {
-                let more = other
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-                ops.extend(more);
-            }
-            Ok(ops)
-        })
-    };
-    Ok(ops.map_err(de::Error::custom)?.into_iter().collect())
+        - 1;
+    let queue = Queue::default();
+    let (scanned, mut decoded) = std::thread::scope(|s| {
+        let mut running = Vec::new();
+        let scanned = {
+            // Whatever ends the scan, the helpers are told no more chunks come.
+            let _close = Closing(&queue);
+            d.deserialize_seq(Scan {
+                queue: &queue,
+                found: &mut |n| {
+                    if n >= 2 && running.len() < helpers {
+                        running.push(s.spawn(|| decode_queued(&queue)));
+                    }
+                },
+            })
+        };
+        let mut decoded = decode_queued(&queue);
+        for helper in running {
+            let theirs = helper
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            decoded.extend(theirs);
+        }
+        (scanned, decoded)
+    });
+    scanned?;
+    decoded.sort_unstable_by_key(|(i, _)| *i);
+    let mut ops = Vec::with_capacity(decoded.len() * CHUNK);
+    for (_, chunk) in decoded {
+        ops.extend(chunk.map_err(de::Error::custom)?);
+    }
+    Ok(ops.into_iter().collect())
 }
 
-/// The operations of consecutive chunks, in order; `first` is the first one's index (for
-/// the error).
-fn decode_run(
-    first: usize,
-    chunks: &[&serde_json::value::RawValue],
-) -> Result<Vec<(String, Box<Operation>)>, String> {
-    struct Run<'a>(&'a mut Vec<(String, Box<Operation>)>);
-    impl<'de> de::DeserializeSeed<'de> for Run<'_> {
-        type Value = ();
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_seq(self)
+/// Chunks found and not yet decoded: (index, text), and whether the scan has ended.
+#[derive(Default)]
+struct Queue<'a> {
+    pending: Mutex<(VecDeque<(usize, &'a str)>, bool)>,
+    ready: Condvar,
+}
+
+impl<'a> Queue<'a> {
+    fn lock(&self) -> MutexGuard<'_, (VecDeque<(usize, &'a str)>, bool)> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, i: usize, text: &'a str) {
+        self.lock().0.push_back((i, text));
+        self.ready.notify_one();
+    }
+
+    fn close(&self) {
+        self.lock().1 = true;
+        self.ready.notify_all();
+    }
+
+    /// The next chunk to decode; None once the scan has ended and none is left.
+    fn take(&self) -> Option<(usize, &'a str)> {
+        let mut pending = self.lock();
+        loop {
+            if let Some(next) = pending.0.pop_front() {
+                return Some(next);
+            }
+            if pending.1 {
+                return None;
+            }
+            pending = self
+                .ready
+                .wait(pending)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
-    impl<'de> Visitor<'de> for Run<'_> {
-        type Value = ();
+}
+
+struct Closing<'q, 'a>(&'q Queue<'a>);
+
+impl Drop for Closing<'_, '_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// Visits the chunk array, queueing each chunk's text and reporting how many were found.
+struct Scan<'q, 'a, 'f> {
+    queue: &'q Queue<'a>,
+    found: &'f mut dyn FnMut(usize),
+}
+
+impl<'de> Visitor<'de> for Scan<'_, 'de, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of operation chunks")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+        let mut n = 0;
+        while let Some(chunk) = a.next_element::<&'de serde_json::value::RawValue>()? {
+            self.queue.push(n, chunk.get());
+            n += 1;
+            (self.found)(n);
+        }
+        Ok(())
+    }
+}
+
+/// Decodes queued chunks until the queue is closed and empty: (index, operations) each.
+type Decoded = Vec<(usize, Result<Vec<(String, Box<Operation>)>, String>)>;
+
+fn decode_queued(queue: &Queue<'_>) -> Decoded {
+    let mut out = Vec::new();
+    while let Some((i, text)) = queue.take() {
+        out.push((
+            i,
+            decode_chunk(text).map_err(|e| format!("operation chunk {i}: {e}")),
+        ));
+    }
+    out
+}
+
+/// The operations of one chunk, in order.
+fn decode_chunk(text: &str) -> Result<Vec<(String, Box<Operation>)>, serde_json::Error> {
+    struct Chunk;
+    impl<'de> Visitor<'de> for Chunk {
+        type Value = Vec<(String, Box<Operation>)>;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("a chunk of operations")
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(CHUNK);
             while let Some(Op(op)) = a.next_element()? {
-                self.0.push((op.id.clone(), op));
+                out.push((op.id.clone(), op));
             }
-            Ok(())
+            Ok(out)
         }
     }
-    let mut out = Vec::with_capacity(chunks.len() * CHUNK);
-    for (i, chunk) in chunks.iter().enumerate() {
-        let mut de = serde_json::Deserializer::from_str(chunk.get());
-        de::DeserializeSeed::deserialize(Run(&mut out), &mut de)
-            .and_then(|()| de.end())
-            .map_err(|e| format!("operation chunk {}: {e}", first + i))?;
-    }
-    Ok(out)
+    let mut de = serde_json::Deserializer::from_str(text);
+    let ops = de.deserialize_seq(Chunk)?;
+    de.end()?;
+    Ok(ops)
 }
 
 /// Decodes the operations from either older form, building the map in bulk (full nodes).
@@ -417,6 +500,21 @@ mod tests {
         v["ops"][2][0][10] = json!("not a revision");
         let err = serde_json::from_str::<Chunked>(&v.to_string()).unwrap_err();
         assert!(err.to_string().contains("operation chunk 2"), "{err}");
+    }
+
+    /// A chunk array that ends mid-chunk fails the scan after helpers have started: they are
+    /// told no more chunks come, and the decode returns the error (it does not wait forever).
+    #[test]
+    fn a_chunk_array_cut_short_is_refused_without_waiting_for_more() {
+        let ops = many(3 * CHUNK);
+        let text = serde_json::to_string(&Chunked { ops }).unwrap();
+        for cut in [text.len() * 5 / 6, text.len() - 3] {
+            let err = serde_json::from_str::<Chunked>(&text[..cut]).unwrap_err();
+            assert!(err.is_eof(), "{err}");
+        }
+        let not_a_chunk = text.replacen("]],[[", "]],7,[[", 1);
+        let err = serde_json::from_str::<Chunked>(&not_a_chunk).unwrap_err();
+        assert!(err.to_string().contains("operation chunk 1"), "{err}");
     }
 
     #[test]

@@ -93,12 +93,7 @@ fn create(s: &OperationState, st: &Step) -> Option<(String, Value)> {
 }
 
 /// [`create`] with the operation's and the approval's numbers given.
-fn create_as(
-    s: &OperationState,
-    st: &Step,
-    op_n: usize,
-    ap_n: usize,
-) -> Option<(String, Value)> {
+fn create_as(s: &OperationState, st: &Step, op_n: usize, ap_n: usize) -> Option<(String, Value)> {
     let Step::Create {
         kind,
         client,
