@@ -92,14 +92,28 @@ impl SelectContext {
     /// The built-in policy with roster variables read from the process environment and the
     /// default roster of `workspace` (`.gaffer/roster.yaml`). Meant for binaries, not tests.
     pub fn for_workspace(workspace: &std::path::Path, policy: Arc<Policy>) -> Self {
+        let (env, home_dir) = process_env();
         Self {
             policy,
-            env: RosterEnv::from_process(),
+            env: env.clone(),
             workspace_roster: Some(workspace.join(".gaffer").join("roster.yaml")),
             base_dir: Some(workspace.to_path_buf()),
-            home_dir: std::env::var_os("HOME").map(PathBuf::from),
+            home_dir: home_dir.clone(),
         }
     }
+}
+
+/// The process's roster variables and home directory, read at the first selection: a process's
+/// environment changes only by its own hand, and gaffer never changes its own, so one read
+/// serves every request.
+fn process_env() -> &'static (RosterEnv, Option<PathBuf>) {
+    static ENV: std::sync::OnceLock<(RosterEnv, Option<PathBuf>)> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        (
+            RosterEnv::from_process(),
+            std::env::var_os("HOME").map(PathBuf::from),
+        )
+    })
 }
 
 /// Parse `params` (the reference request vocabulary plus `output` and `roster_path`), select a

@@ -55,11 +55,15 @@ impl Phrases {
     }
 }
 
+/// Stands for the second byte of a phrase that has none.
+const ONE_BYTE: u16 = 256;
+
 /// Every distinct phrase of a policy, bucketed by first byte.
 #[derive(Debug, Clone, Default)]
 pub struct PhraseIndex {
     phrases: Vec<Box<[u8]>>,
-    by_first: Vec<Vec<u32>>,
+    /// Per first byte, its phrases: (second byte, or [`ONE_BYTE`] for a one-byte phrase; id).
+    by_first: Vec<Vec<(u16, u32)>>,
     /// Per first byte, the second bytes its phrases go on with (all of them when a phrase is
     /// that one byte): most text positions are ruled out without comparing any phrase.
     second: Vec<[u64; 4]>,
@@ -91,7 +95,8 @@ impl PhraseIndex {
         self.phrases.push(phrase.into());
         // Blank phrases are rejected by policy validation; an empty one would match anything.
         let bucket = phrase.first().copied().unwrap_or(0);
-        self.by_first[usize::from(bucket)].push(id);
+        let second = phrase.get(1).map_or(ONE_BYTE, |&b| u16::from(b));
+        self.by_first[usize::from(bucket)].push((second, id));
         let set = &mut self.second[usize::from(bucket)];
         match phrase.get(1) {
             Some(&next) => set[usize::from(next >> 6)] |= 1 << (next & 63),
@@ -109,13 +114,18 @@ impl PhraseIndex {
             if bucket.is_empty() {
                 continue;
             }
-            if let Some(&next) = bytes.get(i + 1) {
+            let next = bytes.get(i + 1).map_or(ONE_BYTE, |&n| u16::from(n));
+            if let Some(&n) = bytes.get(i + 1) {
                 let set = &self.second[usize::from(b)];
-                if set[usize::from(next >> 6)] & (1 << (next & 63)) == 0 {
+                if set[usize::from(n >> 6)] & (1 << (n & 63)) == 0 {
                     continue;
                 }
             }
-            for &id in bucket {
+            // A phrase whose second byte differs is passed over without comparing it.
+            for &(second, id) in bucket {
+                if second != ONE_BYTE && second != next {
+                    continue;
+                }
                 if !hits.get(id) && bytes[i..].starts_with(&self.phrases[id as usize]) {
                     hits.0[id as usize / 64] |= 1 << (id % 64);
                 }
