@@ -1,6 +1,7 @@
 //! Operations as a snapshot stores them: each one a JSON array of its fields in a fixed order,
 //! without the field names (about half the text of the object form, and no name to match per
-//! field when decoding), grouped in chunks of [`CHUNK`] that decode on every core at once.
+//! field when decoding), grouped in chunks of [`CHUNK`] that decode on several threads at once
+//! (up to [`MAX_DECODERS`]).
 //! Snapshots written before hold one array of compact operations, or a map of objects; all
 //! decode. Records in the journal keep the object form: this is the snapshot's cache format
 //! only.
@@ -162,6 +163,9 @@ pub fn serialize_ops<S: Serializer>(
 /// enough that 100,000 operations spread evenly over the cores.
 pub const CHUNK: usize = 2048;
 
+/// No operation's compact array is shorter: 23 fields, each at least one byte and a comma.
+const MIN_OPERATION_BYTES: usize = 2 * FIELDS;
+
 /// At most this many threads decode one snapshot's chunks (the scanning one included).
 const MAX_DECODERS: usize = 8;
 
@@ -197,7 +201,7 @@ pub fn serialize_chunks<S: Serializer>(
 pub fn deserialize_chunks<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<crate::operations::state::Operations, D::Error> {
-    let helpers = std::thread::available_parallelism()
+    let mut helpers = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .clamp(1, MAX_DECODERS)
         - 1;
@@ -211,7 +215,17 @@ pub fn deserialize_chunks<'de, D: Deserializer<'de>>(
                 queue: &queue,
                 found: &mut |n| {
                     if n >= 2 && running.len() < helpers {
-                        running.push(s.spawn(|| decode_queued(&queue)));
+                        // A thread the system refuses is no error: this one decodes the rest.
+                        let spawned = std::thread::Builder::new()
+                            .name("gaffer-snapshot-decode".into())
+                            .spawn_scoped(s, || decode_queued(&queue));
+                        match spawned {
+                            Ok(helper) => running.push(helper),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "no helper thread for the snapshot decode");
+                                helpers = running.len();
+                            }
+                        }
                     }
                 },
             })
@@ -227,7 +241,11 @@ pub fn deserialize_chunks<'de, D: Deserializer<'de>>(
     });
     scanned?;
     decoded.sort_unstable_by_key(|(i, _)| *i);
-    let mut ops = Vec::with_capacity(decoded.len() * CHUNK);
+    let total = decoded
+        .iter()
+        .map(|(_, chunk)| chunk.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut ops = Vec::with_capacity(total);
     for (_, chunk) in decoded {
         ops.extend(chunk.map_err(de::Error::custom)?);
     }
@@ -320,14 +338,16 @@ fn decode_queued(queue: &Queue<'_>) -> Decoded {
 
 /// The operations of one chunk, in order.
 fn decode_chunk(text: &str) -> Result<Vec<(String, Box<Operation>)>, serde_json::Error> {
-    struct Chunk;
+    /// Room for as many operations as the text can hold (an operation's array is never shorter
+    /// than [`MIN_OPERATION_BYTES`]), so that a short text never reserves a whole chunk.
+    struct Chunk(usize);
     impl<'de> Visitor<'de> for Chunk {
         type Value = Vec<(String, Box<Operation>)>;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("a chunk of operations")
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::with_capacity(CHUNK);
+            let mut out = Vec::with_capacity(self.0);
             while let Some(Op(op)) = a.next_element()? {
                 out.push((op.id.clone(), op));
             }
@@ -335,7 +355,7 @@ fn decode_chunk(text: &str) -> Result<Vec<(String, Box<Operation>)>, serde_json:
         }
     }
     let mut de = serde_json::Deserializer::from_str(text);
-    let ops = de.deserialize_seq(Chunk)?;
+    let ops = de.deserialize_seq(Chunk((text.len() / MIN_OPERATION_BYTES).min(CHUNK)))?;
     de.end()?;
     Ok(ops)
 }

@@ -76,11 +76,17 @@ pub fn derive(
         .collect();
     let (lists, rest) = if ops.len() >= DERIVE_IN_PARALLEL_FROM {
         std::thread::scope(|s| {
-            let lists = s.spawn(|| Lists::of(&ops));
+            let lists = std::thread::Builder::new()
+                .name("gaffer-index".into())
+                .spawn_scoped(s, || Lists::of(&ops));
             let rest = Rest::of(&ops, approvals);
-            let lists = lists
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            // A thread the system refuses is no error: the list order is built here instead.
+            let lists = match lists {
+                Ok(lists) => lists
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => Lists::of(&ops),
+            };
             (lists, rest)
         })
     } else {

@@ -264,7 +264,7 @@ pub struct OpNotice {
 pub type Operations = BTreeMap<String, Box<Operation>>;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(from = "Stored")]
+#[serde(try_from = "Stored")]
 pub struct OperationState {
     /// Stored in chunks of the compact form (see [`super::compact`]).
     #[serde(
@@ -291,29 +291,44 @@ pub struct OperationState {
 #[derive(Deserialize)]
 struct Stored {
     /// As snapshots store them now.
-    #[serde(default, deserialize_with = "super::compact::deserialize_chunks")]
-    operation_chunks: Operations,
+    #[serde(default, deserialize_with = "chunked")]
+    operation_chunks: Option<Operations>,
     /// As older snapshots did: one array of compact operations, or a map of objects.
-    #[serde(default, deserialize_with = "super::compact::deserialize_ops")]
-    operations: Operations,
+    #[serde(default, deserialize_with = "single")]
+    operations: Option<Operations>,
     #[serde(deserialize_with = "crate::util::bulk_map")]
     approvals: BTreeMap<String, Approval>,
     skipped: u64,
 }
 
-impl From<Stored> for OperationState {
-    fn from(mut s: Stored) -> OperationState {
-        let mut operations = s.operation_chunks;
-        operations.append(&mut s.operations);
+fn chunked<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Operations>, D::Error> {
+    super::compact::deserialize_chunks(d).map(Some)
+}
+
+fn single<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Operations>, D::Error> {
+    super::compact::deserialize_ops(d).map(Some)
+}
+
+impl TryFrom<Stored> for OperationState {
+    type Error = &'static str;
+
+    /// Exactly one form of the operations, or the snapshot is refused (and the journal
+    /// replayed): never a guess at which of two to trust, nor an empty set for a missing one.
+    fn try_from(s: Stored) -> Result<OperationState, Self::Error> {
+        let operations = match (s.operation_chunks, s.operations) {
+            (Some(ops), None) | (None, Some(ops)) => ops,
+            (Some(_), Some(_)) => return Err("both operation_chunks and operations are present"),
+            (None, None) => return Err("missing field `operation_chunks`"),
+        };
         let derived = index::derive(&operations, &s.approvals);
-        OperationState {
+        Ok(OperationState {
             operations,
             approvals: s.approvals,
             by_key: derived.by_key,
             terminal: derived.terminal,
             skipped: s.skipped,
             index: derived.index,
-        }
+        })
     }
 }
 
@@ -813,6 +828,31 @@ where
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A stored state holds its operations in exactly one form: both, or neither, is refused
+    /// (the snapshot is then skipped and the journal replayed), never guessed at; empty chunks
+    /// are an empty set.
+    #[test]
+    fn a_stored_state_with_both_forms_of_operations_or_neither_is_refused() {
+        let mut s = OperationState::default();
+        s.operations
+            .insert("op_1".into(), Box::new(op("op_1", OpState::Denied, None)));
+        let written = serde_json::to_value(&s).unwrap();
+        let back: OperationState = serde_json::from_str(&written.to_string()).unwrap();
+        assert_eq!(back.operations, s.operations);
+        let mut both = written.clone();
+        both["operations"] = serde_json::json!([]);
+        let mut neither = written.clone();
+        neither.as_object_mut().unwrap().remove("operation_chunks");
+        for (name, bad) in [("both", both), ("neither", neither)] {
+            let r = serde_json::from_str::<OperationState>(&bad.to_string());
+            assert!(r.is_err(), "{name}: {:?}", r.map(|s| s.operations.len()));
+        }
+        let mut empty = written;
+        empty["operation_chunks"] = serde_json::json!([[], [], []]);
+        let back: OperationState = serde_json::from_str(&empty.to_string()).unwrap();
+        assert!(back.operations.is_empty());
+    }
 
     pub(crate) fn op(id: &str, state: OpState, approval: Option<&str>) -> Operation {
         Operation {
