@@ -205,6 +205,32 @@ pub fn base64url_decode(text: &str) -> Option<Vec<u8>> {
     (base64url(&out) == text).then_some(out)
 }
 
+/// Starts `f` on a thread of `scope` named `name`; None when the system refuses a thread,
+/// which is no error: the caller then does the work itself.
+pub fn spawn_scoped<'scope, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'scope,
+) -> Option<std::thread::ScopedJoinHandle<'scope, T>> {
+    match std::thread::Builder::new()
+        .name(name.into())
+        .spawn_scoped(scope, f)
+    {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            tracing::debug!(error = %e, thread = name, "no thread to be had; working on the caller's");
+            None
+        }
+    }
+}
+
+/// What a scoped thread returned; if it panicked, the panic goes on in this thread.
+pub fn join_scoped<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 /// Deserializes a map by collecting its entries first and building the tree in bulk: full
 /// nodes, where inserting one entry at a time (serde's way) leaves sorted input's nodes about
 /// half full. For large maps decoded from snapshots. A repeated key keeps its last value, as

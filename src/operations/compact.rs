@@ -215,16 +215,12 @@ pub fn deserialize_chunks<'de, D: Deserializer<'de>>(
                 queue: &queue,
                 found: &mut |n| {
                     if n >= 2 && running.len() < helpers {
-                        // A thread the system refuses is no error: this one decodes the rest.
-                        let spawned = std::thread::Builder::new()
-                            .name("gaffer-snapshot-decode".into())
-                            .spawn_scoped(s, || decode_queued(&queue));
-                        match spawned {
-                            Ok(helper) => running.push(helper),
-                            Err(e) => {
-                                tracing::debug!(error = %e, "no helper thread for the snapshot decode");
-                                helpers = running.len();
-                            }
+                        // Without a helper, this thread decodes the rest after its scan.
+                        match crate::util::spawn_scoped(s, "gaffer-snapshot-decode", || {
+                            decode_queued(&queue)
+                        }) {
+                            Some(helper) => running.push(helper),
+                            None => helpers = running.len(),
                         }
                     }
                 },
@@ -232,10 +228,7 @@ pub fn deserialize_chunks<'de, D: Deserializer<'de>>(
         };
         let mut decoded = decode_queued(&queue);
         for helper in running {
-            let theirs = helper
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            decoded.extend(theirs);
+            decoded.extend(crate::util::join_scoped(helper));
         }
         (scanned, decoded)
     });

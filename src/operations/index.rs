@@ -76,17 +76,9 @@ pub fn derive(
         .collect();
     let (lists, rest) = if ops.len() >= DERIVE_IN_PARALLEL_FROM {
         std::thread::scope(|s| {
-            let lists = std::thread::Builder::new()
-                .name("gaffer-index".into())
-                .spawn_scoped(s, || Lists::of(&ops));
+            let lists = crate::util::spawn_scoped(s, "gaffer-index", || Lists::of(&ops));
             let rest = Rest::of(&ops, approvals);
-            // A thread the system refuses is no error: the list order is built here instead.
-            let lists = match lists {
-                Ok(lists) => lists
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(_) => Lists::of(&ops),
-            };
+            let lists = lists.map_or_else(|| Lists::of(&ops), crate::util::join_scoped);
             (lists, rest)
         })
     } else {

@@ -193,28 +193,23 @@ fn scan_pipelined<E: From<StoreError>>(
 ) -> Result<SegmentEnd, E> {
     let (tx, rx) = mpsc::sync_channel::<Batch>(4);
     std::thread::scope(|scope| {
-        let spawned = std::thread::Builder::new()
-            .name("gaffer-store-scan".into())
-            .spawn_scoped(scope, move || {
-                let mut batch = Vec::with_capacity(PIPELINE_BATCH);
-                let result = scan_serial::<Stopped>(path, start, is_last, |record, offset, end| {
-                    batch.push((record, offset, end));
-                    if batch.len() == PIPELINE_BATCH {
-                        let full =
-                            std::mem::replace(&mut batch, Vec::with_capacity(PIPELINE_BATCH));
-                        tx.send(full).map_err(|_| Stopped::ByCaller)?;
-                    }
-                    Ok(())
-                });
-                if !batch.is_empty() {
-                    let _ = tx.send(batch);
+        let spawned = crate::util::spawn_scoped(scope, "gaffer-store-scan", move || {
+            let mut batch = Vec::with_capacity(PIPELINE_BATCH);
+            let result = scan_serial::<Stopped>(path, start, is_last, |record, offset, end| {
+                batch.push((record, offset, end));
+                if batch.len() == PIPELINE_BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(PIPELINE_BATCH));
+                    tx.send(full).map_err(|_| Stopped::ByCaller)?;
                 }
-                result
+                Ok(())
             });
-        let parser = match spawned {
-            Ok(parser) => parser,
-            // No thread to be had: read on this one.
-            Err(_) => return scan_serial(path, start, is_last, &mut on),
+            if !batch.is_empty() {
+                let _ = tx.send(batch);
+            }
+            result
+        });
+        let Some(parser) = spawned else {
+            return scan_serial(path, start, is_last, &mut on);
         };
         let mut failed = None;
         'batches: for batch in rx.iter() {
@@ -227,10 +222,7 @@ fn scan_pipelined<E: From<StoreError>>(
         }
         // Dropping the receiver unblocks a parser waiting to send.
         drop(rx);
-        let parsed = match parser.join() {
-            Ok(parsed) => parsed,
-            Err(panic) => std::panic::resume_unwind(panic),
-        };
+        let parsed = crate::util::join_scoped(parser);
         if let Some(e) = failed {
             return Err(e);
         }
