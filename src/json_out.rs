@@ -92,9 +92,10 @@ fn chunk_dirty(chunk: &[u8]) -> bool {
     dirty
 }
 
-/// Appends the escape sequence of `b` (a byte that must be escaped), as serde_json writes it.
-#[inline]
-fn push_escape(out: &mut Vec<u8>, b: u8) {
+/// The escape sequence of `b` (a byte that must be escaped), as serde_json writes it, padded
+/// to 8 bytes so it is stored with one fixed-size copy, and its length.
+#[inline(always)]
+fn escape_sequence(b: u8) -> ([u8; 8], usize) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let short = match b {
         b'"' => b'"',
@@ -105,76 +106,94 @@ fn push_escape(out: &mut Vec<u8>, b: u8) {
         0x08 => b'b',
         0x0c => b'f',
         _ => {
-            let hex = [HEX[(b >> 4) as usize], HEX[(b & 0xf) as usize]];
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', hex[0], hex[1]]);
-            return;
+            let (hi, lo) = (HEX[(b >> 4) as usize], HEX[(b & 0xf) as usize]);
+            return ([b'\\', b'u', b'0', b'0', hi, lo, 0, 0], 6);
         }
     };
-    out.extend_from_slice(&[b'\\', short]);
+    ([b'\\', short, 0, 0, 0, 0, 0, 0], 2)
 }
 
 /// Appends the escaped contents of a JSON string (no quotes), as serde_json escapes them.
 /// Clean 16-byte chunks are checked at once and left to be copied as one run (prose has few
-/// bytes to escape); in a chunk holding some, each 8 bytes are marked at once
-/// ([`escapes8`]) and only the marked bytes are visited, so text dense with quotes (JSON
-/// inside a string, as an MCP tool's text content) costs no search per quote.
+/// bytes to escape). A chunk holding some is escaped on its own ([`escape_chunk`]), so text
+/// dense with quotes (JSON inside a string, as an MCP tool's text content) costs neither a
+/// search nor a copy call per quote.
 pub fn escape_into(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let (chunks, tail) = bytes.as_chunks::<16>();
+    // Where the bytes not yet written begin.
     let mut run = 0;
     for (k, chunk) in chunks.iter().enumerate() {
         if chunk_dirty(chunk) {
-            escape_chunk(out, bytes, &mut run, k * 16, chunk, 0);
+            out.extend_from_slice(&bytes[run..k * 16]);
+            escape_chunk(out, chunk, 0);
+            run = k * 16 + 16;
         }
     }
     if !tail.is_empty() {
-        let at = chunks.len() * 16;
-        // The last 16 bytes (the first `skip` of them already handled), or the short string
-        // padded with clean bytes.
+        // The last 16 bytes (the first `skip` of them already written), or the short string
+        // padded with clean bytes, which are cut off again.
         let mut pad = [b' '; 16];
-        let (last, start, skip) = match bytes.last_chunk::<16>() {
-            Some(last) => (last, bytes.len() - 16, 16 - tail.len()),
+        let (last, skip, padding) = match bytes.last_chunk::<16>() {
+            Some(last) => (last, 16 - tail.len(), 0),
             None => {
                 pad[..tail.len()].copy_from_slice(tail);
-                (&pad, at, 0)
+                (&pad, 0, 16 - tail.len())
             }
         };
         if chunk_dirty(last) {
-            escape_chunk(out, bytes, &mut run, start, last, skip);
+            out.extend_from_slice(&bytes[run..bytes.len() - tail.len()]);
+            escape_chunk(out, last, skip);
+            out.truncate(out.len() - padding);
+            run = bytes.len();
         }
     }
     out.extend_from_slice(&bytes[run..]);
 }
 
-/// Escapes the marked bytes of `chunk` (at `start` in `bytes`, its first `skip` bytes left
-/// out), copying the clean run before each; `run` is where the bytes not yet copied begin.
+/// Room a chunk's escaping writes into: every byte escaped as `\u00XX`, plus one whole chunk
+/// copied past the end.
+const CHUNK_ROOM: usize = 16 * 6 + 16;
+
+/// Appends `chunk` (which holds bytes to escape) escaped, its first `skip` bytes left out.
+/// The marked bytes are found 8 at a time ([`escapes8`]); each clean stretch and each escape
+/// is stored with one fixed-size copy through a cursor into room made once, which is cut back
+/// to what was written: no length-dependent copy call per quote.
 #[inline(always)]
-fn escape_chunk(
-    out: &mut Vec<u8>,
-    bytes: &[u8],
-    run: &mut usize,
-    start: usize,
-    chunk: &[u8; 16],
-    skip: usize,
-) {
+fn escape_chunk(out: &mut Vec<u8>, chunk: &[u8; 16], skip: usize) {
+    // The chunk, then zeros: a 16-byte copy from any offset in it stays inside.
+    let mut src = [0u8; 32];
+    src[..16].copy_from_slice(chunk);
     let (halves, _) = chunk.as_chunks::<8>();
+    let mut marks = 0u32;
     for (h, half) in halves.iter().enumerate() {
-        let mut marks = escapes8(u64::from_le_bytes(*half));
-        let first = h * 8;
-        if skip > first {
-            // Bytes before `skip` were handled with the chunk before.
-            marks &= u64::MAX
-                .checked_shl(((skip - first) * 8) as u32)
-                .unwrap_or(0);
-        }
-        while marks != 0 {
-            let j = start + first + (marks.trailing_zeros() / 8) as usize;
-            out.extend_from_slice(&bytes[*run..j]);
-            push_escape(out, bytes[j]);
-            *run = j + 1;
-            marks &= marks - 1;
-        }
+        marks |= gather_high_bits(escapes8(u64::from_le_bytes(*half))) << (h * 8);
     }
+    marks &= u32::MAX << skip;
+    let at = out.len();
+    out.resize(at + CHUNK_ROOM, 0);
+    let room = &mut out[at..];
+    let (mut len, mut from) = (0, skip);
+    while marks != 0 {
+        let j = marks.trailing_zeros() as usize;
+        room[len..len + 16].copy_from_slice(&src[from..from + 16]);
+        len += j - from;
+        let (sequence, n) = escape_sequence(src[j]);
+        room[len..len + 8].copy_from_slice(&sequence);
+        len += n;
+        from = j + 1;
+        marks &= marks - 1;
+    }
+    room[len..len + 16].copy_from_slice(&src[from..from + 16]);
+    len += 16 - from;
+    out.truncate(at + len);
+}
+
+/// The high bit of each byte of `marks` (only high bits set), gathered into bits 0..8: the
+/// multiplier moves byte k's bit to bit 56 + k, and no two partial products meet.
+#[inline(always)]
+fn gather_high_bits(marks: u64) -> u32 {
+    ((marks >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;
@@ -859,6 +878,32 @@ mod tests {
 
     /// Every length around the 16-byte chunks, with a byte to escape at each position (the
     /// overlapping last chunk must neither repeat nor drop one).
+    #[test]
+    fn gathering_marks_keeps_each_bytes_mark_at_its_position() {
+        for bits in 0..=255u32 {
+            let marks = (0..8)
+                .filter(|k| bits & (1 << k) != 0)
+                .fold(0u64, |m, k| m | 0x80 << (8 * k));
+            assert_eq!(gather_high_bits(marks), bits, "{marks:#x}");
+        }
+    }
+
+    /// Every byte escaped, and as the longest form (`\u00XX`, 6 bytes for 1): a chunk's room
+    /// holds its worst case, at every length and so at every overlap of the last chunk.
+    #[test]
+    fn text_made_only_of_bytes_to_escape_escapes_as_serde_json_does() {
+        for len in 0..50 {
+            for fill in ["\u{1}", "\"", "\\", "\u{1f}\n", "\u{1}é"] {
+                let text: String = fill.repeat(len).chars().take(len).collect();
+                assert_eq!(
+                    ours(&text),
+                    serde_json::to_string(&text).unwrap(),
+                    "{text:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn escapes_at_every_position_of_every_short_length() {
         for len in 0..50 {
