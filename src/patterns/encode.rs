@@ -383,7 +383,7 @@ fn lane_profile(lane: &Lane, out: &mut Vec<u8>) {
     lit(out, ",\"selected_profile\":");
     string_into(out, &lane.selected_profile);
     lit(out, ",\"fallback_profiles\":");
-    string_list(out, &lane.fallback_profiles);
+    lit(out, lane.fallback_profiles.json());
     lit(out, ",\"toolsets\":");
     lit(out, lane.toolsets.json());
 }
@@ -640,7 +640,7 @@ fn ephemeral_tasks(plan: &Plan<'_>, out: &mut Vec<u8>) {
         lit(out, "\",\"selected_profile\":");
         string_into(out, &lane.selected_profile);
         lit(out, ",\"fallback_profiles\":");
-        string_list(out, &lane.fallback_profiles);
+        lit(out, lane.fallback_profiles.json());
         out.push(b'}');
     }
     out.push(b']');
@@ -725,7 +725,7 @@ fn persistent_workers(plan: &Plan<'_>, out: &mut Vec<u8>) {
         lit(out, ",\"profile\":");
         string_into(out, &lane.selected_profile);
         lit(out, ",\"fallback_profiles\":");
-        string_list(out, &lane.fallback_profiles);
+        lit(out, lane.fallback_profiles.json());
         lit(out, ",\"toolsets\":");
         lit(out, lane.toolsets.json());
         lit(out, ",\"prompt\":\"");

@@ -3,10 +3,11 @@
 //! waves).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::policy::{ModelPolicyView, Policy, SharedList};
+use super::policy::{Escalated, LaneProfile, ModelPolicyView, Policy, SharedList};
 use super::request::PatternRequest;
 use super::signals::{Dimensions, TextSignals};
 use super::vocab::{Dimension, LaneRole, Pattern};
@@ -19,8 +20,8 @@ pub struct Lane {
     pub scope: Vec<String>,
     pub purpose: Cow<'static, str>,
     pub runtime_hint: Cow<'static, str>,
-    pub selected_profile: String,
-    pub fallback_profiles: Vec<String>,
+    pub selected_profile: Arc<str>,
+    pub fallback_profiles: SharedList,
     pub toolsets: SharedList,
     pub model_policy: LaneModelPolicy,
 }
@@ -113,61 +114,24 @@ struct Flags {
     code_heavy: bool,
 }
 
-#[derive(Clone)]
-struct Profile {
-    selected: String,
-    fallbacks: Vec<String>,
-    toolsets: SharedList,
-    disable_reasoning: bool,
-}
-
-/// Resolve a lane's profile: module swarm beats premium beats code-heavy beats the role default.
-fn resolve_profile(role: LaneRole, flags: Flags, policy: &Policy) -> Profile {
-    let rule = policy.role_rule(role);
-    let toolsets = policy.lane_toolsets[role.index()].clone();
-    let (preferred, role_fallbacks, role_reasoning_off) = match rule {
-        Some(r) => (
-            r.preferred_profile.as_str(),
-            &r.fallback_profiles[..],
-            r.disable_reasoning,
-        ),
-        // A role without a policy entry (recovery-worker) gets the bare default profile.
-        None => (policy.unknown_role_profile.as_str(), &[][..], false),
-    };
-    let esc = &policy.escalation;
-    // An escalation puts its profile first among the role's fallbacks; it is also the one
-    // selected, so it never stays there.
-    let (selected, role_fallbacks, disable_reasoning) = if flags.module_swarm {
-        (&esc.module_swarm_default_profile[..], &[][..], true)
-    } else if flags.premium {
-        (
-            &esc.premium_escalation_profile[..],
-            role_fallbacks,
-            role_reasoning_off,
-        )
-    } else if flags.code_heavy {
-        (
-            &esc.code_heavy_profile[..],
-            role_fallbacks,
-            role_reasoning_off,
-        )
-    } else {
-        (preferred, role_fallbacks, role_reasoning_off)
-    };
-    // Keep the first occurrence of each fallback and never fall back to the selected profile.
-    let mut fallbacks: Vec<String> = Vec::with_capacity(role_fallbacks.len());
-    for f in role_fallbacks {
-        if *f != selected && !fallbacks.contains(f) {
-            fallbacks.push(f.clone());
+impl Flags {
+    /// The escalation these flags call for (module swarm beats premium beats code-heavy).
+    fn escalation(self) -> Escalated {
+        if self.module_swarm {
+            Escalated::ModuleSwarm
+        } else if self.premium {
+            Escalated::Premium
+        } else if self.code_heavy {
+            Escalated::CodeHeavy
+        } else {
+            Escalated::No
         }
     }
-    let selected = selected.to_owned();
-    Profile {
-        selected,
-        fallbacks,
-        toolsets,
-        disable_reasoning,
-    }
+}
+
+/// A lane's profile, as the compiled policy resolved it for the role and the escalation.
+fn resolve_profile(role: LaneRole, flags: Flags, policy: &Policy) -> LaneProfile {
+    policy.lane_profile(role, flags.escalation()).clone()
 }
 
 fn lane(
@@ -189,7 +153,7 @@ fn lane_with(
     scope: Vec<String>,
     purpose: impl Into<Cow<'static, str>>,
     runtime_hint: impl Into<Cow<'static, str>>,
-    profile: Profile,
+    profile: LaneProfile,
 ) -> Lane {
     Lane {
         role,
@@ -395,10 +359,10 @@ mod tests {
             ..Flags::default()
         };
         let prof = resolve_profile(LaneRole::Reviewer, flags, &p);
-        assert_eq!(prof.selected, "worker-general-premium");
-        assert_eq!(prof.fallbacks, vec!["default"]);
+        assert_eq!(&*prof.selected, "worker-general-premium");
+        assert_eq!(&prof.fallbacks[..], ["default"]);
         let prof = resolve_profile(LaneRole::RecoveryWorker, Flags::default(), &p);
-        assert_eq!(prof.selected, "default");
+        assert_eq!(&*prof.selected, "default");
         assert!(prof.toolsets.is_empty() && prof.fallbacks.is_empty());
     }
 

@@ -159,6 +159,86 @@ impl Serialize for SharedList {
     }
 }
 
+/// Which escalation rule chose a lane's profile: a module swarm beats premium, premium beats
+/// code-heavy, and code-heavy beats the role's own preferred profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escalated {
+    No,
+    CodeHeavy,
+    Premium,
+    ModuleSwarm,
+}
+
+impl Escalated {
+    pub const ALL: [Escalated; 4] = [
+        Escalated::No,
+        Escalated::CodeHeavy,
+        Escalated::Premium,
+        Escalated::ModuleSwarm,
+    ];
+
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A lane's profile: selected, the fallbacks in order, the role's toolsets, and whether
+/// reasoning is off. Shared by every lane that has it (cloning takes no allocation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneProfile {
+    pub selected: Arc<str>,
+    pub fallbacks: SharedList,
+    pub toolsets: SharedList,
+    pub disable_reasoning: bool,
+}
+
+/// The profile of a lane whose role policy is `rule` (none: the bare default profile) under
+/// the escalation `how`. An escalation puts its profile first among the role's fallbacks; it
+/// is also the one selected, so it never stays there. Each fallback is kept at its first
+/// occurrence, and never the selected profile.
+fn resolve_lane_profile(
+    rule: Option<&RoleRule>,
+    how: Escalated,
+    unknown_role_profile: &str,
+    esc: &Escalation,
+    toolsets: &SharedList,
+) -> LaneProfile {
+    let (preferred, role_fallbacks, role_reasoning_off) = match rule {
+        Some(r) => (
+            r.preferred_profile.as_str(),
+            &r.fallback_profiles[..],
+            r.disable_reasoning,
+        ),
+        None => (unknown_role_profile, &[][..], false),
+    };
+    let (selected, role_fallbacks, disable_reasoning) = match how {
+        Escalated::ModuleSwarm => (&esc.module_swarm_default_profile[..], &[][..], true),
+        Escalated::Premium => (
+            &esc.premium_escalation_profile[..],
+            role_fallbacks,
+            role_reasoning_off,
+        ),
+        Escalated::CodeHeavy => (
+            &esc.code_heavy_profile[..],
+            role_fallbacks,
+            role_reasoning_off,
+        ),
+        Escalated::No => (preferred, role_fallbacks, role_reasoning_off),
+    };
+    let mut fallbacks: Vec<String> = Vec::with_capacity(role_fallbacks.len());
+    for f in role_fallbacks {
+        if *f != selected && !fallbacks.contains(f) {
+            fallbacks.push(f.clone());
+        }
+    }
+    LaneProfile {
+        selected: selected.into(),
+        fallbacks: SharedList::new(fallbacks),
+        toolsets: toolsets.clone(),
+        disable_reasoning,
+    }
+}
+
 /// The `role_rules` entry of a plan (static per policy).
 #[derive(Debug, Clone, Serialize)]
 pub struct RoleRuleView {
@@ -192,8 +272,9 @@ pub struct Policy {
     pub roles: BTreeMap<String, RoleRule>,
     /// Role-policy name for each lane role, indexed by [`LaneRole::index`].
     pub lane_roles: [String; 7],
-    /// Toolsets of each lane role (empty when its role policy is missing).
-    pub lane_toolsets: [SharedList; 7],
+    /// The profile of each lane role under each escalation, indexed by [`LaneRole::index`]
+    /// then [`Escalated::index`]: the same in every plan, so resolved here once.
+    pub lane_profiles: [[LaneProfile; 4]; 7],
     pub unknown_role_profile: String,
     pub escalation: Escalation,
     pub default_workstreams: Vec<String>,
@@ -278,6 +359,11 @@ impl Policy {
     /// The role policy of a lane role, or `None` when the table has no entry for it.
     pub fn role_rule(&self, role: LaneRole) -> Option<&RoleRule> {
         self.roles.get(&self.lane_roles[role.index()])
+    }
+
+    /// The profile a lane of `role` gets under the escalation `how`.
+    pub fn lane_profile(&self, role: LaneRole, how: Escalated) -> &LaneProfile {
+        &self.lane_profiles[role.index()][how.index()]
     }
 }
 
@@ -501,11 +587,20 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
     let profile_mapping_json =
         serde_json::value::to_raw_value(&profile_mapping_view).map_err(encode_err)?;
 
-    let lane_toolsets: [SharedList; 7] = std::array::from_fn(|i| {
-        doc.roles
-            .get(&lane_roles[i])
+    let lane_profiles: [[LaneProfile; 4]; 7] = std::array::from_fn(|i| {
+        let rule = doc.roles.get(&lane_roles[i]);
+        let toolsets = rule
             .map(|r| SharedList::new(r.toolsets.clone()))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        Escalated::ALL.map(|how| {
+            resolve_lane_profile(
+                rule,
+                how,
+                &doc.unknown_role_profile,
+                &doc.escalation,
+                &toolsets,
+            )
+        })
     });
 
     let mut signals = doc.signals;
@@ -546,7 +641,7 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
         phrase_index,
         roles: doc.roles,
         lane_roles,
-        lane_toolsets,
+        lane_profiles,
         unknown_role_profile: doc.unknown_role_profile,
         escalation: doc.escalation,
         default_workstreams: doc.default_workstreams,
@@ -576,6 +671,76 @@ mod tests {
                 .map(|r| r.preferred_profile.as_str()),
             Some("worker-review-premium")
         );
+    }
+
+    /// The table resolved with the policy, for a role whose fallbacks repeat and hold every
+    /// escalation profile: each escalation selects its own profile and drops it from the
+    /// fallbacks, which keep their first order; a role without a policy gets the default.
+    #[test]
+    fn lane_profiles_are_resolved_for_every_role_and_escalation() {
+        let p = Policy::from_yaml_override(
+            "roles:\n  code-worker:\n    preferred_profile: own\n    fallback_profiles: [b, gp, a, b, cw, own]\n    disable_reasoning: true\n    toolsets: [t1]\nescalation:\n  premium_escalation_profile: gp\n  code_heavy_profile: cw\n  module_swarm_default_profile: swarm\n",
+        )
+        .unwrap();
+        let role = LaneRole::ALL
+            .into_iter()
+            .find(|r| p.lane_roles[r.index()] == "code-worker")
+            .unwrap();
+        let got = |how| {
+            let prof = p.lane_profile(role, how);
+            (
+                prof.selected.to_string(),
+                prof.fallbacks.to_vec(),
+                prof.toolsets.to_vec(),
+                prof.disable_reasoning,
+            )
+        };
+        let list = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            got(Escalated::No),
+            (
+                "own".into(),
+                list(&["b", "gp", "a", "cw"]),
+                list(&["t1"]),
+                true
+            )
+        );
+        assert_eq!(
+            got(Escalated::Premium),
+            (
+                "gp".into(),
+                list(&["b", "a", "cw", "own"]),
+                list(&["t1"]),
+                true
+            )
+        );
+        assert_eq!(
+            got(Escalated::CodeHeavy),
+            (
+                "cw".into(),
+                list(&["b", "gp", "a", "own"]),
+                list(&["t1"]),
+                true
+            )
+        );
+        assert_eq!(
+            got(Escalated::ModuleSwarm),
+            ("swarm".into(), vec![], list(&["t1"]), true)
+        );
+        for how in Escalated::ALL {
+            let none = p.lane_profile(LaneRole::RecoveryWorker, how);
+            assert!(none.toolsets.is_empty());
+            if how == Escalated::No {
+                assert_eq!(&*none.selected, p.unknown_role_profile);
+                assert!(none.fallbacks.is_empty() && !none.disable_reasoning);
+            }
+            // The pre-encoded fallbacks are what encoding the list gives.
+            let prof = p.lane_profile(role, how);
+            assert_eq!(
+                prof.fallbacks.json(),
+                serde_json::to_string(&prof.fallbacks.to_vec()).unwrap()
+            );
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use serde_yaml::Value as Yaml;
 
 use super::SelectContext;
 use super::lanes::Lane;
+use super::policy::SharedList;
 use super::vocab::LaneRole;
 
 pub const ENV_ROSTER_PATH: &str = "WORKER_PATTERNS_ROSTER_PATH";
@@ -388,8 +389,8 @@ pub fn apply(
             Some(i) => {
                 used[i] = true;
                 let e = &entries[i];
-                lane.selected_profile = e.id.clone();
-                lane.fallback_profiles.clear();
+                lane.selected_profile = e.id.as_str().into();
+                lane.fallback_profiles = SharedList::default();
                 lane.runtime_hint = format!(
                     "{} Roster worker: {} ({}; role: {}; model: {}).",
                     lane.runtime_hint, e.id, e.name, e.role, e.model
