@@ -5,6 +5,8 @@
 //! `serde_json::Value`, reproducing those coercions, and every failure names its field. The
 //! [`SelectParamsSchema`] struct only describes the canonical shape for JSON Schema consumers.
 
+use std::borrow::Cow;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -52,9 +54,17 @@ impl PatternRequest {
         }
     }
 
-    /// The risk level as every comparison sees it.
-    pub fn risk(&self) -> String {
-        self.risk_level.to_lowercase()
+    /// The risk level as every comparison sees it (lowercased; borrowed when it already is).
+    pub fn risk(&self) -> Cow<'_, str> {
+        let level = &self.risk_level;
+        if level
+            .bytes()
+            .all(|b| b.is_ascii() && !b.is_ascii_uppercase())
+        {
+            Cow::Borrowed(level)
+        } else {
+            Cow::Owned(level.to_lowercase())
+        }
     }
 
     /// Checks that hold however the request was built (params, CLI flags, tests).
@@ -125,51 +135,118 @@ pub fn parse_params(params: &Value) -> Result<SelectParams, PatternError> {
     parse_map(map)
 }
 
+/// The request's fields, found in one pass over its keys (unknown keys are ignored).
+#[derive(Default)]
+struct Fields<'a> {
+    objective: Option<&'a Value>,
+    scopes: Option<&'a Value>,
+    scope: Option<&'a Value>,
+    dependencies: Option<&'a Value>,
+    dependency: Option<&'a Value>,
+    risk_level: Option<&'a Value>,
+    risk: Option<&'a Value>,
+    review_required: Option<&'a Value>,
+    no_review: Option<&'a Value>,
+    tests_required: Option<&'a Value>,
+    variants_requested: Option<&'a Value>,
+    variant_count: Option<&'a Value>,
+    durable: Option<&'a Value>,
+    persistent_workers: Option<&'a Value>,
+    recovery: Option<&'a Value>,
+    max_parallel_lanes: Option<&'a Value>,
+    notes: Option<&'a Value>,
+    note: Option<&'a Value>,
+    output: Option<&'a Value>,
+    roster_path: Option<&'a Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(map: &'a Map<String, Value>) -> Self {
+        let mut f = Fields::default();
+        for (key, value) in map {
+            let slot = match key.as_str() {
+                "objective" => &mut f.objective,
+                "scopes" => &mut f.scopes,
+                "scope" => &mut f.scope,
+                "dependencies" => &mut f.dependencies,
+                "dependency" => &mut f.dependency,
+                "risk_level" => &mut f.risk_level,
+                "risk" => &mut f.risk,
+                "review_required" => &mut f.review_required,
+                "no_review" => &mut f.no_review,
+                "tests_required" => &mut f.tests_required,
+                "variants_requested" => &mut f.variants_requested,
+                "variant_count" => &mut f.variant_count,
+                "durable" => &mut f.durable,
+                "persistent_workers" => &mut f.persistent_workers,
+                "recovery" => &mut f.recovery,
+                "max_parallel_lanes" => &mut f.max_parallel_lanes,
+                "notes" => &mut f.notes,
+                "note" => &mut f.note,
+                "output" => &mut f.output,
+                "roster_path" => &mut f.roster_path,
+                _ => continue,
+            };
+            *slot = Some(value);
+        }
+        f
+    }
+}
+
 fn parse_map(map: &Map<String, Value>) -> Result<SelectParams, PatternError> {
+    let f = Fields::of(map);
     let mut req = PatternRequest::new(String::new());
 
     // A missing objective is treated as blank, and so rejected by `validate`.
-    if let Some(v) = map.get("objective") {
+    if let Some(v) = f.objective {
         req.objective = python_str(v);
     }
-    if let Some((key, v)) = pick(map, "scopes", "scope") {
+    if let Some((key, v)) = pick((f.scopes, "scopes"), (f.scope, "scope")) {
         req.scopes = string_list(key, v)?;
     }
-    if let Some((key, v)) = pick(map, "dependencies", "dependency") {
+    if let Some((key, v)) = pick(
+        (f.dependencies, "dependencies"),
+        (f.dependency, "dependency"),
+    ) {
         req.dependencies = string_list(key, v)?;
     }
-    if let Some((_, v)) = pick(map, "risk_level", "risk").filter(|(_, v)| !v.is_null()) {
+    if let Some((_, v)) =
+        pick((f.risk_level, "risk_level"), (f.risk, "risk")).filter(|(_, v)| !v.is_null())
+    {
         req.risk_level = python_str(v);
     }
-    if let Some(v) = map.get("review_required") {
+    if let Some(v) = f.review_required {
         req.review_required = truthy(v);
     }
     // `no_review` beats `review_required` when both are present.
-    if map.get("no_review").is_some_and(truthy) {
+    if f.no_review.is_some_and(truthy) {
         req.review_required = false;
     }
-    req.tests_required = map.get("tests_required").is_some_and(truthy);
-    if let Some((key, v)) =
-        pick(map, "variants_requested", "variant_count").filter(|(_, v)| !v.is_null())
+    req.tests_required = f.tests_required.is_some_and(truthy);
+    if let Some((key, v)) = pick(
+        (f.variants_requested, "variants_requested"),
+        (f.variant_count, "variant_count"),
+    )
+    .filter(|(_, v)| !v.is_null())
     {
         req.variants_requested = python_int(key, v)?;
     }
-    req.durable = map.get("durable").is_some_and(truthy);
-    req.persistent_workers = map.get("persistent_workers").is_some_and(truthy);
-    req.recovery = map.get("recovery").is_some_and(truthy);
-    if let Some(v) = map.get("max_parallel_lanes").filter(|v| !v.is_null()) {
+    req.durable = f.durable.is_some_and(truthy);
+    req.persistent_workers = f.persistent_workers.is_some_and(truthy);
+    req.recovery = f.recovery.is_some_and(truthy);
+    if let Some(v) = f.max_parallel_lanes.filter(|v| !v.is_null()) {
         req.max_parallel_lanes = python_int("max_parallel_lanes", v)?;
     }
-    if let Some((key, v)) = pick(map, "notes", "note") {
+    if let Some((key, v)) = pick((f.notes, "notes"), (f.note, "note")) {
         req.notes = string_list(key, v)?;
     }
 
-    let output = match map.get("output") {
+    let output = match f.output {
         None | Some(Value::Null) => OutputKind::ExecutionPlan,
         Some(Value::String(s)) => OutputKind::parse(s).ok_or_else(|| bad_output(s))?,
         Some(other) => return Err(bad_output(&python_str(other))),
     };
-    let roster_path = match map.get("roster_path") {
+    let roster_path = match f.roster_path {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.trim().is_empty() => {
             return Err(PatternError::new("roster_path", "must not be blank"));
@@ -202,15 +279,13 @@ fn bad_output(value: &str) -> PatternError {
     )
 }
 
-/// The canonical key if present, else the alias.
+/// The canonical key if present, else the alias (each with its name, for errors).
 fn pick<'a>(
-    map: &'a Map<String, Value>,
-    canonical: &'static str,
-    alias: &'static str,
+    canonical: (Option<&'a Value>, &'static str),
+    alias: (Option<&'a Value>, &'static str),
 ) -> Option<(&'static str, &'a Value)> {
-    map.get(canonical)
-        .map(|v| (canonical, v))
-        .or_else(|| map.get(alias).map(|v| (alias, v)))
+    let named = |(v, name): (Option<&'a Value>, &'static str)| v.map(|v| (name, v));
+    named(canonical).or_else(|| named(alias))
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -495,6 +570,56 @@ mod tests {
         .unwrap();
         assert!(!p.request.review_required);
         assert_eq!(p.request.scopes, vec!["a"]);
+        // Every alias is read when its canonical key is absent, and loses when both are given.
+        let alone = parse_params(
+            &json!({"objective": "x", "scope": ["s"], "dependency": ["d"],
+            "risk": "High", "variant_count": 3, "note": ["n"], "unknown": 1}),
+        )
+        .unwrap()
+        .request;
+        assert_eq!(
+            (&alone.scopes, &alone.dependencies, &alone.notes),
+            (
+                &vec!["s".to_string()],
+                &vec!["d".to_string()],
+                &vec!["n".to_string()]
+            )
+        );
+        assert_eq!((alone.risk(), alone.variants_requested), ("high".into(), 3));
+        let both = parse_params(
+            &json!({"objective": "x", "dependencies": ["D"], "dependency": ["d"],
+            "risk_level": "low", "risk": "high", "variants_requested": 2, "variant_count": 3,
+            "notes": ["N"], "note": ["n"]}),
+        )
+        .unwrap()
+        .request;
+        assert_eq!(
+            (
+                &both.dependencies,
+                &both.notes,
+                both.risk(),
+                both.variants_requested
+            ),
+            (
+                &vec!["D".to_string()],
+                &vec!["N".to_string()],
+                "low".into(),
+                2
+            )
+        );
+        // A null canonical key still hides its alias.
+        let null = parse_params(&json!({"objective": "x", "risk_level": null, "risk": "high"}))
+            .unwrap()
+            .request;
+        assert_eq!(null.risk(), PatternRequest::new("x").risk());
+        assert_eq!(
+            PatternRequest {
+                risk_level: "CRİTICAL".into(),
+                ..PatternRequest::new("x")
+            }
+            .risk(),
+            "CRİTICAL".to_lowercase()
+        );
     }
 
     #[test]
