@@ -876,8 +876,6 @@ mod tests {
         }
     }
 
-    /// Every length around the 16-byte chunks, with a byte to escape at each position (the
-    /// overlapping last chunk must neither repeat nor drop one).
     #[test]
     fn gathering_marks_keeps_each_bytes_mark_at_its_position() {
         for bits in 0..=255u32 {
@@ -904,6 +902,8 @@ mod tests {
         }
     }
 
+    /// Every length around the 16-byte chunks, with a byte to escape at each position (the
+    /// overlapping last chunk must neither repeat nor drop one).
     #[test]
     fn escapes_at_every_position_of_every_short_length() {
         for len in 0..50 {

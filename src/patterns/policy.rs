@@ -141,8 +141,11 @@ impl SharedList {
 }
 
 impl Default for SharedList {
+    /// The empty list, made once and shared.
     fn default() -> Self {
-        SharedList::new(Vec::new())
+        static EMPTY: std::sync::LazyLock<SharedList> =
+            std::sync::LazyLock::new(|| SharedList::new(Vec::new()));
+        EMPTY.clone()
     }
 }
 
@@ -193,9 +196,9 @@ pub struct LaneProfile {
 }
 
 /// The profile of a lane whose role policy is `rule` (none: the bare default profile) under
-/// the escalation `how`. An escalation puts its profile first among the role's fallbacks; it
-/// is also the one selected, so it never stays there. Each fallback is kept at its first
-/// occurrence, and never the selected profile.
+/// the escalation `how`: an escalation selects its own profile (a module swarm also drops the
+/// role's fallbacks and turns reasoning off). Each fallback is kept at its first occurrence,
+/// and never the selected profile.
 fn resolve_lane_profile(
     rule: Option<&RoleRule>,
     how: Escalated,
@@ -727,13 +730,19 @@ mod tests {
             got(Escalated::ModuleSwarm),
             ("swarm".into(), vec![], list(&["t1"]), true)
         );
-        for how in Escalated::ALL {
+        for (how, selected, reasoning_off) in [
+            (Escalated::No, p.unknown_role_profile.as_str(), false),
+            (Escalated::CodeHeavy, "cw", false),
+            (Escalated::Premium, "gp", false),
+            (Escalated::ModuleSwarm, "swarm", true),
+        ] {
+            // A role without a role policy: the default profile, or the escalation's.
             let none = p.lane_profile(LaneRole::RecoveryWorker, how);
-            assert!(none.toolsets.is_empty());
-            if how == Escalated::No {
-                assert_eq!(&*none.selected, p.unknown_role_profile);
-                assert!(none.fallbacks.is_empty() && !none.disable_reasoning);
-            }
+            assert_eq!(
+                (&*none.selected, none.disable_reasoning),
+                (selected, reasoning_off)
+            );
+            assert!(none.toolsets.is_empty() && none.fallbacks.is_empty());
             // The pre-encoded fallbacks are what encoding the list gives.
             let prof = p.lane_profile(role, how);
             assert_eq!(

@@ -614,11 +614,11 @@ mod tests {
         assert_eq!(null.risk(), PatternRequest::new("x").risk());
         assert_eq!(
             PatternRequest {
-                risk_level: "CRİTICAL".into(),
+                risk_level: "crİtical".into(),
                 ..PatternRequest::new("x")
             }
             .risk(),
-            "CRİTICAL".to_lowercase()
+            "crİtical".to_lowercase()
         );
     }
 
