@@ -12,6 +12,9 @@
 //!   block): p50 / p90 / p99 / p99.9 / max. Servers take turns in blocks, so drift of the shared
 //!   machine falls on all of them alike.
 //!
+//! Then what the start-up figures depend on in gaffer's build: how much of `link/startup.order`
+//! the binary still matches, and whether its relative relocations are packed (RELR).
+//!
 //! Run: `cargo bench --bench peers` (asserts nothing).
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -416,6 +419,34 @@ fn main() {
         );
     }
     println!("{}", link_order_coverage());
+    println!("{}", relocation_format());
+}
+
+/// How the measured binary's relative relocations are stored (build.rs packs them as RELR
+/// where the glibc allows): the loader reads all of them at every start.
+fn relocation_format() -> String {
+    let Ok(out) = Command::new("readelf").args(["-d", GAFFER]).output() else {
+        return "relocations: `readelf` not available to check them".into();
+    };
+    let dynamic = String::from_utf8_lossy(&out.stdout);
+    // `0x… (RELASZ)   276240 (bytes)`: the size after the tag.
+    let size_of = |tag: &str| {
+        dynamic.lines().find(|l| l.contains(tag)).and_then(|l| {
+            l.split(tag)
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    let rela = size_of("(RELASZ)").unwrap_or(0);
+    match size_of("(RELRSZ)") {
+        Some(relr) => format!(
+            "relocations: packed as RELR ({relr} bytes, and {rela} bytes of RELA) read at each start"
+        ),
+        None => format!("relocations: RELA only ({rela} bytes read at each start)"),
+    }
 }
 
 /// How much of `link/startup.order` (the start-up functions build.rs asks the linker to lay
