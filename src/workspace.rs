@@ -1820,7 +1820,7 @@ mod tests {
             // Without this, on a loaded machine, the tailer folded b's records first in every
             // attempt. (It may still fold once more after its current sleep.)
             a.stop_tailer.store(true, Ordering::Relaxed);
-            std::thread::sleep(TAIL_INTERVAL * 3);
+            tokio::time::sleep(TAIL_INTERVAL * 3).await;
             let segment = dir.path().join(".gaffer/journal/000001.log");
             let before = std::fs::read(&segment).expect("segment");
             let b = Workspace::open(dir.path()).expect("open b");
