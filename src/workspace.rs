@@ -1862,6 +1862,38 @@ mod tests {
         drop(held);
     }
 
+    /// The same on the path of a journal first read by the fold (this process opened before
+    /// any journal existed): the fold's judgment reads on without the store lock too.
+    #[tokio::test]
+    async fn a_first_fold_read_before_the_anchor_moved_is_judged_without_the_store_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let b = Workspace::open(dir.path()).expect("open b before any journal");
+        b.stop_tailer.store(true, Ordering::Relaxed);
+        tokio::time::sleep(TAIL_INTERVAL * 3).await;
+        assert_eq!(b.standing(), Standing::Empty);
+        let a = Workspace::open(dir.path()).expect("open a");
+        commit_where(&a, 0).await;
+        // b reads a's first batch (its tailer stopped and no read made, nothing else does).
+        let first = lock(&b.shared.io)
+            .store
+            .poll()
+            .expect("b reads a's first batch");
+        assert_eq!(b.journal_head().seq, 2);
+        for n in 1..=3 {
+            commit_where(&a, n).await;
+        }
+        let mut holder = Store::open(b.gaffer_dir()).expect("holder");
+        let held = holder
+            .begin()
+            .expect("the store lock, held by another writer");
+        let mut read_on = Vec::new();
+        let mut io = lock(&b.shared.io);
+        let n = judge_first_journal(&b.shared, &mut io.store, |r| read_on.push(r.seq));
+        assert_eq!(b.standing(), Standing::Intact);
+        assert_eq!((first.len(), n, read_on), (2, 3, vec![3, 4, 5]));
+        drop((held, io));
+    }
+
     /// The agent zeroes batches another process appended (and anchored) before this process
     /// read them: this process's next append lands on them, and must not move the anchor back
     /// below what the other process anchored. The store stands rolled back instead.
