@@ -1130,12 +1130,14 @@ struct Gather {
 
 impl Gather {
     /// Everything queued, and while fewer than the last batch's callers have come back, up to
-    /// one batch's time (at most [`MAX_GATHER`]) for them: one fdatasync then serves them all
-    /// instead of one carrying the first caller and the next the rest, so the wait costs at
-    /// most the fdatasync it saves. One caller at a time (`expect` 1) never waits. `None`
-    /// once the queue is closed and empty.
+    /// two batches' time from the end of the last (their turnaround included) for them, or
+    /// one batch's time from the first that comes back after that, at most [`MAX_GATHER`]:
+    /// one fdatasync then serves them all instead of one carrying the first caller and the
+    /// next the rest, so the wait costs at most the fdatasync it saves. One caller at a time
+    /// (`expect` 1) never waits. `None` once the queue is closed and empty.
     fn take(&self, jobs: &CommitQueue<Job>) -> Option<Vec<Job>> {
-        jobs.take(self.expect, self.took.min(MAX_GATHER), MAX_BATCH)
+        let back = self.took.saturating_mul(2).min(MAX_GATHER);
+        jobs.take(self.expect, (back, self.took.min(MAX_GATHER)), MAX_BATCH)
     }
 }
 

@@ -1,8 +1,8 @@
 //! The queue between committers and the writer thread.
 //!
-//! A committer wakes the writer only when the writer waits for that very job: the first of a
-//! batch, or the one that completes the count a gathering writer waits for. The others join
-//! without a system call. (A std channel wakes its receiver on every send, so a writer
+//! A committer wakes the writer only when the writer waits for that very job: the one that
+//! completes the count a gathering writer waits for, or the first after a pause. The others
+//! join without a system call. (A std channel wakes its receiver on every send, so a writer
 //! gathering eight commits was woken, and parked again, eight times per batch.)
 
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -18,6 +18,8 @@ struct Inner<T> {
     closed: bool,
     /// How many queued items the writer is parked for; 0 while it is not parked.
     waiting_for: usize,
+    /// Wake-ups pushes have made, for tests and diagnostics.
+    wakes: u64,
 }
 
 impl<T> CommitQueue<T> {
@@ -27,6 +29,7 @@ impl<T> CommitQueue<T> {
                 items: Vec::new(),
                 closed: false,
                 waiting_for: 0,
+                wakes: 0,
             }),
             ready: Condvar::new(),
         }
@@ -44,6 +47,7 @@ impl<T> CommitQueue<T> {
         }
         inner.items.push(item);
         let wake = inner.waiting_for != 0 && inner.items.len() >= inner.waiting_for;
+        inner.wakes += u64::from(wake);
         drop(inner);
         if wake {
             self.ready.notify_one();
@@ -70,10 +74,25 @@ impl<T> CommitQueue<T> {
         std::mem::take(&mut inner.items)
     }
 
-    /// Waits for a first item (`None` once closed and empty), then, while fewer than `want`
-    /// are queued, up to `gather` for the rest; returns at most `max`, oldest first.
-    pub(super) fn take(&self, want: usize, gather: Duration, max: usize) -> Option<Vec<T>> {
+    /// Waits for `want` items and returns at most `max`, oldest first (`None` once closed and
+    /// empty). When more than one is wanted (the callers of the last batch, about to come
+    /// back), it waits up to `back` for all of them and is woken only by the push that
+    /// completes the count, not by the first as well: each wake-up is a system call on the
+    /// committer's thread and a cross-CPU interrupt. If none came by then, it waits for a first
+    /// item without limit, then up to `gather` for the rest.
+    pub(super) fn take(
+        &self,
+        want: usize,
+        (back, gather): (Duration, Duration),
+        max: usize,
+    ) -> Option<Vec<T>> {
+        let want = want.min(max);
         let mut inner = self.lock();
+        let mut gathered = false;
+        if want > 1 {
+            inner = self.wait_for(inner, want, back);
+            gathered = !inner.items.is_empty();
+        }
         while inner.items.is_empty() {
             if inner.closed {
                 return None;
@@ -81,25 +100,36 @@ impl<T> CommitQueue<T> {
             inner.waiting_for = 1;
             inner = self.ready.wait(inner).unwrap_or_else(|p| p.into_inner());
         }
-        let want = want.min(max);
-        if inner.items.len() < want && !inner.closed {
-            let until = Instant::now() + gather;
-            inner.waiting_for = want;
-            while inner.items.len() < want && !inner.closed {
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                inner = self
-                    .ready
-                    .wait_timeout(inner, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
+        if !gathered {
+            inner = self.wait_for(inner, want, gather);
         }
         inner.waiting_for = 0;
         let n = inner.items.len().min(max);
         Some(inner.items.drain(..n).collect())
+    }
+
+    /// Waits (parked, `waiting_for` set) until `want` items are queued, the queue closes, or
+    /// `gather` has passed.
+    fn wait_for<'a>(
+        &'a self,
+        mut inner: MutexGuard<'a, Inner<T>>,
+        want: usize,
+        gather: Duration,
+    ) -> MutexGuard<'a, Inner<T>> {
+        let until = Instant::now() + gather;
+        inner.waiting_for = want;
+        while inner.items.len() < want && !inner.closed {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            inner = self
+                .ready
+                .wait_timeout(inner, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        inner
     }
 }
 
@@ -114,10 +144,20 @@ mod tests {
         for i in 0..3 {
             q.push(i).expect("open");
         }
-        assert_eq!(q.take(1, Duration::from_secs(60), 512), Some(vec![0, 1, 2]));
+        assert_eq!(
+            q.take(1, (Duration::from_secs(60), Duration::from_secs(60)), 512),
+            Some(vec![0, 1, 2])
+        );
         q.push(3).expect("open");
         let t = Instant::now();
-        assert_eq!(q.take(3, Duration::from_millis(20), 512), Some(vec![3]));
+        assert_eq!(
+            q.take(
+                3,
+                (Duration::from_millis(20), Duration::from_millis(20)),
+                512
+            ),
+            Some(vec![3])
+        );
         assert!(
             t.elapsed() >= Duration::from_millis(20),
             "it waited for the rest"
@@ -126,11 +166,14 @@ mod tests {
             q.push(i).expect("open");
         }
         assert_eq!(
-            q.take(1, Duration::ZERO, 2),
+            q.take(1, (Duration::ZERO, Duration::ZERO), 2),
             Some(vec![0, 1]),
             "at most max"
         );
-        assert_eq!(q.take(1, Duration::ZERO, 512), Some(vec![2, 3, 4]));
+        assert_eq!(
+            q.take(1, (Duration::ZERO, Duration::ZERO), 512),
+            Some(vec![2, 3, 4])
+        );
     }
 
     #[test]
@@ -148,12 +191,45 @@ mod tests {
         };
         let t = Instant::now();
         // Wants two: woken by the second push, long before the 60 s gather ends.
-        assert_eq!(q.take(2, Duration::from_secs(60), 512), Some(vec![0, 1]));
+        assert_eq!(
+            q.take(2, (Duration::from_secs(60), Duration::from_secs(60)), 512),
+            Some(vec![0, 1])
+        );
         assert!(t.elapsed() < Duration::from_secs(30));
         // Parked for a first item: woken by close, which ends the queue.
-        assert_eq!(q.take(1, Duration::from_secs(60), 512), None);
+        assert_eq!(
+            q.take(1, (Duration::from_secs(60), Duration::from_secs(60)), 512),
+            None
+        );
         assert_eq!(q.push(2), Err(2), "a closed queue refuses");
         pusher.join().expect("pusher");
+    }
+
+    /// The callers of a batch of three come back one by one: the writer, gathering for
+    /// three, is woken once, by the third, not by the first as well.
+    #[test]
+    fn a_writer_gathering_for_several_is_woken_once_by_the_push_completing_the_count() {
+        let q = Arc::new(CommitQueue::new());
+        let taker = {
+            let q = Arc::clone(&q);
+            std::thread::spawn(move || {
+                q.take(3, (Duration::from_secs(30), Duration::from_secs(30)), 512)
+            })
+        };
+        let parked = Instant::now();
+        while q.lock().waiting_for == 0 {
+            assert!(
+                parked.elapsed() < Duration::from_secs(30),
+                "the taker parks"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for i in 0..3 {
+            q.push(i).expect("open");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(taker.join().expect("taker"), Some(vec![0, 1, 2]));
+        assert_eq!(q.lock().wakes, 1, "only the third push woke the writer");
     }
 
     #[test]
@@ -161,6 +237,6 @@ mod tests {
         let q = CommitQueue::new();
         q.push(7).expect("open");
         assert_eq!(q.close_and_drain(), vec![7]);
-        assert_eq!(q.take(1, Duration::ZERO, 512), None);
+        assert_eq!(q.take(1, (Duration::ZERO, Duration::ZERO), 512), None);
     }
 }
