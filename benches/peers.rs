@@ -12,6 +12,9 @@
 //!   block): p50 / p90 / p99 / p99.9 / max. Servers take turns in blocks, so drift of the shared
 //!   machine falls on all of them alike.
 //!
+//! On x86_64 glibc Linux gaffer is also built as a static PIE (README's install line there) and
+//! its startup and idle RSS rows follow the dynamic build's.
+//!
 //! Then what the start-up figures depend on in gaffer's build: how much of `link/startup.order`
 //! the binary still matches, and whether its relative relocations are packed (RELR).
 //!
@@ -280,7 +283,64 @@ fn build_peers() -> Option<PathBuf> {
     }
 }
 
+/// gaffer built as a static PIE, as README's install line for x86_64 glibc Linux builds it
+/// (`-C target-feature=+crt-static`): no dynamic loader runs and no shared library is mapped
+/// at start. Built here like the peers, in its own target directory. `None` elsewhere.
+fn build_static_gaffer() -> Option<PathBuf> {
+    const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+    if !cfg!(all(
+        target_arch = "x86_64",
+        target_os = "linux",
+        target_env = "gnu"
+    )) {
+        return None;
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("static");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("building gaffer as a static PIE ({TRIPLE}) …");
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "--locked",
+            "--bin",
+            "gaffer",
+        ])
+        .args(["--target", TRIPLE, "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(target.join(TRIPLE).join("release/gaffer")),
+        Ok(s) => {
+            println!("static gaffer not built ({s}): its rows are left out");
+            None
+        }
+        Err(e) => {
+            println!("static gaffer not built ({e}): its rows are left out");
+            None
+        }
+    }
+}
+
 fn gaffer(
+    ws: &Path,
+    name: &'static str,
+    flag: &str,
+    handshake: Option<(&'static str, &'static str)>,
+) -> Server {
+    gaffer_at(Path::new(GAFFER), ws, name, flag, handshake)
+}
+
+fn gaffer_at(
+    program: &Path,
     ws: &Path,
     name: &'static str,
     flag: &str,
@@ -293,7 +353,7 @@ fn gaffer(
     };
     Server {
         name,
-        program: PathBuf::from(GAFFER),
+        program: program.to_path_buf(),
         args: vec![
             "--workspace".into(),
             ws.display().to_string(),
@@ -333,6 +393,7 @@ fn main() {
     };
     let ws = tempfile::tempdir().expect("tempdir");
     let peers = build_peers();
+    let static_build = build_static_gaffer();
 
     let g_lsp = gaffer(ws.path(), "gaffer serve --lsp", "--lsp", Some(LSP_INIT));
     let g_mcp = gaffer(ws.path(), "gaffer serve --mcp", "--mcp", Some(MCP_INIT));
@@ -395,7 +456,27 @@ fn main() {
     }
 
     println!("startup: spawn → reply to the first request ({spawns} spawns each, in turns)");
+    let statics = static_build.as_deref().map(|bin| {
+        [
+            gaffer_at(bin, ws.path(), "gaffer static --jsonl", "--jsonl", None),
+            gaffer_at(
+                bin,
+                ws.path(),
+                "gaffer static --lsp",
+                "--lsp",
+                Some(LSP_INIT),
+            ),
+            gaffer_at(
+                bin,
+                ws.path(),
+                "gaffer static --mcp",
+                "--mcp",
+                Some(MCP_INIT),
+            ),
+        ]
+    });
     let mut all: Vec<&Server> = vec![&g_nd, &g_lsp, &g_mcp];
+    all.extend(statics.iter().flatten());
     if let Some((ls, tl, rm)) = &peer_servers {
         all.extend([ls, tl, rm]);
     }
