@@ -26,18 +26,25 @@ run() { # name, serve flag, framing, messages...
   # The sleep keeps stdin open so the idle loops (tailer, forwarder) run before EOF.
   (frames "$wire" "$@"; sleep 1) | valgrind --tool=callgrind --demangle=no --compress-strings=no \
       --dump-instr=no --callgrind-out-file="$out/$name.cg" \
-      target/release/gaffer --workspace "$ws" serve "$flag" >/dev/null 2>"$out/$name.log"
+      "$bin" --workspace "$ws" serve "$flag" >/dev/null 2>"$out/$name.log"
 }
 
-# Symbol names carry a hash of the build's dependency features: `cargo install` builds the
-# binary without dev-dependencies, `cargo bench` with them (into the same
-# target/release/gaffer), so both binaries are recorded.
-for profile in release bench; do
-if [ "$profile" = release ]; then
-  cargo build --release --locked --bin gaffer
-else
-  cargo bench --locked --no-run --bench peers
-fi
+# Symbol names carry a hash of the build's dependency features and target: `cargo install`
+# builds the binary without dev-dependencies, `cargo bench` with them (into the same
+# target/release/gaffer), and README's static install on x86_64 glibc Linux names its target
+# (`cargo bench --bench peers` builds that one into target/static), so all three are recorded.
+triple=x86_64-unknown-linux-gnu
+for profile in release bench static; do
+bin=target/release/gaffer
+case $profile in
+  release) cargo build --release --locked --bin gaffer ;;
+  bench) cargo bench --locked --no-run --bench peers ;;
+  static)
+    [ "$(uname -m)-$(ldd --version 2>&1 | head -1 | grep -c GLIBC)" = x86_64-1 ] || continue
+    RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --bin gaffer \
+      --target "$triple" --target-dir target/static
+    bin=target/static/$triple/release/gaffer ;;
+esac
 run lsp --lsp lsp \
   '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"processId":null,"rootUri":null,"capabilities":{}}}' \
   '{"jsonrpc":"2.0","method":"initialized","params":{}}' \
