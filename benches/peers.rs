@@ -256,15 +256,21 @@ fn idle_rss(s: &Server, warm: &str) -> Option<u64> {
 }
 
 /// Builds the peer servers; `None` (with the reason printed) when they cannot be built here.
-fn build_peers() -> Option<PathBuf> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/Cargo.toml");
+/// `cargo` as this bench was run by, and a directory of the target dir for a build of its own.
+fn cargo_into(sub: &str) -> (Command, PathBuf) {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("peers");
+        .join(sub);
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    (Command::new(cargo), target)
+}
+
+fn build_peers() -> Option<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/Cargo.toml");
+    let (mut cargo, target) = cargo_into("peers");
     eprintln!("building the peer servers (benches/peers) …");
-    let status = Command::new(cargo)
+    let status = cargo
         .args(["build", "--release", "--quiet", "--manifest-path"])
         .arg(&manifest)
         .arg("--target-dir")
@@ -296,13 +302,9 @@ fn build_static_gaffer() -> Option<PathBuf> {
         return None;
     }
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("static");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let (mut cargo, target) = cargo_into("static");
     eprintln!("building gaffer as a static PIE ({TRIPLE}) …");
-    let status = Command::new(cargo)
+    let status = cargo
         .args([
             "build",
             "--release",
