@@ -255,7 +255,6 @@ fn idle_rss(s: &Server, warm: &str) -> Option<u64> {
     c.rss_kib()
 }
 
-/// Builds the peer servers; `None` (with the reason printed) when they cannot be built here.
 /// `cargo` as this bench was run by, and a directory of the target dir for a build of its own.
 fn cargo_into(sub: &str) -> (Command, PathBuf) {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -266,6 +265,7 @@ fn cargo_into(sub: &str) -> (Command, PathBuf) {
     (Command::new(cargo), target)
 }
 
+/// Builds the peer servers; `None` (with the reason printed) when they cannot be built here.
 fn build_peers() -> Option<PathBuf> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/Cargo.toml");
     let (mut cargo, target) = cargo_into("peers");

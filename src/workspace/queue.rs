@@ -18,7 +18,7 @@ struct Inner<T> {
     closed: bool,
     /// How many queued items the writer is parked for; 0 while it is not parked.
     waiting_for: usize,
-    /// Wake-ups pushes have made, for tests and diagnostics.
+    /// Wake-ups pushes have made (tests count them).
     wakes: u64,
 }
 
