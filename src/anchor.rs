@@ -259,10 +259,11 @@ impl Anchor {
         mark: &HeadMark,
         judge: impl FnOnce(&HeadMark) -> Standing,
     ) -> Result<Standing, AnchorError> {
-        let path = self.dir.join("head");
+        // Named only when opened and in errors: built then, not for every append.
+        let path = || self.dir.join("head");
         let mut file = self.head.lock().unwrap_or_else(|p| p.into_inner());
         if file.is_none() {
-            *file = Some(self.open_head(&path)?);
+            *file = Some(self.open_head(&path())?);
         }
         let Some(f) = file.as_ref() else {
             return Ok(Standing::Intact);
@@ -274,7 +275,7 @@ impl Anchor {
                 Ok(0) => break,
                 Ok(n) => read += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_err(&path)(e)),
+                Err(e) => return Err(io_err(&path())(e)),
             }
         }
         if let Some(recorded) = newest_slot(&slots[..read]) {
@@ -285,7 +286,7 @@ impl Anchor {
         }
         let slot = (mark.seq % 2) * SLOT as u64;
         f.write_all_at(&encode_slot(mark), slot)
-            .map_err(io_err(&path))?;
+            .map_err(|e| io_err(&path())(e))?;
         Ok(Standing::Intact)
     }
 

@@ -18,6 +18,7 @@
 //! first record declares a random workspace id ([`Workspace::workspace_id`]) that operator
 //! signatures bind to.
 
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -129,26 +130,27 @@ pub enum Audience {
     Operators,
 }
 
-/// A notification produced by folding a record.
+/// A notification produced by folding a record. Shared, not copied, by every watcher and
+/// subscriber it goes to (a fold's notices reach several of them per commit).
 #[derive(Clone, Debug)]
 pub struct Notice {
-    pub method: String,
-    pub params: Value,
+    pub method: Cow<'static, str>,
+    pub params: Arc<Value>,
     pub audience: Audience,
 }
 
 impl Notice {
-    pub fn everyone(method: &str, params: Value) -> Self {
+    pub fn everyone(method: impl Into<Cow<'static, str>>, params: Value) -> Self {
         Notice {
-            method: method.to_string(),
-            params,
+            method: method.into(),
+            params: Arc::new(params),
             audience: Audience::Everyone,
         }
     }
-    pub fn operators(method: &str, params: Value) -> Self {
+    pub fn operators(method: impl Into<Cow<'static, str>>, params: Value) -> Self {
         Notice {
-            method: method.to_string(),
-            params,
+            method: method.into(),
+            params: Arc::new(params),
             audience: Audience::Operators,
         }
     }
@@ -521,7 +523,7 @@ fn guard_of(
 /// How the journal as read (`view`) stands against the `anchored` head; `snapshot` is the
 /// authenticated snapshot the state starts from (seq, head).
 fn judge_chain(anchored: &HeadMark, view: &ChainView, snapshot: Option<(u64, &str)>) -> Standing {
-    let broken_at = view.status().broken_at.map(|b| b.seq);
+    let broken_at = view.broken_at().map(|b| b.seq);
     crate::anchor::judge(
         anchored,
         view.head().seq,
@@ -894,7 +896,7 @@ impl Workspace {
     /// Whether the hash chain verifies over everything this process has read. While it does
     /// not, no operator signature is taken as authority.
     pub fn chain_ok(&self) -> bool {
-        self.chain_status().broken_at.is_none()
+        self.chain.broken_at().is_none()
     }
 
     /// The workspace id, creating the store (whose first record carries it) if there is none
@@ -1282,8 +1284,11 @@ fn run_batch(
     // holds), stage against the folded state and create the store only if records result.
     // Once the journal exists it stays (the store is never deleted under a running process),
     // so later batches skip the stat.
+    if io.journal_exists {
+        return run_batch_locked(io, shared, jobs, busy);
+    }
     let journal = io.store.dir().join("journal");
-    if io.journal_exists || journal.exists() {
+    if journal.exists() {
         io.journal_exists = true;
         return run_batch_locked(io, shared, jobs, busy);
     }

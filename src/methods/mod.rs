@@ -252,8 +252,8 @@ impl Host for Server {
 
     fn push(n: Notice) -> Push {
         Push {
-            method: n.method,
-            params: n.params,
+            method: n.method.into_owned(),
+            params: Arc::unwrap_or_clone(n.params),
             operators_only: n.audience == Audience::Operators,
         }
     }

@@ -673,6 +673,10 @@ fn subset(
 /// Glob match: `**` spans anything, `**/` also matches no directory at all, `*` spans
 /// anything but `/`, `?` is one character other than `/`.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
+    // Most patterns name one thing exactly (an operation, a kind): nothing to build for them.
+    if !pattern.contains(['*', '?']) {
+        return pattern == text;
+    }
     let p: Vec<char> = pattern.chars().collect();
     let t: Vec<char> = text.chars().collect();
     let mut memo = vec![None; (p.len() + 1) * (t.len() + 1)];
@@ -939,6 +943,12 @@ rules:
         assert!(!glob_match("a?c", "a/c"));
         assert!(glob_match("", ""));
         assert!(!glob_match("", "x"));
+        // Literal patterns (the fast path) match exactly themselves: no prefix, no case.
+        assert!(glob_match("file.write", "file.write"));
+        assert!(!glob_match("file.write", "file.writes"));
+        assert!(!glob_match("file.write", "file.wri"));
+        assert!(!glob_match("File.write", "file.write"));
+        assert!(glob_match("dé/ü", "dé/ü"));
     }
 
     #[test]

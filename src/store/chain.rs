@@ -188,6 +188,11 @@ impl ChainView {
         }
     }
 
+    /// The first broken link read, if any ([`ChainView::status`] without the head's hex).
+    pub fn broken_at(&self) -> Option<ChainBreak> {
+        self.lock().broken_at.clone()
+    }
+
     /// The hash of record `seq` if it is among the [`RECENT_HASHES`] last ones read.
     pub fn hash_at(&self, seq: u64) -> Option<String> {
         self.lock().ring.get(seq).map(|h| h.to_hex())

@@ -566,8 +566,10 @@ impl Store {
     }
 
     fn begin_locking(&mut self, block: bool) -> Result<Option<WriteTxn<'_>>, StoreError> {
-        let lock_path = self.dir.join("lock");
+        // Named only when opened and in errors: built then, not for every commit.
+        let lock_path = |dir: &Path| dir.join("lock");
         if self.lock_file.is_none() {
+            let lock_path = lock_path(&self.dir);
             self.ensure_root()?;
             let file = OpenOptions::new()
                 .read(true)
@@ -580,19 +582,22 @@ impl Store {
         }
         let Some(lock) = self.lock_file.as_ref() else {
             return Err(StoreError::Io {
-                path: lock_path,
+                path: lock_path(&self.dir),
                 source: std::io::Error::other("lock file handle unavailable"),
             });
         };
         if block {
-            lock.lock().map_err(StoreError::io(&lock_path))?;
+            lock.lock().map_err(|source| StoreError::Io {
+                path: lock_path(&self.dir),
+                source,
+            })?;
         } else {
             match lock.try_lock() {
                 Ok(()) => {}
                 Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
                 Err(std::fs::TryLockError::Error(source)) => {
                     return Err(StoreError::Io {
-                        path: lock_path,
+                        path: lock_path(&self.dir),
                         source,
                     });
                 }
@@ -699,18 +704,20 @@ impl Store {
         if self.cursor.offset == 0 {
             return false;
         }
-        let unwritten = match &self.writer {
+        let absent = |next: &Path| matches!(std::fs::symlink_metadata(next), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        match &self.writer {
             Some(w) if w.segment == self.cursor.segment => {
-                segment::unwritten_at(&w.file, self.cursor.offset)
+                segment::unwritten_at(&w.file, self.cursor.offset) && absent(&w.next)
             }
-            _ => File::open(segment::segment_path(&self.journal, self.cursor.segment))
-                .is_ok_and(|f| segment::unwritten_at(&f, self.cursor.offset)),
-        };
-        if !unwritten {
-            return false;
+            _ => {
+                File::open(segment::segment_path(&self.journal, self.cursor.segment))
+                    .is_ok_and(|f| segment::unwritten_at(&f, self.cursor.offset))
+                    && absent(&segment::segment_path(
+                        &self.journal,
+                        self.cursor.segment + 1,
+                    ))
+            }
         }
-        let next = segment::segment_path(&self.journal, self.cursor.segment + 1);
-        matches!(std::fs::symlink_metadata(next), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
     }
 
     /// Writes `snap` (whose seq must be the journal's last) and rotates the journal. Takes the
@@ -908,6 +915,8 @@ struct SegmentWriter {
     file: File,
     /// The file's length as this handle last set or saw it.
     allocated: u64,
+    /// The segment after this one, whose absence `nothing_new` checks before every append.
+    next: PathBuf,
 }
 
 impl SegmentWriter {
@@ -919,10 +928,12 @@ impl SegmentWriter {
             .open(path)
             .map_err(StoreError::io(path))?;
         let allocated = file.metadata().map_err(StoreError::io(path))?.len();
+        let next = path.with_file_name(segment::segment_name(segment + 1));
         Ok(SegmentWriter {
             segment,
             file,
             allocated,
+            next,
         })
     }
 
@@ -995,9 +1006,12 @@ impl WriteTxn<'_> {
     /// once they are durable. The batch is atomic: readers see all of it or none, also after
     /// a crash. A failed write is truncated away before the error is returned.
     pub fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
-        let path = segment::segment_path(&self.store.journal, self.store.cursor.segment);
+        // Named only in errors: built then, not for every append.
+        let path = |store: &Store| segment::segment_path(&store.journal, store.cursor.segment);
         if self.poisoned {
-            return Err(StoreError::Poisoned { segment: path });
+            return Err(StoreError::Poisoned {
+                segment: path(self.store),
+            });
         }
         let Some(last) = records.last() else {
             return Ok(());
@@ -1027,7 +1041,10 @@ impl WriteTxn<'_> {
                 self.poisoned = true;
                 self.store.writer = None;
             }
-            return Err(StoreError::Io { path, source });
+            return Err(StoreError::Io {
+                path: path(self.store),
+                source,
+            });
         }
         self.store.cursor.offset = offset + buf.len() as u64;
         let mut log = ChainLog::default();

@@ -702,7 +702,7 @@ impl WorkerRuntime {
 
     /// Reacts to a folded notice: input or a stop request for a worker this process holds.
     fn on_notice(&self, n: &Notice) {
-        if n.method != CHANGED_NOTIFICATION {
+        if &*n.method != CHANGED_NOTIFICATION {
             return;
         }
         let Some(id) = n.params.get("worker_id").and_then(|v| v.as_str()) else {

@@ -210,7 +210,7 @@ impl WorkerState {
         out: &mut Vec<crate::workspace::Notice>,
     ) {
         for (method, params) in self.apply_record(&rec.kind, rec.seq, rec.time_ms, &*rec.payload) {
-            out.push(crate::workspace::Notice::everyone(&method, params));
+            out.push(crate::workspace::Notice::everyone(method, params));
         }
     }
 

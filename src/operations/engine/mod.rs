@@ -482,7 +482,7 @@ impl OperationRuntime {
         }
         let watched = id.to_string();
         let mut rx = self.ws.watch(move |n| {
-            n.method == NOTICE_CHANGED
+            &*n.method == NOTICE_CHANGED
                 && n.params.get("id").and_then(Value::as_str) == Some(watched.as_str())
         });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds);

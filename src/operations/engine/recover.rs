@@ -26,7 +26,7 @@ impl OperationRuntime {
             // Woken only by what can start a drive or bring a deadline nearer: a request
             // or an approval (not by executions starting and ending).
             let mut rx = me.ws.watch(|n| {
-                n.method == NOTICE_CHANGED
+                &*n.method == NOTICE_CHANGED
                     && matches!(
                         n.params.get("state").and_then(Value::as_str),
                         Some("pending" | "approved")
@@ -50,13 +50,25 @@ impl OperationRuntime {
                     tokio::select! {
                         n = rx.recv() => match n {
                             Some(n) => {
-                                let state = n.params.get("state").and_then(Value::as_str);
-                                if state == Some("approved")
-                                    && let Some(id) = n.params.get("id").and_then(Value::as_str)
-                                {
+                                let approved = n
+                                    .params
+                                    .get("state")
+                                    .and_then(Value::as_str)
+                                    .filter(|s| *s == "approved")
+                                    .and_then(|_| n.params.get("id").and_then(Value::as_str));
+                                // One claimed in the commit that approved it is executing by
+                                // now: only one still approved needs a drive (which would
+                                // find the same and stop, having cost a task).
+                                let (now_next, drive) = me.ws.read(|s| {
+                                    let ops = &s.operations;
+                                    let still = |id: &&str| {
+                                        ops.get(id).is_some_and(|op| op.state == OpState::Approved)
+                                    };
+                                    (next_deadline(ops), approved.filter(still))
+                                });
+                                if let Some(id) = drive {
                                     me.spawn_drive(id.to_string());
                                 }
-                                let now_next = me.ws.read(|s| next_deadline(&s.operations));
                                 let nearer = match (now_next, next) {
                                     (Some(a), Some(b)) => a < b,
                                     (a, b) => a.is_some() && b.is_none(),
