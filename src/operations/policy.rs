@@ -673,9 +673,13 @@ fn subset(
 /// Glob match: `**` spans anything, `**/` also matches no directory at all, `*` spans
 /// anything but `/`, `?` is one character other than `/`.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
-    // Most patterns name one thing exactly (an operation, a kind): nothing to build for them.
-    if !pattern.contains(['*', '?']) {
-        return pattern == text;
+    // Most patterns name one thing exactly (an operation, a kind) or anything: nothing to
+    // build for them.
+    match pattern {
+        "**" => return true,
+        "*" => return !text.contains('/'),
+        _ if !pattern.contains(['*', '?']) => return pattern == text,
+        _ => {}
     }
     let p: Vec<char> = pattern.chars().collect();
     let t: Vec<char> = text.chars().collect();
@@ -949,6 +953,10 @@ rules:
         assert!(!glob_match("file.write", "file.wri"));
         assert!(!glob_match("File.write", "file.write"));
         assert!(glob_match("dé/ü", "dé/ü"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("*", "a/b"));
+        assert!(glob_match("**", "a/b"));
+        assert!(glob_match("**", ""));
     }
 
     #[test]

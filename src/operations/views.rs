@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::adapter::Presentation;
 use super::lifecycle::OpState;
 use super::policy::{Classification, GrantMode};
-use super::state::{Approval, ApprovalStatus, OpFailure, Operation, UseState};
+use super::state::{Approval, ApprovalStatus, OpFailure, Operation, Transitioned, UseState};
 
 /// A plan as its adapter presents it, decoded from the digest-checked plan text.
 #[derive(Debug, Clone)]
@@ -50,6 +50,36 @@ pub struct OperationView {
 
 impl OperationView {
     pub fn of(op: &Operation) -> OperationView {
+        Self::at(
+            op,
+            op.state,
+            op.revision,
+            op.updated_at_ms,
+            op.terminal_at_ms,
+            None,
+        )
+    }
+
+    /// `op` as it reads once `t` is folded into it (the fold's own rules for these fields),
+    /// without a copy of the operation to fold it into.
+    pub fn after(op: &Operation, t: &Transitioned) -> OperationView {
+        let updated = t.at_ms.max(op.updated_at_ms);
+        let terminal = if t.to.is_terminal() {
+            Some(updated)
+        } else {
+            op.terminal_at_ms
+        };
+        Self::at(op, t.to, t.revision, updated, terminal, t.error.as_ref())
+    }
+
+    fn at(
+        op: &Operation,
+        state: OpState,
+        revision: u64,
+        updated_at_ms: u64,
+        terminal_at_ms: Option<u64>,
+        error: Option<&OpFailure>,
+    ) -> OperationView {
         OperationView {
             id: op.id.clone(),
             client_id: op.client_id.clone(),
@@ -58,17 +88,17 @@ impl OperationView {
             target: op.target.clone(),
             arguments: op.arguments.clone(),
             reason: op.reason.clone(),
-            state: op.state,
-            revision: op.revision,
+            state,
+            revision,
             approval_id: op.approval_id.clone(),
             created_at: rfc3339(op.created_at_ms),
-            updated_at: rfc3339(op.updated_at_ms),
-            terminal_at: op.terminal_at_ms.map(rfc3339),
+            updated_at: rfc3339(updated_at_ms),
+            terminal_at: terminal_at_ms.map(rfc3339),
             presentation: op.presentation.clone(),
             plan_digest: op.plan_digest.clone(),
             result: op.result.clone(),
             upstream_status: op.upstream_status,
-            error: op.error.clone(),
+            error: error.or(op.error.as_ref()).cloned(),
         }
     }
 }

@@ -545,7 +545,7 @@ impl OperationRuntime {
                 let t = transition(op, OpState::Canceled, now)
                     .error(codes::CANCELED, "the requester canceled the operation")
                     .approval(change);
-                let view = view_after(op, &t);
+                let view = OperationView::after(op, &t);
                 Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], view))
             })
             .await
@@ -587,18 +587,4 @@ impl Transitioned {
         self.approval = change;
         self
     }
-}
-
-fn view_after(op: &Operation, t: &Transitioned) -> OperationView {
-    let mut o = op.clone();
-    o.state = t.to;
-    o.revision = t.revision;
-    o.updated_at_ms = t.at_ms.max(o.updated_at_ms);
-    if t.error.is_some() {
-        o.error = t.error.clone();
-    }
-    if t.to.is_terminal() {
-        o.terminal_at_ms = Some(o.updated_at_ms);
-    }
-    OperationView::of(&o)
 }

@@ -240,7 +240,7 @@ impl OperationRuntime {
                 });
             }
             let view = match &follow {
-                Some(t) => view_after(&op, t),
+                Some(t) => OperationView::after(&op, t),
                 None => OperationView::of(&op),
             };
             let mut recs = vec![typed_rec(
