@@ -553,12 +553,34 @@ fn slot_body(mark: &HeadMark) -> String {
     format!("{:020} {}", mark.seq, mark.hash)
 }
 
+/// `{seq:020} {hash} {crc32 of what precedes:08x}\n`, padded with spaces to [`SLOT`] bytes
+/// (cut there if longer). Written in place, as every append writes one.
 fn encode_slot(mark: &HeadMark) -> [u8; SLOT] {
-    let body = slot_body(mark);
-    let line = format!("{body} {:08x}\n", crc32fast::hash(body.as_bytes()));
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [b' '; SLOT];
-    let n = line.len().min(SLOT);
-    out[..n].copy_from_slice(&line.as_bytes()[..n]);
+    let body = 20 + 1 + mark.hash.len();
+    if body + 10 > SLOT {
+        // No head this long is ever written; cut as the formatted line would be.
+        let line = format!(
+            "{} {:08x}\n",
+            slot_body(mark),
+            crc32fast::hash(slot_body(mark).as_bytes())
+        );
+        let n = line.len().min(SLOT);
+        out[..n].copy_from_slice(&line.as_bytes()[..n]);
+        return out;
+    }
+    let mut seq = mark.seq;
+    for digit in out[..20].iter_mut().rev() {
+        *digit = b'0' + (seq % 10) as u8;
+        seq /= 10;
+    }
+    out[21..body].copy_from_slice(mark.hash.as_bytes());
+    let crc = crc32fast::hash(&out[..body]);
+    for (k, digit) in out[body + 1..body + 9].iter_mut().enumerate() {
+        *digit = HEX[(crc >> (28 - 4 * k) & 0xf) as usize];
+    }
+    out[body + 9] = b'\n';
     out
 }
 
@@ -639,6 +661,26 @@ mod tests {
         HeadMark {
             seq,
             hash: c.to_string().repeat(64),
+        }
+    }
+
+    /// The slot written in place is, byte for byte, the line as formatted (the form every
+    /// head file already holds), for any seq and for heads too long for a slot.
+    #[test]
+    fn a_slot_is_the_formatted_line_padded() {
+        for (seq, hash) in [
+            (0, "a".repeat(64)),
+            (42, "0123456789abcdef".repeat(4)),
+            (u64::MAX, "f".repeat(64)),
+            (7, "b".repeat(200)),
+        ] {
+            let m = HeadMark { seq, hash };
+            let body = slot_body(&m);
+            let line = format!("{body} {:08x}\n", crc32fast::hash(body.as_bytes()));
+            let mut want = [b' '; SLOT];
+            let n = line.len().min(SLOT);
+            want[..n].copy_from_slice(&line.as_bytes()[..n]);
+            assert_eq!(encode_slot(&m), want, "seq {seq}");
         }
     }
 

@@ -237,6 +237,8 @@ pub struct OperationRuntime {
     vouched: Mutex<HashSet<String>>,
     submit_locks: Mutex<HashMap<SubmitKey, Weak<tokio::sync::Mutex<()>>>>,
     policy_cache: Mutex<Option<(PolicyStamp, Arc<Policy>)>>,
+    /// `.gaffer/policy.yaml`, stamped before every submission.
+    policy_path: std::path::PathBuf,
     /// Whether `providers.yaml` was trusted when this process loaded its providers.
     providers_trust: std::sync::OnceLock<TrustStatus>,
     /// Only a serving process executes; one-shot CLI processes leave approved work to it.
@@ -278,8 +280,10 @@ impl OperationRuntime {
         config: RuntimeConfig,
         executor: String,
     ) -> Arc<OperationRuntime> {
+        let policy_path = ws.gaffer_dir().join(super::policy::POLICY_FILE);
         Arc::new_cyclic(|me| OperationRuntime {
             ws,
+            policy_path,
             registry,
             config,
             executor,
@@ -391,7 +395,7 @@ impl OperationRuntime {
         let trust_seq = self.ws.read(|s| s.trust.last_seq);
         let stamp: PolicyStamp = (
             trust_seq,
-            file_stamp(&self.ws.gaffer_dir().join(super::policy::POLICY_FILE)),
+            file_stamp(&self.policy_path),
             key.clone(),
         );
         let mut cache = self.policy_cache.lock().unwrap_or_else(|p| p.into_inner());
