@@ -561,11 +561,8 @@ fn encode_slot(mark: &HeadMark) -> [u8; SLOT] {
     let body = 20 + 1 + mark.hash.len();
     if body + 10 > SLOT {
         // No head this long is ever written; cut as the formatted line would be.
-        let line = format!(
-            "{} {:08x}\n",
-            slot_body(mark),
-            crc32fast::hash(slot_body(mark).as_bytes())
-        );
+        let text = slot_body(mark);
+        let line = format!("{text} {:08x}\n", crc32fast::hash(text.as_bytes()));
         let n = line.len().min(SLOT);
         out[..n].copy_from_slice(&line.as_bytes()[..n]);
         return out;

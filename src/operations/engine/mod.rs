@@ -393,11 +393,7 @@ impl OperationRuntime {
     fn authority(&self) -> Authority {
         let key = crate::operator::current_public();
         let trust_seq = self.ws.read(|s| s.trust.last_seq);
-        let stamp: PolicyStamp = (
-            trust_seq,
-            file_stamp(&self.policy_path),
-            key.clone(),
-        );
+        let stamp: PolicyStamp = (trust_seq, file_stamp(&self.policy_path), key.clone());
         let mut cache = self.policy_cache.lock().unwrap_or_else(|p| p.into_inner());
         let policy = match cache.as_ref() {
             Some((cached, p)) if *cached == stamp => Arc::clone(p),
