@@ -891,7 +891,10 @@ impl<H: Host> Conn<H> {
                 match result {
                     Ok(raw) => {
                         let text = raw.get();
-                        reply_ok_writing(&id, 2 * text.len() + 112, |out| {
+                        // The text twice, once escaped (JSON text grows by about a tenth:
+                        // its quotes), so that the reply is written without a reallocation.
+                        let size = 2 * text.len() + text.len() / 4 + 112;
+                        reply_ok_writing(&id, size, |out| {
                             write_tool_result(out, text, wrap, stateless_result)
                         })
                     }
