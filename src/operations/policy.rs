@@ -676,11 +676,15 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     // Most patterns name one thing exactly (an operation, a kind) or anything: nothing to
     // build for them.
     match pattern {
-        "**" => return true,
-        "*" => return !text.contains('/'),
-        _ if !pattern.contains(['*', '?']) => return pattern == text,
-        _ => {}
+        "**" => true,
+        "*" => !text.contains('/'),
+        _ if !pattern.contains(['*', '?']) => pattern == text,
+        _ => glob_match_general(pattern, text),
     }
+}
+
+/// [`glob_match`] for any pattern: the memoized matcher the fast paths must agree with.
+fn glob_match_general(pattern: &str, text: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let t: Vec<char> = text.chars().collect();
     let mut memo = vec![None; (p.len() + 1) * (t.len() + 1)];
@@ -930,6 +934,22 @@ rules:
         assert_eq!(off.into_untrusted().sandbox, Setting::Required);
         let e = parse("sandbox: maybe\n").unwrap_err();
         assert_eq!(e.key, "sandbox", "{e}");
+    }
+
+    proptest::proptest! {
+        /// The fast paths (literal, `*`, `**`) decide as the general matcher does, for
+        /// patterns and texts over an alphabet dense in `/`, `*`, `?` and non-ASCII.
+        #[test]
+        fn glob_fast_paths_agree_with_the_general_matcher(
+            pattern in "[a/*?é.]{0,6}",
+            text in "[a/é.]{0,8}",
+        ) {
+            proptest::prop_assert_eq!(
+                glob_match(&pattern, &text),
+                glob_match_general(&pattern, &text),
+                "pattern {:?} text {:?}", pattern, text
+            );
+        }
     }
 
     #[test]
