@@ -548,7 +548,7 @@ impl Store {
     /// writer. Blocks while another writer holds the lock. The lock file handle is kept open
     /// for later transactions, so do not delete the store directory under a running process.
     pub fn begin(&mut self) -> Result<WriteTxn<'_>, StoreError> {
-        let lock_path = self.dir.join("lock");
+        let lock_path = self.lock_path();
         match self.begin_locking(true)? {
             Some(txn) => Ok(txn),
             // A blocking lock either succeeds or fails; it never reports "busy".
@@ -565,11 +565,14 @@ impl Store {
         self.begin_locking(false)
     }
 
+    /// The lock file's path: built when it is opened or an error names it, not per commit.
+    fn lock_path(&self) -> PathBuf {
+        self.dir.join("lock")
+    }
+
     fn begin_locking(&mut self, block: bool) -> Result<Option<WriteTxn<'_>>, StoreError> {
-        // Named only when opened and in errors: built then, not for every commit.
-        let lock_path = |dir: &Path| dir.join("lock");
         if self.lock_file.is_none() {
-            let lock_path = lock_path(&self.dir);
+            let lock_path = self.lock_path();
             self.ensure_root()?;
             let file = OpenOptions::new()
                 .read(true)
@@ -582,13 +585,13 @@ impl Store {
         }
         let Some(lock) = self.lock_file.as_ref() else {
             return Err(StoreError::Io {
-                path: lock_path(&self.dir),
+                path: self.lock_path(),
                 source: std::io::Error::other("lock file handle unavailable"),
             });
         };
         if block {
             lock.lock().map_err(|source| StoreError::Io {
-                path: lock_path(&self.dir),
+                path: self.lock_path(),
                 source,
             })?;
         } else {
@@ -597,7 +600,7 @@ impl Store {
                 Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
                 Err(std::fs::TryLockError::Error(source)) => {
                     return Err(StoreError::Io {
-                        path: lock_path(&self.dir),
+                        path: self.lock_path(),
                         source,
                     });
                 }
