@@ -908,15 +908,18 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let n = if quick { 200 } else { 2000 };
     // The runtime `gaffer serve` runs on (one thread for every task, beside the writer
-    // thread); `--multi-thread` puts the tasks on two workers instead.
+    // thread, writing queued commits itself when it would park); `--multi-thread` puts the
+    // tasks on two workers instead.
     let rt = if std::env::args().any(|a| a == "--multi-thread") {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
+            .on_thread_park(gaffer::workspace::write_queued_commits)
             .build()
     } else {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .on_thread_park(gaffer::workspace::write_queued_commits)
             .build()
     }
     .expect("runtime");

@@ -60,6 +60,7 @@ fn main() -> ExitCode {
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(gaffer::workspace::write_queued_commits)
         .build()
     {
         Ok(rt) => rt,

@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 
 use crate::fanout::{Fanout, Subscription};
 
+mod idle;
 mod queue;
 
 use crate::anchor::{Anchor, HeadMark, Standing};
@@ -38,6 +39,8 @@ pub use crate::store::Record;
 use crate::store::{
     ChainStatus, ChainView, Head, RawSnapshot, SnapshotMark, SnapshotTarget, Store, StoreError,
 };
+use idle::IdleWriter;
+pub use idle::write_queued_commits;
 use queue::CommitQueue;
 
 /// Write a snapshot after this many records since the last one, so opening stays fast.
@@ -310,6 +313,8 @@ pub struct Workspace {
     stop_tailer: Arc<std::sync::atomic::AtomicBool>,
     /// Shared with the store (kept across a reload), so chain queries never wait for a commit.
     chain: ChainView,
+    /// Writes this workspace's commits on the thread that made them (see [`idle`]).
+    idle: Arc<IdleWriter>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -680,6 +685,12 @@ impl Workspace {
                 })
                 .map_err(spawn_err)?;
         }
+        let idle = Arc::new(IdleWriter {
+            shared: Arc::clone(&shared),
+            jobs: Arc::clone(&jobs),
+            dir: gaffer_dir.clone(),
+            chain: chain.clone(),
+        });
         Ok(Arc::new(Workspace {
             root,
             gaffer_dir,
@@ -687,6 +698,7 @@ impl Workspace {
             jobs,
             stop_tailer,
             chain,
+            idle,
         }))
     }
 
@@ -805,10 +817,21 @@ impl Workspace {
             // one thread they could not while this one writes): alone still, it writes here.
             tokio::task::yield_now().await;
         }
+        let gone = |_| CommitError::Store(WorkspaceError::WriterGone);
+        let mut rx = rx;
         if let Some(job) = self.commit_here(job) {
-            self.jobs
-                .push(job)
-                .map_err(|_| CommitError::Store(WorkspaceError::WriterGone))?;
+            if idle::writes_when_idle() {
+                self.idle.defer(job).map_err(gone)?;
+                // The runtime writes it when it parks; one that stays busy leaves it to the
+                // writer.
+                if let Ok(answer) = tokio::time::timeout(idle::IDLE_WAIT, &mut rx).await {
+                    return answer
+                        .unwrap_or(Err(CommitError::Store(WorkspaceError::CommitPanicked)));
+                }
+                self.jobs.kick();
+            } else {
+                self.jobs.push(job).map_err(gone)?;
+            }
         }
         rx.await
             .unwrap_or(Err(CommitError::Store(WorkspaceError::CommitPanicked)))
@@ -1640,6 +1663,83 @@ mod tests {
             ws.syncs() - syncs
         );
         assert_eq!(ws.seq(), base + 8);
+    }
+
+    /// A current-thread runtime that writes its queued commits when it goes idle, as
+    /// `gaffer serve` runs.
+    fn idle_writing_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(write_queued_commits)
+            .build()
+            .expect("runtime")
+    }
+
+    /// Commits that contend on such a runtime are written by its own thread, once every task
+    /// waits, as one batch: no hand-off to the writer and back.
+    #[test]
+    fn contending_commits_are_one_batch_written_by_their_runtime_when_it_goes_idle() {
+        idle_writing_runtime().block_on(async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let ws = Workspace::open(dir.path()).expect("open");
+            commit_where(&ws, 0).await;
+            let here = std::thread::current().id();
+            // The writer or the tailer may hold the store at the moment the runtime parks;
+            // then the writer takes the batch, as designed. So: one round of several.
+            for round in 0..50u64 {
+                let syncs = ws.syncs();
+                let base = ws.seq();
+                let tasks: Vec<_> = (0..8u64)
+                    .map(|n| {
+                        let ws = Arc::clone(&ws);
+                        tokio::spawn(async move { commit_where(&ws, 100 * round + n).await })
+                    })
+                    .collect();
+                let mut ran_here = 0;
+                for t in tasks {
+                    ran_here += usize::from(t.await.expect("join") == here);
+                }
+                assert_eq!(ws.seq(), base + 8);
+                if ran_here == 8 && ws.syncs() - syncs == 1 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            panic!("no 8 contending commits were one batch written by their runtime's thread");
+        });
+    }
+
+    /// A runtime that never goes idle does not hold its commits back: after `IDLE_WAIT` each
+    /// wakes the writer, which writes them while the runtime is still busy.
+    #[test]
+    fn a_runtime_that_stays_busy_leaves_its_queued_commits_to_the_writer() {
+        idle_writing_runtime().block_on(async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let ws = Workspace::open(dir.path()).expect("open");
+            // Its wait lets the runtime park once, which turns idle writing on here.
+            commit_where(&ws, 0).await;
+            let here = std::thread::current().id();
+            let tasks: Vec<_> = (1..=2u64)
+                .map(|n| {
+                    let ws = Arc::clone(&ws);
+                    tokio::spawn(async move { commit_where(&ws, n).await })
+                })
+                .collect();
+            // Busy: a yielding task keeps a current-thread runtime from parking.
+            let busy = Instant::now();
+            while !tasks.iter().all(|t| t.is_finished()) {
+                assert!(
+                    busy.elapsed() < Duration::from_secs(30),
+                    "the queued commits waited for a runtime that never went idle"
+                );
+                std::thread::sleep(Duration::from_micros(200));
+                tokio::task::yield_now().await;
+            }
+            for t in tasks {
+                assert_ne!(t.await.expect("join"), here, "the writer wrote them");
+            }
+            assert_eq!(ws.seq(), 4);
+        });
     }
 
     /// A lone commit never waits on this thread for another process's store lock: while one

@@ -55,6 +55,35 @@ impl<T> CommitQueue<T> {
         Ok(())
     }
 
+    /// Queues `item` without waking the writer, even one parked for it: the caller's thread
+    /// writes it when its runtime goes idle (see `Workspace::commit`), or calls [`Self::kick`].
+    pub(super) fn push_quiet(&self, item: T) -> Result<(), T> {
+        let mut inner = self.lock();
+        if inner.closed {
+            return Err(item);
+        }
+        inner.items.push(item);
+        Ok(())
+    }
+
+    /// Wakes a parked writer if anything is queued: whoever deferred it cannot write it.
+    pub(super) fn kick(&self) {
+        let mut inner = self.lock();
+        let wake = inner.waiting_for != 0 && !inner.items.is_empty();
+        inner.wakes += u64::from(wake);
+        drop(inner);
+        if wake {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Up to `max` queued items, oldest first, without waiting (none: empty).
+    pub(super) fn take_now(&self, max: usize) -> Vec<T> {
+        let mut inner = self.lock();
+        let n = inner.items.len().min(max);
+        inner.items.drain(..n).collect()
+    }
+
     /// Nothing is queued (an instant's answer: a push may follow at once).
     pub(super) fn is_empty(&self) -> bool {
         self.lock().items.is_empty()

@@ -1,0 +1,89 @@
+//! Commits written by the runtime thread that made them, once that runtime has nothing else
+//! to run.
+//!
+//! A commit handed to the writer thread costs two cross-thread wake-ups: the writer's, and
+//! then one per answered task on the committer's runtime (tokio wakes a runtime from another
+//! thread with an eventfd write each time; on a VM, a halted CPU takes an interrupt). When
+//! every task of a runtime waits for a commit, as the clients of a batch do, the runtime has
+//! nothing to overlap with the batch's I/O: its own thread writes the batch just before it
+//! would park, and the answers wake their tasks on that same thread, with no system call.
+//!
+//! A runtime opts in by calling [`write_queued_commits`] from tokio's `on_thread_park`. On its
+//! threads, a commit that cannot be written at once is queued without waking the writer; if
+//! the runtime stays busy for [`IDLE_WAIT`], the commit wakes the writer itself.
+
+use std::cell::{Cell, RefCell};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::queue::CommitQueue;
+use super::{Job, MAX_BATCH, Shared, try_lock, write_batch};
+use crate::store::ChainView;
+
+/// Longest a deferred commit waits for its runtime to go idle before the writer takes it.
+pub(super) const IDLE_WAIT: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// This thread's runtime calls [`write_queued_commits`] before it parks.
+    static WRITES_WHEN_IDLE: Cell<bool> = const { Cell::new(false) };
+    /// Workspaces holding commits this thread deferred, written when its runtime parks.
+    static PENDING: RefCell<Vec<Arc<IdleWriter>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Writes the commits this thread's tasks queued, each workspace's as one batch. Install it
+/// with `tokio::runtime::Builder::on_thread_park`, on a runtime whose time driver is enabled
+/// (a deferred commit times its wait for it). The answered tasks are scheduled on this
+/// thread, so the runtime runs them instead of parking.
+pub fn write_queued_commits() {
+    WRITES_WHEN_IDLE.set(true);
+    for writer in PENDING.take() {
+        writer.write();
+    }
+}
+
+/// Whether commits made on this thread may wait for its runtime to go idle.
+pub(super) fn writes_when_idle() -> bool {
+    WRITES_WHEN_IDLE.get()
+}
+
+/// What a runtime thread needs to write one workspace's queued commits itself.
+pub(super) struct IdleWriter {
+    pub(super) shared: Arc<Shared>,
+    pub(super) jobs: Arc<CommitQueue<Job>>,
+    pub(super) dir: PathBuf,
+    pub(super) chain: ChainView,
+}
+
+impl IdleWriter {
+    /// Queues `job` for this thread to write when its runtime parks (hands it back when the
+    /// queue is closed).
+    pub(super) fn defer(self: &Arc<Self>, job: Job) -> Result<(), Job> {
+        self.jobs.push_quiet(job)?;
+        PENDING.with_borrow_mut(|pending| {
+            if !pending.iter().any(|w| Arc::ptr_eq(w, self)) {
+                pending.push(Arc::clone(self));
+            }
+        });
+        Ok(())
+    }
+
+    /// Writes what is queued as one batch (at most [`MAX_BATCH`]). Whatever this thread
+    /// cannot write without waiting goes to the writer, which is woken for it: the store held
+    /// by the writer, the tailer or another process, a journal not created yet (that waits
+    /// for the workspace root's lock), or more than a batch.
+    fn write(&self) {
+        if let Some(mut io) = try_lock(&self.shared.io)
+            && io.journal_exists
+        {
+            let jobs = self.jobs.take_now(MAX_BATCH);
+            if !jobs.is_empty() {
+                self.shared.last_batch.store(jobs.len(), Ordering::Relaxed);
+                let at = (self.dir.as_path(), &self.chain);
+                write_batch(&mut io, &self.shared, at, jobs, Some(&self.jobs));
+            }
+        }
+        self.jobs.kick();
+    }
+}
