@@ -904,6 +904,8 @@ fn show(c: &Cost, raw: f64) -> String {
 }
 
 fn main() {
+    // As `gaffer serve` starts: before any other thread exists.
+    gaffer::runtime::tune_allocator();
     let _key_dir = bench_operator_key();
     let quick = std::env::args().any(|a| a == "--quick");
     let n = if quick { 200 } else { 2000 };
@@ -917,10 +919,7 @@ fn main() {
             .on_thread_park(gaffer::workspace::write_queued_commits)
             .build()
     } else {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .on_thread_park(gaffer::workspace::write_queued_commits)
-            .build()
+        gaffer::runtime::builder().build()
     }
     .expect("runtime");
     if let Some(i) = std::env::args().position(|a| a == "--recovery-only") {

@@ -75,6 +75,8 @@ fn show((wall, cpu): (f64, Option<f64>)) -> String {
 }
 
 fn main() {
+    // As `gaffer serve` starts: before any other thread exists.
+    gaffer::runtime::tune_allocator();
     let ctx = SelectContext::isolated();
     let cases: [(&str, Value); 4] = [
         ("small request", json!({"objective": "small docs update"})),

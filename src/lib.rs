@@ -21,6 +21,7 @@ pub mod patterns;
 pub mod peers;
 pub mod plans;
 pub mod rpc;
+pub mod runtime;
 pub mod sandbox;
 pub mod secrets;
 pub mod store;

@@ -52,17 +52,13 @@ fn root_of(g: &Global) -> PathBuf {
 }
 
 fn main() -> ExitCode {
-    tune_allocator();
+    gaffer::runtime::tune_allocator();
     let cli = Cli::from_env();
     if let Err(e) = init_logging(&cli.global) {
         eprintln!("gaffer: {e}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .on_thread_park(gaffer::workspace::write_queued_commits)
-        .build()
-    {
+    let runtime = match gaffer::runtime::builder().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("gaffer: cannot start the async runtime: {e}");
@@ -176,22 +172,6 @@ fn widen_pipe(fd: &impl std::os::fd::AsRawFd) {
 /// default).
 #[cfg(target_os = "linux")]
 const REPLY_PIPE_BYTES: libc::c_int = 1 << 20;
-
-/// Keeps glibc from handing memory back to the kernel after every large reply (its defaults trim
-/// the heap once 128 KiB at its top are free, so a 160 KiB reply cost three `brk` calls and
-/// ~40 page faults on each request): free memory up to 1 MiB stays for the next reply.
-/// Allocations above 1 MiB are still mapped and unmapped on their own.
-fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt takes two integers, called before any other thread runs.
-    unsafe {
-        libc::mallopt(libc::M_TRIM_THRESHOLD, KEEP_FREE_BYTES);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, KEEP_FREE_BYTES);
-    }
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const KEEP_FREE_BYTES: libc::c_int = 1 << 20;
 
 fn schema(out: &Path, check: bool) -> ExitCode {
     if check {

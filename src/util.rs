@@ -76,6 +76,14 @@ pub fn json_depth(text: &[u8]) -> usize {
     deepest
 }
 
+/// Whether the containers of a JSON text nest deeper than `limit` ([`json_depth`]). Nesting
+/// needs an opening bracket per level, so a text with at most `limit` of them (most records:
+/// a handful) is answered by counting, which vectorizes, without following strings.
+pub fn json_deeper_than(text: &[u8], limit: usize) -> bool {
+    let opening = text.iter().filter(|&&b| b == b'[' || b == b'{').count();
+    opening > limit && json_depth(text) > limit
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
@@ -279,6 +287,33 @@ mod tests {
             json_depth(serde_json::to_string(&deep).unwrap().as_bytes()),
             200
         );
+    }
+
+    #[test]
+    fn deeper_than_agrees_with_the_depth_on_either_side_of_the_bound() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        for n in [0, 1, 99, 100, 101, 200] {
+            for limit in [0, 1, 100] {
+                assert_eq!(json_deeper_than(nested(n).as_bytes(), limit), n > limit);
+            }
+        }
+        // Brackets in strings count toward the bound but not the depth.
+        let flat = format!(r#"{{"a":"{}"}}"#, "[".repeat(300));
+        assert!(!json_deeper_than(flat.as_bytes(), 100));
+        let wide = format!("[{}]", vec!["{}"; 300].join(","));
+        assert!(!json_deeper_than(wide.as_bytes(), 100));
+    }
+
+    proptest::proptest! {
+        /// The counting shortcut never changes the answer, over texts dense in brackets,
+        /// quotes and escapes (not all of them JSON: the bound holds for any bytes).
+        #[test]
+        fn deeper_than_is_the_depth_compared(text in r#"[\[\]{}"\\a]{0,24}"#, limit in 0usize..6) {
+            proptest::prop_assert_eq!(
+                json_deeper_than(text.as_bytes(), limit),
+                json_depth(text.as_bytes()) > limit
+            );
+        }
     }
 
     #[test]

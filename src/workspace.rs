@@ -98,7 +98,7 @@ impl NewRecord {
         let mut rec = NewRecord::new(kind, &payload)?;
         // A text nested deeper than a reader parses folds nowhere else: this process must not
         // fold it either, so it takes the text path and is skipped like everywhere.
-        if crate::util::json_depth(rec.payload.get().as_bytes()) <= TYPED_DEPTH_LIMIT {
+        if !crate::util::json_deeper_than(rec.payload.get().as_bytes(), TYPED_DEPTH_LIMIT) {
             rec.typed = Some(Typed(Arc::new(payload)));
         }
         Ok(rec)
@@ -1668,11 +1668,7 @@ mod tests {
     /// A current-thread runtime that writes its queued commits when it goes idle, as
     /// `gaffer serve` runs.
     fn idle_writing_runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .on_thread_park(write_queued_commits)
-            .build()
-            .expect("runtime")
+        crate::runtime::builder().build().expect("runtime")
     }
 
     /// Commits that contend on such a runtime are written by its own thread, once every task

@@ -673,13 +673,28 @@ fn subset(
 /// Glob match: `**` spans anything, `**/` also matches no directory at all, `*` spans
 /// anything but `/`, `?` is one character other than `/`.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
-    // Most patterns name one thing exactly (an operation, a kind) or anything: nothing to
-    // build for them.
+    // Most patterns name one thing exactly (an operation, a kind), anything, or anything
+    // under a literal prefix (`file.*`, `docs/**`): nothing to build for them.
+    let literal = |p: &str| !p.contains(['*', '?']);
     match pattern {
         "**" => true,
         "*" => !text.contains('/'),
-        _ if !pattern.contains(['*', '?']) => pattern == text,
-        _ => glob_match_general(pattern, text),
+        _ if literal(pattern) => pattern == text,
+        _ => {
+            if let Some(prefix) = pattern.strip_suffix("**")
+                && literal(prefix)
+            {
+                return text.starts_with(prefix);
+            }
+            if let Some(prefix) = pattern.strip_suffix('*')
+                && literal(prefix)
+            {
+                return text
+                    .strip_prefix(prefix)
+                    .is_some_and(|rest| !rest.contains('/'));
+            }
+            glob_match_general(pattern, text)
+        }
     }
 }
 
@@ -937,7 +952,8 @@ rules:
     }
 
     proptest::proptest! {
-        /// The fast paths (literal, `*`, `**`) decide as the general matcher does, for
+        /// The fast paths (literal, `*`, `**`, a literal prefix then `*` or `**`) decide as
+        /// the general matcher does, for
         /// patterns and texts over an alphabet dense in `/`, `*`, `?` and non-ASCII.
         #[test]
         fn glob_fast_paths_agree_with_the_general_matcher(
@@ -977,6 +993,14 @@ rules:
         assert!(!glob_match("*", "a/b"));
         assert!(glob_match("**", "a/b"));
         assert!(glob_match("**", ""));
+        // A literal prefix, then `*` (no `/` after it) or `**` (anything after it).
+        assert!(glob_match("file.*", "file."));
+        assert!(!glob_match("file.*", "file"));
+        assert!(!glob_match("file.*", "file.a/b"));
+        assert!(glob_match("docs/**", "docs/"));
+        assert!(!glob_match("docs/**", "docs"));
+        assert!(glob_match("dé**", "dé/ü/x"));
+        assert!(!glob_match("dé**", "d"));
     }
 
     #[test]

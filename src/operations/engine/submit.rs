@@ -365,7 +365,7 @@ fn check_input(input: &SubmitInput) -> Result<(String, String, String), OpError>
                 format!("{field} is larger than {max} bytes"),
             ));
         }
-        if crate::util::json_depth(raw.as_bytes()) > MAX_VALUE_DEPTH {
+        if crate::util::json_deeper_than(raw.as_bytes(), MAX_VALUE_DEPTH) {
             return Err(OpError::invalid(
                 field,
                 format!("{field} nests deeper than {MAX_VALUE_DEPTH} levels"),
