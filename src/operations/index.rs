@@ -230,10 +230,16 @@ impl Index {
             .entry(op.state)
             .or_default()
             .insert(key.clone());
-        self.by_client
-            .entry(op.client_id.clone())
-            .or_default()
-            .insert(key);
+        // Looked up first: `entry` would allocate a copy of the client's name every time.
+        match self.by_client.get_mut(op.client_id.as_str()) {
+            Some(set) => {
+                set.insert(key);
+            }
+            None => {
+                self.by_client
+                    .insert(op.client_id.clone(), BTreeSet::from([key]));
+            }
+        }
         if !op.state.is_terminal()
             && let Some(a) = &op.approval_id
         {
@@ -257,6 +263,34 @@ impl Index {
         }
         self.set_deadline(&op.id, None);
         taken
+    }
+
+    /// Re-files `op` (as last inserted) under state `to`: list order and its client's list
+    /// do not depend on the state, so only its state's list moves, and it stops referring to
+    /// its approval once terminal. Returns its shared id. The deadline is the caller's to
+    /// refresh (it depends on the approval too).
+    pub fn change_state(&mut self, op: &Operation, to: OpState) -> Id {
+        let probe: OrderKey = (op.created_at_ms, Arc::from(op.id.as_str()));
+        let mut key = None;
+        if let Some(set) = self.by_state.get_mut(&op.state) {
+            key = set.take(&probe);
+            if set.is_empty() {
+                self.by_state.remove(&op.state);
+            }
+        }
+        let key = key.unwrap_or(probe);
+        let id = Arc::clone(&key.1);
+        self.by_state.entry(to).or_default().insert(key);
+        if to.is_terminal()
+            && let Some(a) = &op.approval_id
+            && let Some(set) = self.refs.get_mut(a)
+        {
+            set.remove(op.id.as_str());
+            if set.is_empty() {
+                self.refs.remove(a);
+            }
+        }
+        id
     }
 
     pub fn set_deadline(&mut self, id: &str, at: Option<u64>) {

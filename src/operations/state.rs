@@ -569,10 +569,7 @@ impl OperationState {
         let Some(op) = self.operations.get_mut(&t.id) else {
             return Err(ApplyError::Invalid(format!("no operation {}", t.id)));
         };
-        let shared = self
-            .index
-            .remove_op(op)
-            .unwrap_or_else(|| Arc::from(op.id.as_str()));
+        let shared = self.index.change_state(op, t.to);
         op.state = t.to;
         op.revision = t.revision;
         op.updated_at_ms = t.at_ms.max(op.updated_at_ms);
@@ -592,10 +589,8 @@ impl OperationState {
             // The plan is needed only until the operation ends; the journal keeps it for audit.
             op.plan = None;
             op.terminal_at_ms = Some(op.updated_at_ms);
-            self.terminal
-                .insert((op.updated_at_ms, Arc::clone(&shared)));
+            self.terminal.insert((op.updated_at_ms, shared));
         }
-        self.index.insert_op_as(op, shared);
         out.push(changed_notice(op));
         let aid = op.approval_id.clone();
         self.refresh_deadline(&t.id);
