@@ -204,7 +204,12 @@ async fn bench_first_output(app: &Arc<App>, rounds: usize) {
         let id = created["worker"]["id"].clone();
         loop {
             match tokio::time::timeout(Duration::from_secs(10), notices.recv()).await {
-                Ok(Ok(n)) if &*n.method == "workers/output" && n.params["worker_id"] == id => break,
+                Ok(Ok(n))
+                    if &*n.method == "workers/output"
+                        && n.params.str_field("worker_id") == id.as_str() =>
+                {
+                    break;
+                }
                 Ok(_) => continue,
                 Err(_) => panic!("no output within 10 s"),
             }

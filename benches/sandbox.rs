@@ -178,7 +178,7 @@ async fn create_once(
     let id = w["worker"]["id"].as_str().expect("id").to_string();
     loop {
         let n = notices.recv().await.expect("notice");
-        if &*n.method == "workers/output" && n.params["worker_id"] == id.as_str() {
+        if &*n.method == "workers/output" && n.params.str_field("worker_id") == Some(id.as_str()) {
             break;
         }
     }

@@ -253,7 +253,7 @@ impl Host for Server {
     fn push(n: Notice) -> Push {
         Push {
             method: n.method.into_owned(),
-            params: Arc::unwrap_or_clone(n.params),
+            params: n.params.to_value(),
             operators_only: n.audience == Audience::Operators,
         }
     }

@@ -154,14 +154,8 @@ pub struct TrustReport {
     pub providers: TrustStatus,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ChangedNotice {
-    pub id: String,
-    pub client_id: String,
-    pub operation: String,
-    pub state: OpState,
-    pub revision: u64,
-}
+/// `operations/changed`: folded as this type and sent as its JSON.
+pub use crate::operations::state::ChangedNotice;
 
 pub fn register(r: &mut Router<App>) {
     r.add(

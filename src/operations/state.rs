@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::store::RecordPayload;
+use crate::workspace::{Audience, NoticeParams};
 use std::sync::Arc;
 
 use schemars::JsonSchema;
@@ -252,11 +253,37 @@ pub struct Pruned {
 }
 
 /// A notice for connected clients; `operators_only` maps to the workspace's operator audience.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct OpNotice {
     pub method: &'static str,
-    pub params: Value,
+    pub params: Arc<dyn NoticeParams>,
     pub operators_only: bool,
+}
+
+// Kept typed until a client is sent it: watchers filter on `id` and `state` without JSON.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ChangedNotice {
+    pub id: String,
+    pub client_id: String,
+    pub operation: String,
+    pub state: OpState,
+    pub revision: u64,
+}
+
+impl NoticeParams for ChangedNotice {
+    fn str_field(&self, key: &str) -> Option<&str> {
+        match key {
+            "id" => Some(&self.id),
+            "client_id" => Some(&self.client_id),
+            "operation" => Some(&self.operation),
+            "state" => Some(self.state.as_str()),
+            _ => None,
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
 }
 
 /// Operations by id. Each is boxed: an `Operation` is ~500 bytes, and a tree node holding
@@ -396,11 +423,12 @@ impl OperationState {
             return;
         }
         for n in notices {
-            out.push(if n.operators_only {
-                crate::workspace::Notice::operators(n.method, n.params)
+            let audience = if n.operators_only {
+                Audience::Operators
             } else {
-                crate::workspace::Notice::everyone(n.method, n.params)
-            });
+                Audience::Everyone
+            };
+            out.push(crate::workspace::Notice::to(audience, n.method, n.params));
         }
     }
 
@@ -511,7 +539,7 @@ impl OperationState {
         if let Some(a) = c.approval {
             out.push(OpNotice {
                 method: NOTICE_REQUESTED,
-                params: approval_notice(&a, &op),
+                params: Arc::new(approval_notice(&a, &op)),
                 operators_only: true,
             });
             self.approvals.insert(a.id.clone(), a);
@@ -759,12 +787,12 @@ fn apply_effect(a: &mut Approval, op_id: &str, e: ApprovalEffect) {
 fn changed_notice(op: &Operation) -> OpNotice {
     OpNotice {
         method: NOTICE_CHANGED,
-        params: serde_json::json!({
-            "id": op.id,
-            "client_id": op.client_id,
-            "operation": op.operation,
-            "state": op.state,
-            "revision": op.revision,
+        params: Arc::new(ChangedNotice {
+            id: op.id.clone(),
+            client_id: op.client_id.clone(),
+            operation: op.operation.clone(),
+            state: op.state,
+            revision: op.revision,
         }),
         operators_only: false,
     }
@@ -976,6 +1004,38 @@ pub(crate) mod tests {
             command_digest: "c".into(),
         })
         .unwrap()
+    }
+
+    /// Watchers read a changed notice's fields typed; clients get its JSON: the two agree,
+    /// and the JSON is what the notice always sent.
+    #[test]
+    fn a_changed_notice_reads_as_the_json_it_sends() {
+        for state in OpState::ALL {
+            let mut o = op("op_1", state, None);
+            o.revision = 7;
+            let n = changed_notice(&o);
+            let sent = n.params.to_value();
+            assert_eq!(
+                sent,
+                serde_json::json!({
+                    "id": "op_1",
+                    "client_id": o.client_id,
+                    "operation": o.operation,
+                    "state": state,
+                    "revision": 7,
+                })
+            );
+            for key in [
+                "id",
+                "client_id",
+                "operation",
+                "state",
+                "revision",
+                "absent",
+            ] {
+                assert_eq!(n.params.str_field(key), sent[key].as_str(), "{key}");
+            }
+        }
     }
 
     #[test]

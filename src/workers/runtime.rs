@@ -705,7 +705,7 @@ impl WorkerRuntime {
         if &*n.method != CHANGED_NOTIFICATION {
             return;
         }
-        let Some(id) = n.params.get("worker_id").and_then(|v| v.as_str()) else {
+        let Some(id) = n.params.str_field("worker_id") else {
             return;
         };
         if !self.lock().live.contains_key(id) {

@@ -18,8 +18,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use serde_json::Value;
-
 use super::adapter::{AdapterCtx, AdapterError, Registry};
 use super::lifecycle::{OpState, codes};
 use super::policy::Policy;
@@ -482,8 +480,7 @@ impl OperationRuntime {
         }
         let watched = id.to_string();
         let mut rx = self.ws.watch(move |n| {
-            &*n.method == NOTICE_CHANGED
-                && n.params.get("id").and_then(Value::as_str) == Some(watched.as_str())
+            &*n.method == NOTICE_CHANGED && n.params.str_field("id") == Some(watched.as_str())
         });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds);
         loop {

@@ -27,10 +27,7 @@ impl OperationRuntime {
             // or an approval (not by executions starting and ending).
             let mut rx = me.ws.watch(|n| {
                 &*n.method == NOTICE_CHANGED
-                    && matches!(
-                        n.params.get("state").and_then(Value::as_str),
-                        Some("pending" | "approved")
-                    )
+                    && matches!(n.params.str_field("state"), Some("pending" | "approved"))
             });
             me.recover(&live_executors()).await;
             me.prune().await;
@@ -52,10 +49,9 @@ impl OperationRuntime {
                             Some(n) => {
                                 let approved = n
                                     .params
-                                    .get("state")
-                                    .and_then(Value::as_str)
+                                    .str_field("state")
                                     .filter(|s| *s == "approved")
-                                    .and_then(|_| n.params.get("id").and_then(Value::as_str));
+                                    .and_then(|_| n.params.str_field("id"));
                                 // One claimed in the commit that approved it is executing by
                                 // now: only one still approved needs a drive (which would
                                 // find the same and stop, having cost a task).
