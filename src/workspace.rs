@@ -845,12 +845,17 @@ impl Workspace {
             if idle::writes_when_idle() {
                 self.idle.defer(job).map_err(gone)?;
                 // The runtime writes it when it parks; one that stays busy leaves it to the
-                // writer.
-                if let Ok(answer) = tokio::time::timeout(idle::IDLE_WAIT, &mut rx).await {
-                    return answer
-                        .unwrap_or(Err(CommitError::Store(WorkspaceError::CommitPanicked)));
-                }
-                self.jobs.kick();
+                // writer, and so does a caller that stops waiting.
+                let mut waiting = idle::KickUnlessAnswered::new(&self.jobs);
+                let answer = match tokio::time::timeout(idle::IDLE_WAIT, &mut rx).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        self.jobs.kick();
+                        (&mut rx).await
+                    }
+                };
+                waiting.answered();
+                return answer.unwrap_or(Err(CommitError::Store(WorkspaceError::CommitPanicked)));
             } else {
                 self.jobs.push(job).map_err(gone)?;
             }
@@ -1230,14 +1235,7 @@ fn write_batch(
 ) {
     if let Err(e) = run_batch(io, shared, jobs, busy) {
         tracing::error!(error = %e, "commit batch failed; reloading state from disk");
-        match load(dir, view) {
-            Ok(loaded) => {
-                io.store = loaded.store;
-                lock(&shared.folded).state = loaded.state;
-                *lock(&shared.guard) = loaded.guard;
-            }
-            Err(e) => tracing::error!(error = %e, "reloading the store failed"),
-        }
+        reload(io, shared, (dir, view));
     }
     if io.since_snapshot < SNAPSHOT_EVERY {
         return;
@@ -1249,6 +1247,19 @@ fn write_batch(
         Some(queue) => {
             let _ = queue.push(Box::new(|_| None));
         }
+    }
+}
+
+/// Replaces the store handle and the folded state with what the disk holds (after a batch
+/// that may have left the state ahead of the disk).
+fn reload(io: &mut Io, shared: &Shared, (dir, view): (&Path, &ChainView)) {
+    match load(dir, view) {
+        Ok(loaded) => {
+            io.store = loaded.store;
+            lock(&shared.folded).state = loaded.state;
+            *lock(&shared.guard) = loaded.guard;
+        }
+        Err(e) => tracing::error!(error = %e, "reloading the store failed"),
     }
 }
 
@@ -1761,6 +1772,39 @@ mod tests {
                 assert_ne!(t.await.expect("join"), here, "the writer wrote them");
             }
             assert_eq!(ws.seq(), 4);
+        });
+    }
+
+    /// A deferred commit whose caller stops waiting (a request timed out, say) is not left
+    /// for a runtime that stays busy: dropping the wait wakes the writer for it.
+    #[test]
+    fn a_deferred_commit_whose_caller_gives_up_is_written_while_its_runtime_stays_busy() {
+        idle_writing_runtime().block_on(async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let ws = Workspace::open(dir.path()).expect("open");
+            commit_where(&ws, 0).await;
+            let tasks: Vec<_> = (1..=2u64)
+                .map(|n| {
+                    let ws = Arc::clone(&ws);
+                    tokio::spawn(async move { commit_where(&ws, n).await })
+                })
+                .collect();
+            // Both run up to their deferred wait, then their callers give up on them.
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            for t in &tasks {
+                t.abort();
+            }
+            let busy = Instant::now();
+            while ws.seq() < 4 {
+                assert!(
+                    busy.elapsed() < Duration::from_secs(30),
+                    "abandoned commits waited for a runtime that never went idle"
+                );
+                std::thread::sleep(Duration::from_micros(200));
+                tokio::task::yield_now().await;
+            }
         });
     }
 

@@ -13,13 +13,14 @@
 //! the runtime stays busy for [`IDLE_WAIT`], the commit wakes the writer itself.
 
 use std::cell::{Cell, RefCell};
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::queue::CommitQueue;
-use super::{Job, MAX_BATCH, Shared, try_lock, write_batch};
+use super::{Job, MAX_BATCH, Shared, reload, try_lock, write_batch};
 use crate::store::ChainView;
 
 /// Longest a deferred commit waits for its runtime to go idle before the writer takes it.
@@ -33,9 +34,12 @@ thread_local! {
 }
 
 /// Writes the commits this thread's tasks queued, each workspace's as one batch. Install it
-/// with `tokio::runtime::Builder::on_thread_park`, on a runtime whose time driver is enabled
-/// (a deferred commit times its wait for it). The answered tasks are scheduled on this
-/// thread, so the runtime runs them instead of parking.
+/// with `tokio::runtime::Builder::on_thread_park` (as [`crate::runtime::builder`] does), on a
+/// runtime whose time driver is enabled: a deferred commit times its wait for it. The answered
+/// tasks are scheduled on this thread, so the runtime runs them instead of parking. The
+/// choice is the thread's from its first park on: a thread that later runs another runtime
+/// must give it a time driver too (its contended commits then reach the writer after
+/// [`IDLE_WAIT`]).
 pub fn write_queued_commits() {
     WRITES_WHEN_IDLE.set(true);
     for writer in PENDING.take() {
@@ -73,6 +77,10 @@ impl IdleWriter {
     /// cannot write without waiting goes to the writer, which is woken for it: the store held
     /// by the writer, the tailer or another process, a journal not created yet (that waits
     /// for the workspace root's lock), or more than a batch.
+    ///
+    /// A panic while writing (folding another process's records, say) must not unwind out
+    /// of the runtime's park and end the server: the batch's callers are answered by their
+    /// dropped completions, and the state is reloaded from disk, as after a failed batch.
     fn write(&self) {
         if let Some(mut io) = try_lock(&self.shared.io)
             && io.journal_exists
@@ -81,9 +89,44 @@ impl IdleWriter {
             if !jobs.is_empty() {
                 self.shared.last_batch.store(jobs.len(), Ordering::Relaxed);
                 let at = (self.dir.as_path(), &self.chain);
-                write_batch(&mut io, &self.shared, at, jobs, Some(&self.jobs));
+                let written = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    write_batch(&mut io, &self.shared, at, jobs, Some(&self.jobs));
+                }));
+                if written.is_err() {
+                    tracing::error!("a commit batch panicked; reloading state from disk");
+                    reload(&mut io, &self.shared, at);
+                }
             }
         }
         self.jobs.kick();
+    }
+}
+
+/// Held by a deferred commit while it waits: if its caller stops waiting before the answer
+/// (a request timed out or was dropped), the writer is woken for its job, which must not wait
+/// for a runtime that may stay busy.
+pub(super) struct KickUnlessAnswered<'a> {
+    jobs: &'a CommitQueue<Job>,
+    answered: bool,
+}
+
+impl<'a> KickUnlessAnswered<'a> {
+    pub(super) fn new(jobs: &'a CommitQueue<Job>) -> Self {
+        KickUnlessAnswered {
+            jobs,
+            answered: false,
+        }
+    }
+
+    pub(super) fn answered(&mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for KickUnlessAnswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.jobs.kick();
+        }
     }
 }

@@ -18,6 +18,8 @@ struct Inner<T> {
     closed: bool,
     /// How many queued items the writer is parked for; 0 while it is not parked.
     waiting_for: usize,
+    /// A kick came: the writer takes what is queued without waiting for more.
+    kicked: bool,
     /// Wake-ups pushes have made (tests count them).
     wakes: u64,
 }
@@ -29,6 +31,7 @@ impl<T> CommitQueue<T> {
                 items: Vec::new(),
                 closed: false,
                 waiting_for: 0,
+                kicked: false,
                 wakes: 0,
             }),
             ready: Condvar::new(),
@@ -66,10 +69,15 @@ impl<T> CommitQueue<T> {
         Ok(())
     }
 
-    /// Wakes a parked writer if anything is queued: whoever deferred it cannot write it.
+    /// Has the writer take what is queued now, woken if parked, without gathering more:
+    /// whoever deferred it cannot write it. Nothing queued: nothing to do.
     pub(super) fn kick(&self) {
         let mut inner = self.lock();
-        let wake = inner.waiting_for != 0 && !inner.items.is_empty();
+        if inner.items.is_empty() {
+            return;
+        }
+        inner.kicked = true;
+        let wake = inner.waiting_for != 0;
         inner.wakes += u64::from(wake);
         drop(inner);
         if wake {
@@ -133,6 +141,7 @@ impl<T> CommitQueue<T> {
             inner = self.wait_for(inner, want, gather);
         }
         inner.waiting_for = 0;
+        inner.kicked = false;
         let n = inner.items.len().min(max);
         Some(inner.items.drain(..n).collect())
     }
@@ -147,7 +156,7 @@ impl<T> CommitQueue<T> {
     ) -> MutexGuard<'a, Inner<T>> {
         let until = Instant::now() + gather;
         inner.waiting_for = want;
-        while inner.items.len() < want && !inner.closed {
+        while inner.items.len() < want && !inner.closed && !inner.kicked {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -259,6 +268,31 @@ mod tests {
         }
         assert_eq!(taker.join().expect("taker"), Some(vec![0, 1, 2]));
         assert_eq!(q.lock().wakes, 1, "only the third push woke the writer");
+    }
+
+    /// A kick ends a gathering writer's wait: it takes what is queued at once.
+    #[test]
+    fn a_kick_has_a_gathering_writer_take_what_is_queued() {
+        let q = Arc::new(CommitQueue::new());
+        let taker = {
+            let q = Arc::clone(&q);
+            std::thread::spawn(move || {
+                q.take(3, (Duration::from_secs(60), Duration::from_secs(60)), 512)
+            })
+        };
+        let t = Instant::now();
+        while q.lock().waiting_for == 0 {
+            assert!(t.elapsed() < Duration::from_secs(30), "the taker parks");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        q.push_quiet(0).expect("open");
+        q.kick();
+        assert_eq!(taker.join().expect("taker"), Some(vec![0]));
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "not after the gather"
+        );
+        assert!(!q.lock().kicked, "a take consumes the kick");
     }
 
     #[test]
