@@ -811,7 +811,7 @@ impl Workspace {
         T: Send + 'static,
         E: Send + 'static,
     {
-        let (tx, rx) = oneshot::channel::<Result<T, CommitError<E>>>();
+        let (tx, mut rx) = oneshot::channel::<Result<T, CommitError<E>>>();
         let job: Job = Box::new(move |stage: Result<&mut Stage<'_>, WorkspaceError>| {
             let stage = match stage {
                 Ok(s) => s,
@@ -840,7 +840,6 @@ impl Workspace {
             tokio::task::yield_now().await;
         }
         let gone = |_| CommitError::Store(WorkspaceError::WriterGone);
-        let mut rx = rx;
         if let Some(job) = self.commit_here(job) {
             if idle::writes_when_idle() {
                 self.idle.defer(job).map_err(gone)?;

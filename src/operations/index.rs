@@ -222,8 +222,8 @@ impl Index {
         id
     }
 
-    /// [`Index::insert_op`] sharing `id` (`op`'s id, e.g. as [`Index::remove_op`] returned it).
-    pub fn insert_op_as(&mut self, op: &Operation, id: Id) {
+    /// [`Index::insert_op`] sharing `id` (`op`'s id).
+    fn insert_op_as(&mut self, op: &Operation, id: Id) {
         let key = (op.created_at_ms, Arc::clone(&id));
         self.order.insert(key.clone());
         self.by_state
