@@ -320,6 +320,51 @@ fn raw_allocated_fdatasync_cost(n: usize) -> (f64, f64) {
     (rate(n, t.elapsed()), (process_cpu_us() - cpu) / n as f64)
 }
 
+/// The other way to make a write durable, beside write + fdatasync: `n` 4 KiB writes through
+/// `O_DIRECT | O_DSYNC` (no page cache, the device flush inside the write) over zeros written
+/// ahead, each rewriting the block a 208 B append falls in, as a direct-I/O journal would.
+/// Returns the rate and the process CPU per write in µs, or `None` where the file system
+/// refuses direct I/O (tmpfs).
+fn raw_direct_dsync_cost(n: usize) -> Option<(f64, f64)> {
+    use std::alloc::{Layout, alloc_zeroed, dealloc};
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const BLOCK: usize = 4096;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("raw.log");
+    let size = (n * 208).div_ceil(BLOCK) * BLOCK + BLOCK;
+    let f = std::fs::File::create(&path).expect("raw file");
+    gaffer::store::write_zeros(&f, 0, size as u64).expect("zeros");
+    f.sync_all().expect("fsync");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(&path)
+        .ok()?;
+    let layout = Layout::from_size_align(BLOCK, BLOCK).expect("layout");
+    // SAFETY: the layout is non-zero; the block is freed below and only read as bytes.
+    let ptr = unsafe { alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` is a live, zeroed allocation of BLOCK bytes.
+    let block = unsafe { std::slice::from_raw_parts_mut(ptr, BLOCK) };
+    block.fill(b'r');
+    let cpu = process_cpu_us();
+    let t = Instant::now();
+    let mut ok = true;
+    for i in 0..n {
+        let at = (i * 208 / BLOCK * BLOCK) as u64;
+        if f.write_all_at(block, at).is_err() {
+            ok = false;
+            break;
+        }
+    }
+    let cost = (rate(n, t.elapsed()), (process_cpu_us() - cpu) / n as f64);
+    // SAFETY: allocated above with this layout.
+    unsafe { dealloc(ptr, layout) };
+    ok.then_some(cost)
+}
+
 /// [`raw_fdatasync`]'s rate, and the process CPU (mostly kernel) one write+fdatasync costs,
 /// in µs: the floor under a commit's CPU.
 fn raw_fdatasync_cost(n: usize) -> (f64, f64) {
@@ -1059,6 +1104,16 @@ async fn success_rows(n: usize, raw_n: usize, rounds: usize) {
             );
         }
     }
+    // The floor under one client's CPU: an operation makes two writes durable, and no way of
+    // doing so is cheap in CPU here.
+    let (_, plain_cpu) = raw_fdatasync_cost(raw_n);
+    let (_, ahead_cpu) = raw_allocated_fdatasync_cost(raw_n);
+    let direct = raw_direct_dsync_cost(raw_n).map_or("refused here".to_string(), |(r, c)| {
+        format!("{r:.0}/s at {c:.0} µs CPU each")
+    });
+    println!(
+        "a durable write's CPU on this disk: write+fdatasync {plain_cpu:.0} µs; over zeros written ahead {ahead_cpu:.0} µs; 4 KiB O_DIRECT|O_DSYNC over zeros: {direct}"
+    );
     println!(
         "a thread hand-off round trip on this machine (wake a parked thread, be woken back): p50 {:.1} µs; {}",
         thread_hand_off(2_000),

@@ -39,7 +39,7 @@ pub use crate::store::Record;
 use crate::store::{
     ChainStatus, ChainView, Head, RawSnapshot, SnapshotMark, SnapshotTarget, Store, StoreError,
 };
-use idle::IdleWriter;
+use idle::LocalWriter;
 pub use idle::write_queued_commits;
 use queue::CommitQueue;
 
@@ -336,7 +336,7 @@ pub struct Workspace {
     /// Shared with the store (kept across a reload), so chain queries never wait for a commit.
     chain: ChainView,
     /// Writes this workspace's commits on the thread that made them (see [`idle`]).
-    idle: Arc<IdleWriter>,
+    local: Arc<LocalWriter>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -707,7 +707,7 @@ impl Workspace {
                 })
                 .map_err(spawn_err)?;
         }
-        let idle = Arc::new(IdleWriter {
+        let local = Arc::new(LocalWriter {
             shared: Arc::clone(&shared),
             jobs: Arc::clone(&jobs),
             dir: gaffer_dir.clone(),
@@ -720,7 +720,7 @@ impl Workspace {
             jobs,
             stop_tailer,
             chain,
-            idle,
+            local,
         }))
     }
 
@@ -842,7 +842,7 @@ impl Workspace {
         let gone = |_| CommitError::Store(WorkspaceError::WriterGone);
         if let Some(job) = self.commit_here(job) {
             if idle::writes_when_idle() {
-                self.idle.defer(job).map_err(gone)?;
+                self.local.defer(job).map_err(gone)?;
                 // The runtime writes it when it parks; one that stays busy leaves it to the
                 // writer, and so does a caller that stops waiting.
                 let mut waiting = idle::KickUnlessAnswered::new(&self.jobs);
@@ -871,18 +871,7 @@ impl Workspace {
         if !self.lone_committer() || !self.jobs.is_empty() {
             return Some(job);
         }
-        let Some(mut io) = try_lock(&self.shared.io) else {
-            return Some(job);
-        };
-        // Never waits here for another process's lock (or the root's, to create the journal):
-        // the caller's thread may be the one every request of a session runs on.
-        if !io.journal_exists {
-            return Some(job);
-        }
-        let shared = &self.shared;
-        let at = (self.gaffer_dir.as_path(), &self.chain);
-        write_batch(&mut io, shared, at, vec![job], Some(&self.jobs));
-        None
+        self.local.write_lone(job).err()
     }
 
     /// No other commit is under way, and the writer's last batch held a single commit.

@@ -111,6 +111,15 @@ pub fn encode_batch_into(
     Ok(hashes)
 }
 
+/// About the bytes [`encode_batch_into`] writes for `records`: each body's payload plus its
+/// frame and envelope (seq, prev, time, kind), so a buffer reserved with it rarely regrows.
+pub fn batch_size_hint(records: &[Record]) -> usize {
+    records
+        .iter()
+        .map(|r| r.payload.get().len() + r.kind.len() + 160)
+        .sum()
+}
+
 fn frame_crc(word: u32, body: &[u8]) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&word.to_le_bytes());

@@ -279,6 +279,9 @@ struct TornTail {
     reason: String,
 }
 
+/// The largest append buffer a [`Store`] keeps for its next append.
+const KEEP_ENCODED_MAX: usize = 256 * 1024;
+
 /// The store of one workspace, as seen by one process. Not meant to be shared between threads
 /// without a lock (wrap it in a `Mutex`); open one per process per workspace.
 #[derive(Debug)]
@@ -316,6 +319,18 @@ pub struct Store {
     /// Handle of `<dir>/lock`, opened by the first `begin` (which also creates the layout) and
     /// kept so later transactions cost one `flock` each.
     lock_file: Option<File>,
+    /// The encoding buffer of the last append, kept for the next (a batch grows it once).
+    encoded: Scratch,
+}
+
+/// A reusable byte buffer; its Debug shows the size, not the bytes.
+#[derive(Default)]
+struct Scratch(Vec<u8>);
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Scratch({} bytes reserved)", self.0.capacity())
+    }
 }
 
 impl Store {
@@ -388,6 +403,7 @@ impl Store {
             tail_checked: false,
             warned_torn: None,
             lock_file: None,
+            encoded: Scratch::default(),
         })
     }
 
@@ -1030,7 +1046,10 @@ impl WriteTxn<'_> {
                 });
             }
         }
-        let mut buf = Vec::with_capacity(records.len() * 256);
+        let mut buf = std::mem::take(&mut self.store.encoded.0);
+        buf.clear();
+        buf.reserve(codec::batch_size_hint(records));
+        // (An error drops the buffer: the next append allocates one.)
         let hashes = codec::encode_batch_into(records, self.store.head, &mut buf)?;
         let ahead = self.store.preallocate;
         let (offset, writer) = self.store.writer_locked()?;
@@ -1061,6 +1080,10 @@ impl WriteTxn<'_> {
         self.store.last_seq = last.seq;
         self.store.head = prev;
         self.store.view.publish(last.seq, prev, log);
+        // A rare large batch (bulk writes, a big result) is not held for the process's life.
+        if buf.capacity() <= KEEP_ENCODED_MAX {
+            self.store.encoded = Scratch(buf);
+        }
         Ok(())
     }
 

@@ -30,7 +30,7 @@ thread_local! {
     /// This thread's runtime calls [`write_queued_commits`] before it parks.
     static WRITES_WHEN_IDLE: Cell<bool> = const { Cell::new(false) };
     /// Workspaces holding commits this thread deferred, written when its runtime parks.
-    static PENDING: RefCell<Vec<Arc<IdleWriter>>> = const { RefCell::new(Vec::new()) };
+    static PENDING: RefCell<Vec<Arc<LocalWriter>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Writes the commits this thread's tasks queued, each workspace's as one batch. Install it
@@ -52,15 +52,16 @@ pub(super) fn writes_when_idle() -> bool {
     WRITES_WHEN_IDLE.get()
 }
 
-/// What a runtime thread needs to write one workspace's queued commits itself.
-pub(super) struct IdleWriter {
+/// What a caller's thread needs to write one workspace's commits itself: a lone commit, or
+/// those its runtime queued before parking.
+pub(super) struct LocalWriter {
     pub(super) shared: Arc<Shared>,
     pub(super) jobs: Arc<CommitQueue<Job>>,
     pub(super) dir: PathBuf,
     pub(super) chain: ChainView,
 }
 
-impl IdleWriter {
+impl LocalWriter {
     /// Queues `job` for this thread to write when its runtime parks (hands it back when the
     /// queue is closed).
     pub(super) fn defer(self: &Arc<Self>, job: Job) -> Result<(), Job> {
@@ -77,28 +78,46 @@ impl IdleWriter {
     /// cannot write without waiting goes to the writer, which is woken for it: the store held
     /// by the writer, the tailer or another process, a journal not created yet (that waits
     /// for the workspace root's lock), or more than a batch.
-    ///
-    /// A panic while writing (folding another process's records, say) must not unwind out
-    /// of the runtime's park and end the server: the batch's callers are answered by their
-    /// dropped completions, and the state is reloaded from disk, as after a failed batch.
     fn write(&self) {
-        if let Some(mut io) = try_lock(&self.shared.io)
-            && io.journal_exists
-        {
-            let jobs = self.jobs.take_now(MAX_BATCH);
-            if !jobs.is_empty() {
-                self.shared.last_batch.store(jobs.len(), Ordering::Relaxed);
-                let at = (self.dir.as_path(), &self.chain);
-                let written = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    write_batch(&mut io, &self.shared, at, jobs, Some(&self.jobs));
-                }));
-                if written.is_err() {
-                    tracing::error!("a commit batch panicked; reloading state from disk");
-                    reload(&mut io, &self.shared, at);
-                }
-            }
-        }
+        let _ = self.write_here((), |()| self.jobs.take_now(MAX_BATCH));
         self.jobs.kick();
+    }
+
+    /// Writes one commit as a batch of its own on the caller's thread, if the store is free
+    /// now (see [`LocalWriter::write_here`]); hands it back otherwise.
+    pub(super) fn write_lone(&self, job: Job) -> Result<(), Job> {
+        self.write_here(job, |job| vec![job])
+    }
+
+    /// Writes the jobs `take` makes of `pending` as one batch on this thread, if the store is
+    /// free now: not held by the writer, the tailer or another thread, and with a journal to
+    /// append to (creating one waits for the workspace root's lock). Never waits: hands
+    /// `pending` back untouched when the store is not free.
+    ///
+    /// A panic while writing (folding another process's records, say) must not unwind into
+    /// the caller, which may be the runtime's park: the batch's callers are answered by their
+    /// dropped completions, and the state is reloaded from disk, as after a failed batch.
+    fn write_here<P>(&self, pending: P, take: impl FnOnce(P) -> Vec<Job>) -> Result<(), P> {
+        let Some(mut io) = try_lock(&self.shared.io) else {
+            return Err(pending);
+        };
+        if !io.journal_exists {
+            return Err(pending);
+        }
+        let jobs = take(pending);
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        self.shared.last_batch.store(jobs.len(), Ordering::Relaxed);
+        let at = (self.dir.as_path(), &self.chain);
+        let written = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            write_batch(&mut io, &self.shared, at, jobs, Some(&self.jobs));
+        }));
+        if written.is_err() {
+            tracing::error!("a commit batch panicked; reloading state from disk");
+            reload(&mut io, &self.shared, at);
+        }
+        Ok(())
     }
 }
 
