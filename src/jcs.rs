@@ -63,7 +63,7 @@ const MAX_EXACT_INT: u64 = 1 << 53;
 /// Appends an unsigned integer the way JCS writes it.
 pub fn write_u64(u: u64, out: &mut Vec<u8>) {
     if u <= MAX_EXACT_INT {
-        out.extend_from_slice(u.to_string().as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(u).as_bytes());
     } else {
         out.extend_from_slice(format_es6_number(u as f64).as_bytes());
     }
@@ -73,13 +73,13 @@ fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
     if let Some(u) = n.as_u64()
         && u <= MAX_EXACT_INT
     {
-        out.extend_from_slice(u.to_string().as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(u).as_bytes());
         return;
     }
     if let Some(i) = n.as_i64()
         && i.unsigned_abs() <= MAX_EXACT_INT
     {
-        out.extend_from_slice(i.to_string().as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
         return;
     }
     // serde_json never holds NaN or infinities, so every remaining number is a finite double.

@@ -155,6 +155,13 @@ static GENERATOR: std::sync::Mutex<Option<Generator>> = std::sync::Mutex::new(No
 /// `n` random bytes for ids and nonces, from a generator seeded once from the OS: a file
 /// open per id was most of an id's cost on the submit path.
 pub fn random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; n];
+    fill_random(&mut buf)?;
+    Ok(buf)
+}
+
+/// Fills `out` from the generator [`random_bytes`] uses.
+fn fill_random(out: &mut [u8]) -> std::io::Result<()> {
     let mut g = GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
     if g.is_none() {
         let key: [u8; 32] = os_random_bytes(32)?
@@ -162,16 +169,20 @@ pub fn random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
             .map_err(|_| std::io::Error::other("short read from the OS random source"))?;
         *g = Some(Generator { key, counter: 0 });
     }
-    let mut buf = vec![0u8; n];
     if let Some(generator) = g.as_mut() {
-        generator.fill(&mut buf);
+        generator.fill(out);
     }
-    Ok(buf)
+    Ok(())
 }
 
 /// A fresh random id: `prefix` + base64url of 18 random bytes (144 bits).
 pub fn new_id(prefix: &str) -> std::io::Result<String> {
-    Ok(format!("{prefix}{}", base64url(&random_bytes(18)?)))
+    let mut bytes = [0u8; 18];
+    fill_random(&mut bytes)?;
+    let mut id = String::with_capacity(prefix.len() + 24);
+    id.push_str(prefix);
+    push_base64url(&bytes, &mut id);
+    Ok(id)
 }
 
 const B64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -179,6 +190,12 @@ const B64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 /// Unpadded base64url (RFC 4648 §5).
 pub fn base64url(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    push_base64url(bytes, &mut out);
+    out
+}
+
+/// [`base64url`], appended to `out`.
+fn push_base64url(bytes: &[u8], out: &mut String) {
     for chunk in bytes.chunks(3) {
         let b = [
             chunk[0],
@@ -190,7 +207,6 @@ pub fn base64url(bytes: &[u8]) -> String {
             out.push(B64URL[((n >> (18 - 6 * i)) & 63) as usize] as char);
         }
     }
-    out
 }
 
 /// Decodes unpadded base64url; `None` on any other character, padding or a stray length.

@@ -214,7 +214,7 @@ pub struct Presentation {
 impl Presentation {
     /// Bounds every provider's presentation (title 1..=160, summary <= 500 characters).
     pub fn bounded(self) -> Result<Presentation, AdapterError> {
-        let title = self.title.trim().to_string();
+        let title = trimmed_to_chars(self.title, 160);
         if title.is_empty() {
             return Err(AdapterError::input(
                 None,
@@ -222,14 +222,23 @@ impl Presentation {
             ));
         }
         Ok(Presentation {
-            title: truncate_chars(&title, 160),
-            summary: truncate_chars(self.summary.trim(), 500),
+            title,
+            summary: trimmed_to_chars(self.summary, 500),
         })
     }
 }
 
-pub fn truncate_chars(s: &str, n: usize) -> String {
-    s.chars().take(n).collect()
+/// `s` trimmed, then cut to its first `n` characters; in place, without a copy when the
+/// text already fits.
+fn trimmed_to_chars(mut s: String, n: usize) -> String {
+    let trimmed = s.trim();
+    if trimmed.len() != s.len() {
+        s = trimmed.to_string();
+    }
+    if let Some((cut, _)) = s.char_indices().nth(n) {
+        s.truncate(cut);
+    }
+    s
 }
 
 /// Result of an execution or a read-back. Only `proven` outcomes count as success.
@@ -716,5 +725,14 @@ pub(crate) mod tests {
         .unwrap();
         assert_eq!(long.title.len(), 160);
         assert_eq!(long.summary.len(), 500);
+        // Trimmed first, then cut by characters, never inside one.
+        let wide = Presentation {
+            title: format!("  {}  ", "é".repeat(200)),
+            summary: " ok ".into(),
+        }
+        .bounded()
+        .unwrap();
+        assert_eq!(wide.title, "é".repeat(160));
+        assert_eq!(wide.summary, "ok");
     }
 }

@@ -147,7 +147,11 @@ fn new_id(prefix: &str) -> Result<String, OpError> {
 }
 
 fn failpoint(step: &str) {
-    if std::env::var(FAILPOINT_ENV).ok().as_deref() == Some(step) {
+    // Set when the process starts (tests spawn it so), read once: not an env lookup and a
+    // copy of the value at every step of every operation.
+    static FAILPOINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let armed = FAILPOINT.get_or_init(|| std::env::var(FAILPOINT_ENV).ok());
+    if armed.as_deref() == Some(step) {
         tracing::warn!(step, "test failpoint: exiting");
         std::process::exit(86);
     }
