@@ -285,8 +285,9 @@ struct Shared {
     watchers: Mutex<Vec<Watcher>>,
     /// Batches appended (one fdatasync each), for benchmarks and status.
     syncs: std::sync::atomic::AtomicU64,
-    /// Commits in the writer thread's last batch. While it is 1 (one committer at a time), a
-    /// commit that finds the queue empty and the writer idle runs on its caller's thread.
+    /// Commits in the last batch written (by the writer thread or a caller's). While it is 1
+    /// (one committer at a time), a commit that finds the queue empty and the writer idle runs
+    /// on its caller's thread.
     last_batch: std::sync::atomic::AtomicUsize,
     /// Commits called and not yet answered.
     committing: std::sync::atomic::AtomicUsize,
