@@ -1697,6 +1697,30 @@ mod tests {
         crate::runtime::builder().build().expect("runtime")
     }
 
+    /// `commit_where` for each of `ns`, each from a task of its own.
+    fn spawn_commits(
+        ws: &Arc<Workspace>,
+        ns: impl IntoIterator<Item = u64>,
+    ) -> Vec<tokio::task::JoinHandle<std::thread::ThreadId>> {
+        ns.into_iter()
+            .map(|n| {
+                let ws = Arc::clone(ws);
+                tokio::spawn(async move { commit_where(&ws, n).await })
+            })
+            .collect()
+    }
+
+    /// Keeps a current-thread runtime busy (a yielding task never lets it park) until `done`;
+    /// fails with `stuck` after 30 s.
+    async fn stay_busy_until(done: impl Fn() -> bool, stuck: &str) {
+        let busy = Instant::now();
+        while !done() {
+            assert!(busy.elapsed() < Duration::from_secs(30), "{stuck}");
+            std::thread::sleep(Duration::from_micros(200));
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Commits that contend on such a runtime are written by its own thread, once every task
     /// waits, as one batch: no hand-off to the writer and back.
     #[test]
@@ -1711,12 +1735,7 @@ mod tests {
             for round in 0..50u64 {
                 let syncs = ws.syncs();
                 let base = ws.seq();
-                let tasks: Vec<_> = (0..8u64)
-                    .map(|n| {
-                        let ws = Arc::clone(&ws);
-                        tokio::spawn(async move { commit_where(&ws, 100 * round + n).await })
-                    })
-                    .collect();
+                let tasks = spawn_commits(&ws, (0..8).map(|n| 100 * round + n));
                 let mut ran_here = 0;
                 for t in tasks {
                     ran_here += usize::from(t.await.expect("join") == here);
@@ -1741,22 +1760,12 @@ mod tests {
             // Its wait lets the runtime park once, which turns idle writing on here.
             commit_where(&ws, 0).await;
             let here = std::thread::current().id();
-            let tasks: Vec<_> = (1..=2u64)
-                .map(|n| {
-                    let ws = Arc::clone(&ws);
-                    tokio::spawn(async move { commit_where(&ws, n).await })
-                })
-                .collect();
-            // Busy: a yielding task keeps a current-thread runtime from parking.
-            let busy = Instant::now();
-            while !tasks.iter().all(|t| t.is_finished()) {
-                assert!(
-                    busy.elapsed() < Duration::from_secs(30),
-                    "the queued commits waited for a runtime that never went idle"
-                );
-                std::thread::sleep(Duration::from_micros(200));
-                tokio::task::yield_now().await;
-            }
+            let tasks = spawn_commits(&ws, 1..=2);
+            stay_busy_until(
+                || tasks.iter().all(|t| t.is_finished()),
+                "the queued commits waited for a runtime that never went idle",
+            )
+            .await;
             for t in tasks {
                 assert_ne!(t.await.expect("join"), here, "the writer wrote them");
             }
@@ -1772,12 +1781,7 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             let ws = Workspace::open(dir.path()).expect("open");
             commit_where(&ws, 0).await;
-            let tasks: Vec<_> = (1..=2u64)
-                .map(|n| {
-                    let ws = Arc::clone(&ws);
-                    tokio::spawn(async move { commit_where(&ws, n).await })
-                })
-                .collect();
+            let tasks = spawn_commits(&ws, 1..=2);
             // Both run up to their deferred wait, then their callers give up on them.
             for _ in 0..4 {
                 tokio::task::yield_now().await;
@@ -1785,15 +1789,11 @@ mod tests {
             for t in &tasks {
                 t.abort();
             }
-            let busy = Instant::now();
-            while ws.seq() < 4 {
-                assert!(
-                    busy.elapsed() < Duration::from_secs(30),
-                    "abandoned commits waited for a runtime that never went idle"
-                );
-                std::thread::sleep(Duration::from_micros(200));
-                tokio::task::yield_now().await;
-            }
+            stay_busy_until(
+                || ws.seq() >= 4,
+                "abandoned commits waited for a runtime that never went idle",
+            )
+            .await;
         });
     }
 

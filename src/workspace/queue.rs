@@ -243,25 +243,29 @@ mod tests {
         pusher.join().expect("pusher");
     }
 
+    /// A writer thread taking a batch of three, gathering up to `gather`, once it is parked.
+    fn parked_taker(
+        q: &Arc<CommitQueue<i32>>,
+        gather: Duration,
+    ) -> std::thread::JoinHandle<Option<Vec<i32>>> {
+        let taker = {
+            let q = Arc::clone(q);
+            std::thread::spawn(move || q.take(3, (gather, gather), 512))
+        };
+        let t = Instant::now();
+        while q.lock().waiting_for == 0 {
+            assert!(t.elapsed() < Duration::from_secs(30), "the taker parks");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        taker
+    }
+
     /// The callers of a batch of three come back one by one: the writer, gathering for
     /// three, is woken once, by the third, not by the first as well.
     #[test]
     fn a_writer_gathering_for_several_is_woken_once_by_the_push_completing_the_count() {
         let q = Arc::new(CommitQueue::new());
-        let taker = {
-            let q = Arc::clone(&q);
-            std::thread::spawn(move || {
-                q.take(3, (Duration::from_secs(30), Duration::from_secs(30)), 512)
-            })
-        };
-        let parked = Instant::now();
-        while q.lock().waiting_for == 0 {
-            assert!(
-                parked.elapsed() < Duration::from_secs(30),
-                "the taker parks"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let taker = parked_taker(&q, Duration::from_secs(30));
         for i in 0..3 {
             q.push(i).expect("open");
             std::thread::sleep(Duration::from_millis(5));
@@ -274,17 +278,8 @@ mod tests {
     #[test]
     fn a_kick_has_a_gathering_writer_take_what_is_queued() {
         let q = Arc::new(CommitQueue::new());
-        let taker = {
-            let q = Arc::clone(&q);
-            std::thread::spawn(move || {
-                q.take(3, (Duration::from_secs(60), Duration::from_secs(60)), 512)
-            })
-        };
+        let taker = parked_taker(&q, Duration::from_secs(60));
         let t = Instant::now();
-        while q.lock().waiting_for == 0 {
-            assert!(t.elapsed() < Duration::from_secs(30), "the taker parks");
-            std::thread::sleep(Duration::from_millis(1));
-        }
         q.push_quiet(0).expect("open");
         q.kick();
         assert_eq!(taker.join().expect("taker"), Some(vec![0]));
