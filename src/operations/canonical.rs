@@ -84,17 +84,23 @@ impl Exact {
     /// Two inputs have the same exact form iff they are equal ignoring whitespace and key
     /// order, with numbers compared token by token.
     pub fn exact_text(&self) -> String {
-        let mut out = String::new();
+        let mut out = Vec::new();
         write_value(self, &mut out, NumberStyle::Verbatim).expect("verbatim never fails");
-        out
+        utf8(out)
     }
 
     /// RFC 8785 canonical text.
     pub fn jcs_text(&self) -> Result<String, JsonError> {
-        let mut out = String::new();
+        let mut out = Vec::new();
         write_value(self, &mut out, NumberStyle::Jcs)?;
-        Ok(out)
+        Ok(utf8(out))
     }
+}
+
+/// The writer's bytes as text: it copies the strings' UTF-8 and adds ASCII, so they are always
+/// valid (checked once here, never per string).
+fn utf8(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// RFC 8785 canonical text of a `serde_json::Value`.
@@ -113,51 +119,66 @@ enum NumberStyle {
     Jcs,
 }
 
-fn write_value(v: &Exact, out: &mut String, style: NumberStyle) -> Result<(), JsonError> {
+fn write_value(v: &Exact, out: &mut Vec<u8>, style: NumberStyle) -> Result<(), JsonError> {
     match v {
-        Exact::Null => out.push_str("null"),
-        Exact::Bool(true) => out.push_str("true"),
-        Exact::Bool(false) => out.push_str("false"),
+        Exact::Null => out.extend_from_slice(b"null"),
+        Exact::Bool(true) => out.extend_from_slice(b"true"),
+        Exact::Bool(false) => out.extend_from_slice(b"false"),
         Exact::Number(tok) => match style {
-            NumberStyle::Verbatim => out.push_str(tok),
-            NumberStyle::Jcs => out.push_str(&es6_number(tok)?),
+            NumberStyle::Verbatim => out.extend_from_slice(tok.as_bytes()),
+            NumberStyle::Jcs => out.extend_from_slice(es6_number(tok)?.as_bytes()),
         },
-        Exact::String(s) => write_string(s, out),
+        Exact::String(s) => crate::jcs::write_string(s, out),
         Exact::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_value(item, out, style)?;
             }
-            out.push(']');
+            out.push(b']');
         }
         Exact::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            // JCS orders by UTF-16 code units, which differs from UTF-8 byte order
-            // only for characters above U+FFFF versus U+E000..U+FFFF.
-            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
+            out.push(b'{');
+            if map.keys().all(|k| utf8_order_is_utf16_order(k)) {
+                // The map's own (UTF-8 byte) order is already the JCS order.
+                for (i, (k, item)) in map.iter().enumerate() {
+                    write_member(i, k, item, out, style)?;
                 }
-                write_string(k, out);
-                out.push(':');
-                write_value(&map[k], out, style)?;
+            } else {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
+                for (i, k) in keys.into_iter().enumerate() {
+                    write_member(i, k, &map[k], out, style)?;
+                }
             }
-            out.push('}');
+            out.push(b'}');
         }
     }
     Ok(())
 }
 
-fn write_string(s: &str, out: &mut String) {
-    let mut bytes = Vec::with_capacity(s.len() + 2);
-    crate::jcs::write_string(s, &mut bytes);
-    // The JCS writer emits valid UTF-8 (it copies `s` and adds ASCII escapes).
-    out.push_str(&String::from_utf8_lossy(&bytes));
+fn write_member(
+    i: usize,
+    key: &str,
+    item: &Exact,
+    out: &mut Vec<u8>,
+    style: NumberStyle,
+) -> Result<(), JsonError> {
+    if i > 0 {
+        out.push(b',');
+    }
+    crate::jcs::write_string(key, out);
+    out.push(b':');
+    write_value(item, out, style)
+}
+
+/// JCS orders keys by UTF-16 code units, which differs from UTF-8 byte order only between
+/// characters in U+E000..U+FFFF (lead byte 0xEE or 0xEF) and those above U+FFFF (lead byte
+/// 0xF0..0xF4): among keys without such bytes the two orders agree.
+fn utf8_order_is_utf16_order(key: &str) -> bool {
+    key.bytes().all(|b| b < 0xEE)
 }
 
 /// Formats a JSON number token the way ECMAScript's `Number.prototype.toString` does,
@@ -471,6 +492,28 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Members come out in UTF-16 code-unit order of their keys, whichever characters the
+        /// keys hold (ASCII, below and above U+E000, above U+FFFF): the map's byte order is
+        /// taken as it is only where the two orders agree.
+        #[test]
+        fn members_follow_utf16_key_order(keys in proptest::collection::btree_set(
+            "[a-c\u{e9}\u{d7ff}\u{e000}\u{fb33}\u{ffff}\u{10000}\u{1f600}]{0,3}", 0..6)) {
+            let map: BTreeMap<String, Exact> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.clone(), Exact::Number(i.to_string())))
+                .collect();
+            let mut want: Vec<&String> = keys.iter().collect();
+            want.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
+            let want = want
+                .iter()
+                .map(|k| format!("{}:{}", serde_json::to_string(k).unwrap(), keys.iter().position(|x| x == *k).unwrap()))
+                .collect::<Vec<_>>()
+                .join(",");
+            let got = Exact::Object(map).exact_text();
+            proptest::prop_assert_eq!(got, format!("{{{want}}}"));
+        }
+
         #[test]
         fn exact_text_reparses_to_itself(s in "[a-z0-9 ]{0,12}", n in -1_000_000i64..1_000_000, f in -1e6f64..1e6) {
             let v = serde_json::json!({"s": s, "n": n, "f": f, "arr": [n, {"x": s}]});
