@@ -7,13 +7,27 @@ use sha2::{Digest, Sha256};
 
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 0x0f) as usize] as char);
+        let [hi, lo] = hex_pair(*b);
+        out.push(hi as char);
+        out.push(lo as char);
     }
     out
+}
+
+/// A 32-byte digest's 64 lower-case hex digits, on the stack (for text written at once).
+pub fn hex32(bytes: &[u8; 32]) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    for (pair, b) in out.as_chunks_mut::<2>().0.iter_mut().zip(bytes) {
+        *pair = hex_pair(*b);
+    }
+    out
+}
+
+fn hex_pair(b: u8) -> [u8; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [DIGITS[(b >> 4) as usize], DIGITS[(b & 0x0f) as usize]]
 }
 
 /// Value of each lower-case hex digit; 0xff for every other byte.
@@ -389,7 +403,12 @@ mod tests {
     #[test]
     fn unhex32_inverts_hex_and_refuses_anything_else() {
         let bytes: Vec<u8> = (0..32).map(|i| i * 7).collect();
-        assert_eq!(unhex32(&hex(&bytes)).map(|b| b.to_vec()), Some(bytes));
+        assert_eq!(
+            unhex32(&hex(&bytes)).map(|b| b.to_vec()),
+            Some(bytes.clone())
+        );
+        let array: [u8; 32] = bytes.clone().try_into().unwrap();
+        assert_eq!(hex32(&array).as_slice(), hex(&bytes).as_bytes());
         assert_eq!(
             unhex32(&"A".repeat(64)),
             None,

@@ -97,6 +97,40 @@ impl Exact {
     }
 }
 
+/// The exact form of an object whose members are given already in JCS key order (checked in
+/// debug builds), written without building the object: the same bytes as
+/// [`Exact::exact_text`] of the map of them.
+pub fn exact_object_of_sorted(members: &[(&str, Member<'_>)]) -> String {
+    debug_assert!(
+        members
+            .windows(2)
+            .all(|w| w[0].0.encode_utf16().cmp(w[1].0.encode_utf16()).is_lt())
+    );
+    let mut out = Vec::with_capacity(members.len() * 32);
+    out.push(b'{');
+    for (i, (key, value)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        crate::jcs::write_string(key, &mut out);
+        out.push(b':');
+        match value {
+            Member::Str(s) => crate::jcs::write_string(s, &mut out),
+            Member::Exact(v) => {
+                write_value(v, &mut out, NumberStyle::Verbatim).expect("verbatim never fails")
+            }
+        }
+    }
+    out.push(b'}');
+    utf8(out)
+}
+
+/// A member's value for [`exact_object_of_sorted`].
+pub enum Member<'a> {
+    Str(&'a str),
+    Exact(&'a Exact),
+}
+
 /// The writer's bytes as text: it copies the strings' UTF-8 and adds ASCII, so they are always
 /// valid (checked once here, never per string).
 fn utf8(bytes: Vec<u8>) -> String {
@@ -483,6 +517,28 @@ mod tests {
         // U+1F600 (surrogates D83D..) sorts before U+FB33 in UTF-16 order.
         let t = jcs_of("{\"\u{fb33}\":1,\"\u{1f600}\":2}");
         assert_eq!(t, "{\"\u{1f600}\":2,\"\u{fb33}\":1}");
+    }
+
+    /// Written member by member or built as a map, an object has the same exact form.
+    #[test]
+    fn sorted_members_write_the_objects_exact_form() {
+        let target = Exact::parse(r#"{"p": "a\u0001\"\u00e9", "n": 1.50}"#).unwrap();
+        let args =
+            Exact::parse(r#"{"z": [true, null, {"\ufb33": 1, "\ud83d\ude00": 2}]}"#).unwrap();
+        let built = Exact::Object(BTreeMap::from([
+            ("operation".to_string(), Exact::String("file.write".into())),
+            ("reason".to_string(), Exact::String("tab\t \"q\" ✓".into())),
+            ("target".to_string(), target.clone()),
+            ("arguments".to_string(), args.clone()),
+        ]))
+        .exact_text();
+        let written = exact_object_of_sorted(&[
+            ("arguments", Member::Exact(&args)),
+            ("operation", Member::Str("file.write")),
+            ("reason", Member::Str("tab\t \"q\" ✓")),
+            ("target", Member::Exact(&target)),
+        ]);
+        assert_eq!(written, built);
     }
 
     #[test]

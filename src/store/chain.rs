@@ -42,6 +42,11 @@ impl Digest32 {
         crate::util::hex(&self.0)
     }
 
+    /// The hex digits without allocating (ASCII).
+    pub fn hex_digits(&self) -> [u8; 64] {
+        crate::util::hex32(&self.0)
+    }
+
     pub fn from_hex(text: &str) -> Option<Digest32> {
         crate::util::unhex32(text).map(Digest32)
     }

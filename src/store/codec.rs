@@ -71,7 +71,7 @@ pub fn check_header(bytes: &[u8]) -> HeaderCheck {
 #[derive(Serialize)]
 struct BodyOut<'a> {
     seq: u64,
-    prev: String,
+    prev: &'a str,
     time_ms: u64,
     kind: &'a str,
     payload: &'a serde_json::value::RawValue,
@@ -137,9 +137,10 @@ pub fn encode_into(
 ) -> Result<Digest32, StoreError> {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_PREFIX]);
+    let prev_hex = prev.hex_digits();
     let body = BodyOut {
         seq: record.seq,
-        prev: prev.to_hex(),
+        prev: std::str::from_utf8(&prev_hex).expect("hex digits are ASCII"),
         time_ms: record.time_ms,
         kind: &record.kind,
         payload: &record.payload,

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::super::adapter::{Adapter, AdapterCtx, Presentation, Resolved};
 use super::super::authorize::{Check, authorize};
-use super::super::canonical::Exact;
+use super::super::canonical::{Exact, Member, exact_object_of_sorted};
 use super::super::lifecycle::{OpState, codes};
 use super::super::plan::{PLAN_SCHEMA, Plan, PlanAuthorization};
 use super::super::policy::{
@@ -385,16 +385,12 @@ fn check_input(input: &SubmitInput) -> Result<(String, String, String), OpError>
     };
     let target_ex = parse_obj("target", input.target.get(), MAX_TARGET_BYTES, 32)?;
     let args_ex = parse_obj("arguments", input.arguments.get(), MAX_ARGUMENTS_BYTES, 128)?;
-    let submitted = Exact::Object(BTreeMap::from([
-        (
-            "operation".to_string(),
-            Exact::String(input.operation.clone()),
-        ),
-        ("reason".to_string(), Exact::String(reason.clone())),
-        ("target".to_string(), target_ex),
-        ("arguments".to_string(), args_ex),
-    ]))
-    .exact_text();
+    let submitted = exact_object_of_sorted(&[
+        ("arguments", Member::Exact(&args_ex)),
+        ("operation", Member::Str(&input.operation)),
+        ("reason", Member::Str(&reason)),
+        ("target", Member::Exact(&target_ex)),
+    ]);
     // Only the digest is kept: equal digests mean byte-equal exact forms.
     Ok((key, reason, crate::util::sha256_hex(submitted.as_bytes())))
 }
