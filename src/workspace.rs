@@ -294,6 +294,9 @@ struct Shared {
     /// Set while the writer appends a staged batch: it holds the store lock and has folded
     /// everything on disk before it, so a read then has nothing to catch up on.
     appending: std::sync::atomic::AtomicBool,
+    /// Set while the writer thread writes a batch: its answers wake the committers' runtimes,
+    /// which then write their own queued commits (see `idle::LocalWriter::write`).
+    writer_writing: std::sync::atomic::AtomicBool,
     /// Set while an automatic snapshot is being written (by its own thread, no lock held).
     snapshot_writing: Arc<std::sync::atomic::AtomicBool>,
     /// The workspace root (canonical), which names its anchor.
@@ -674,6 +677,7 @@ impl Workspace {
             last_batch: std::sync::atomic::AtomicUsize::new(1),
             committing: std::sync::atomic::AtomicUsize::new(0),
             appending: std::sync::atomic::AtomicBool::new(false),
+            writer_writing: std::sync::atomic::AtomicBool::new(false),
             snapshot_writing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             root: root.clone(),
             chain: chain.clone(),
@@ -1205,7 +1209,9 @@ fn writer_loop(shared: &Shared, (dir, view): (&Path, &ChainView), queue: &Commit
         gather.expect = jobs.len();
         shared.last_batch.store(jobs.len(), Ordering::Relaxed);
         let started = Instant::now();
+        shared.writer_writing.store(true, Ordering::Release);
         write_batch(&mut lock(&shared.io), shared, (dir, view), jobs, None);
+        shared.writer_writing.store(false, Ordering::Release);
         gather.took = started.elapsed();
     }
 }

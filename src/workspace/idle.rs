@@ -47,6 +47,15 @@ pub fn write_queued_commits() {
     }
 }
 
+/// Has this thread write `writer`'s queued commits at its next park.
+fn write_at_next_park(writer: &Arc<LocalWriter>) {
+    PENDING.with_borrow_mut(|pending| {
+        if !pending.iter().any(|w| Arc::ptr_eq(w, writer)) {
+            pending.push(Arc::clone(writer));
+        }
+    });
+}
+
 /// Whether commits made on this thread may wait for its runtime to go idle.
 pub(super) fn writes_when_idle() -> bool {
     WRITES_WHEN_IDLE.get()
@@ -66,21 +75,27 @@ impl LocalWriter {
     /// queue is closed).
     pub(super) fn defer(self: &Arc<Self>, job: Job) -> Result<(), Job> {
         self.jobs.push_quiet(job)?;
-        PENDING.with_borrow_mut(|pending| {
-            if !pending.iter().any(|w| Arc::ptr_eq(w, self)) {
-                pending.push(Arc::clone(self));
-            }
-        });
+        write_at_next_park(self);
         Ok(())
     }
 
-    /// Writes what is queued as one batch (at most [`MAX_BATCH`]). Whatever this thread
-    /// cannot write without waiting goes to the writer, which is woken for it: the store held
-    /// by the writer, the tailer or another process, a journal not created yet (that waits
-    /// for the workspace root's lock), or more than a batch.
-    fn write(&self) {
-        let _ = self.write_here((), |()| self.jobs.take_now(MAX_BATCH));
-        self.jobs.kick();
+    /// Writes what is queued as one batch (at most [`MAX_BATCH`]). While the writer thread
+    /// writes a batch, what is queued here waits for this thread's next park: that batch's
+    /// answers wake the tasks here, which queue their next commits, and all of them then go
+    /// in one batch (handed to the writer, they would form a second cohort, a fdatasync each,
+    /// for good). The deferred commits' own timers bound the wait ([`IDLE_WAIT`]). Whatever
+    /// else this thread cannot write without waiting goes to the writer, which is woken for
+    /// it: the store held by the tailer or another process, a journal not created yet (that
+    /// waits for the workspace root's lock), or more than a batch.
+    fn write(self: &Arc<Self>) {
+        let held = self
+            .write_here((), |()| self.jobs.take_now(MAX_BATCH))
+            .is_err();
+        if held && self.shared.writer_writing.load(Ordering::Acquire) {
+            write_at_next_park(self);
+        } else {
+            self.jobs.kick();
+        }
     }
 
     /// Writes one commit as a batch of its own on the caller's thread, if the store is free

@@ -4,6 +4,11 @@
 //! completes the count a gathering writer waits for, or the first after a pause. The others
 //! join without a system call. (A std channel wakes its receiver on every send, so a writer
 //! gathering eight commits was woken, and parked again, eight times per batch.)
+//!
+//! A commit queued quietly belongs to the runtime that queued it, which writes it when it
+//! parks: the writer takes it only once kicked, or along with a commit pushed for the writer.
+//! (Taking it on its own, the writer split a runtime's clients into two cohorts whose batches
+//! alternated, one fdatasync each, and the split kept itself going.)
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -15,6 +20,8 @@ pub(super) struct CommitQueue<T> {
 
 struct Inner<T> {
     items: Vec<T>,
+    /// How many of `items` were pushed for the writer (the rest were queued quietly).
+    loud: usize,
     closed: bool,
     /// How many queued items the writer is parked for; 0 while it is not parked.
     waiting_for: usize,
@@ -29,6 +36,7 @@ impl<T> CommitQueue<T> {
         CommitQueue {
             inner: Mutex::new(Inner {
                 items: Vec::new(),
+                loud: 0,
                 closed: false,
                 waiting_for: 0,
                 kicked: false,
@@ -49,7 +57,8 @@ impl<T> CommitQueue<T> {
             return Err(item);
         }
         inner.items.push(item);
-        let wake = inner.waiting_for != 0 && inner.items.len() >= inner.waiting_for;
+        inner.loud += 1;
+        let wake = inner.waiting_for != 0 && inner.for_writer() >= inner.waiting_for;
         inner.wakes += u64::from(wake);
         drop(inner);
         if wake {
@@ -89,7 +98,7 @@ impl<T> CommitQueue<T> {
     pub(super) fn take_now(&self, max: usize) -> Vec<T> {
         let mut inner = self.lock();
         let n = inner.items.len().min(max);
-        inner.items.drain(..n).collect()
+        inner.drain(n)
     }
 
     /// Nothing is queued (an instant's answer: a push may follow at once).
@@ -108,7 +117,8 @@ impl<T> CommitQueue<T> {
     pub(super) fn close_and_drain(&self) -> Vec<T> {
         let mut inner = self.lock();
         inner.closed = true;
-        std::mem::take(&mut inner.items)
+        let n = inner.items.len();
+        inner.drain(n)
     }
 
     /// Waits for `want` items and returns at most `max`, oldest first (`None` once closed and
@@ -128,10 +138,11 @@ impl<T> CommitQueue<T> {
         let mut gathered = false;
         if want > 1 {
             inner = self.wait_for(inner, want, back);
-            gathered = !inner.items.is_empty();
+            gathered = inner.for_writer() > 0;
         }
-        while inner.items.is_empty() {
+        while inner.for_writer() == 0 {
             if inner.closed {
+                // (Closed, every item is the writer's: none is left.)
                 return None;
             }
             inner.waiting_for = 1;
@@ -143,7 +154,7 @@ impl<T> CommitQueue<T> {
         inner.waiting_for = 0;
         inner.kicked = false;
         let n = inner.items.len().min(max);
-        Some(inner.items.drain(..n).collect())
+        Some(inner.drain(n))
     }
 
     /// Waits (parked, `waiting_for` set) until `want` items are queued, the queue closes, or
@@ -156,7 +167,7 @@ impl<T> CommitQueue<T> {
     ) -> MutexGuard<'a, Inner<T>> {
         let until = Instant::now() + gather;
         inner.waiting_for = want;
-        while inner.items.len() < want && !inner.closed && !inner.kicked {
+        while inner.for_writer() < want && !inner.closed && !inner.kicked {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -168,6 +179,30 @@ impl<T> CommitQueue<T> {
                 .0;
         }
         inner
+    }
+}
+
+impl<T> Inner<T> {
+    /// How many items the writer may take now: all of them once it is kicked, the queue is
+    /// closed, or one was pushed for it; none while every item waits for its runtime.
+    fn for_writer(&self) -> usize {
+        if self.kicked || self.closed || self.loud > 0 {
+            self.items.len()
+        } else {
+            0
+        }
+    }
+
+    /// The oldest `n` items; once the queue is empty, a kick is spent (it was for them).
+    fn drain(&mut self, n: usize) -> Vec<T> {
+        let taken: Vec<T> = self.items.drain(..n).collect();
+        // Which items were loud is not kept: the taken count as quiet first, so a loud item
+        // left is never mistaken for a quiet one (a quiet one may be taken a kick early).
+        self.loud = self.loud.min(self.items.len());
+        if self.items.is_empty() {
+            self.kicked = false;
+        }
+        taken
     }
 }
 
@@ -288,6 +323,33 @@ mod tests {
             "not after the gather"
         );
         assert!(!q.lock().kicked, "a take consumes the kick");
+    }
+
+    /// Quietly queued items wait for their runtime: a writer that gathers (here for 50 ms)
+    /// ends its batch without them, and a writer parked for an item is not woken by them.
+    /// A push for the writer takes them along.
+    #[test]
+    fn quiet_items_are_left_to_their_runtime_until_a_push_for_the_writer_or_a_kick() {
+        let q = Arc::new(CommitQueue::new());
+        let taker = parked_taker(&q, Duration::from_millis(50));
+        q.push_quiet(0).expect("open");
+        q.push_quiet(1).expect("open");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !taker.is_finished(),
+            "the gather ended without taking quiet items"
+        );
+        assert_eq!(q.take_now(512), vec![0, 1], "their runtime takes them");
+        q.push_quiet(2).expect("open");
+        q.push(3).expect("open");
+        assert_eq!(taker.join().expect("taker"), Some(vec![2, 3]));
+        q.push_quiet(4).expect("open");
+        assert_eq!(q.lock().for_writer(), 0);
+        q.kick();
+        assert_eq!(
+            q.take(1, (Duration::ZERO, Duration::ZERO), 512),
+            Some(vec![4])
+        );
     }
 
     #[test]
