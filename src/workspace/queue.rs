@@ -152,7 +152,8 @@ impl<T> CommitQueue<T> {
             inner = self.wait_for(inner, want, gather);
         }
         inner.waiting_for = 0;
-        inner.kicked = false;
+        // A kick stays until the queue is empty (see `Inner::drain`): the quiet items left past
+        // `max` are the writer's too, their committers' timers may have fired already.
         let n = inner.items.len().min(max);
         Some(inner.drain(n))
     }
@@ -350,6 +351,27 @@ mod tests {
             q.take(1, (Duration::ZERO, Duration::ZERO), 512),
             Some(vec![4])
         );
+    }
+
+    /// A kick is for everything queued: what a take leaves past its `max` is still the
+    /// writer's, and the next take gets it without a new kick.
+    #[test]
+    fn a_kick_covers_what_a_take_leaves_past_its_max() {
+        let q = CommitQueue::new();
+        for i in 0..5 {
+            q.push_quiet(i).expect("open");
+        }
+        q.kick();
+        assert_eq!(
+            q.take(1, (Duration::ZERO, Duration::ZERO), 3),
+            Some(vec![0, 1, 2])
+        );
+        assert_eq!(q.lock().for_writer(), 2);
+        assert_eq!(
+            q.take(1, (Duration::ZERO, Duration::ZERO), 3),
+            Some(vec![3, 4])
+        );
+        assert!(!q.lock().kicked, "spent once the queue is empty");
     }
 
     #[test]
