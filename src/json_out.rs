@@ -43,6 +43,11 @@ impl Raw {
     pub fn into_string(self) -> String {
         self.0
     }
+
+    /// Text serde_json wrote (valid JSON by construction).
+    pub fn from_serde_json(text: String) -> Raw {
+        Raw(text)
+    }
 }
 
 impl Serialize for Raw {

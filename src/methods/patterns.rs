@@ -28,7 +28,7 @@ use crate::patterns::{
 use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Profile, Router, RpcError};
 
 pub fn register(r: &mut Router<App>) {
-    r.add(
+    r.add_encoded(
         MethodDef {
             name: "patterns/select",
             doc: "Plan how to split a task into worker lanes: give the `objective` (and optionally `scopes`, `tests_required`, `persistent_workers`, ...). Returns a dry-run wrapper whose `kind` says which payload it holds, chosen by `output` (default `execution_plan`; over MCP the default is `select`, the selection with its lanes, proof expectations and safety notes; other forms render task specs for one mechanism). Nothing is executed: to act on the plan, sync a bundle and create workers.",
@@ -38,7 +38,7 @@ pub fn register(r: &mut Router<App>) {
         },
         select,
     );
-    r.add(
+    r.add_encoded(
         MethodDef {
             name: "patterns/execution_plan",
             doc: "Plan a task like `select_worker_pattern` and return the dry-run execution plan: lanes, task specs for the chosen mechanism and safety notes, ready to hand to workers. Nothing is executed.",
@@ -180,9 +180,9 @@ pub struct RenderResult {
 #[derive(Debug)]
 pub struct PatternsResult(pub Raw);
 
-impl Serialize for PatternsResult {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
+impl From<PatternsResult> for Raw {
+    fn from(result: PatternsResult) -> Raw {
+        result.0
     }
 }
 

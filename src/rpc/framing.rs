@@ -7,6 +7,8 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
+use super::outbox::Message;
+
 /// Largest frame body accepted (16 MiB).
 pub const MAX_FRAME: usize = 16 * 1024 * 1024;
 /// Largest LSP header section accepted before we call it garbage.
@@ -288,22 +290,31 @@ impl Decoder for Codec {
     }
 }
 
-impl Encoder<Bytes> for Codec {
-    type Error = std::io::Error;
-
-    fn encode(&mut self, body: Bytes, dst: &mut BytesMut) -> Result<(), std::io::Error> {
+impl Codec {
+    /// Frames the body made of `pieces` (in order) onto `dst`.
+    fn encode_pieces(&self, pieces: &[&[u8]], dst: &mut BytesMut) {
+        let len: usize = pieces.iter().map(|p| p.len()).sum();
         match self.framing {
             Framing::ContentLength => {
-                dst.reserve(body.len() + 32);
-                dst.put_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
-                dst.put_slice(&body);
+                dst.reserve(len + 32);
+                dst.put_slice(format!("Content-Length: {len}\r\n\r\n").as_bytes());
             }
-            Framing::Ndjson => {
-                dst.reserve(body.len() + 1);
-                dst.put_slice(&body);
-                dst.put_u8(b'\n');
-            }
+            Framing::Ndjson => dst.reserve(len + 1),
         }
+        for piece in pieces {
+            dst.put_slice(piece);
+        }
+        if self.framing == Framing::Ndjson {
+            dst.put_u8(b'\n');
+        }
+    }
+}
+
+impl Encoder<Message> for Codec {
+    type Error = std::io::Error;
+
+    fn encode(&mut self, msg: Message, dst: &mut BytesMut) -> Result<(), std::io::Error> {
+        self.encode_pieces(&msg.pieces().map(str::as_bytes), dst);
         Ok(())
     }
 }
@@ -332,14 +343,34 @@ mod tests {
     }
 
     fn encode_all(framing: Framing, bodies: &[Vec<u8>]) -> Vec<u8> {
-        let mut codec = Codec::new(framing);
+        let codec = Codec::new(framing);
         let mut dst = BytesMut::new();
         for b in bodies {
-            codec
-                .encode(Bytes::copy_from_slice(b), &mut dst)
-                .expect("encode is infallible");
+            codec.encode_pieces(&[b], &mut dst);
         }
         dst.to_vec()
+    }
+
+    /// A reply spliced from its pieces is framed as its whole text would be: the length
+    /// counts every piece, and the frame reads back as the joined text.
+    #[test]
+    fn a_spliced_message_frames_as_its_whole_text() {
+        for framing in [Framing::ContentLength, Framing::Ndjson] {
+            let spliced = || Message::Spliced {
+                head: r#"{"jsonrpc":"2.0","id":7,"result":"#.to_string(),
+                body: r#"{"kind":"é","n":[1,2]}"#.to_string(),
+                tail: "}",
+            };
+            let whole = spliced().into_string();
+            let mut codec = Codec::new(framing);
+            let mut dst = BytesMut::new();
+            codec.encode(spliced(), &mut dst).expect("encode");
+            assert_eq!(dst.to_vec(), encode_all(framing, &[whole.clone().into()]));
+            assert_eq!(
+                drain(&mut codec, &dst, 3),
+                vec![Frame::Body(Bytes::from(whole))]
+            );
+        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use super::outbox::Message;
+
 /// A request id: JSON-RPC allows numbers and strings (we refuse fractional numbers and null).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -306,31 +308,44 @@ pub fn reply_ok(id: &Id, result: Value) -> Value {
 }
 
 /// A success reply whose result is already encoded JSON (spliced in, never re-parsed).
-pub fn reply_ok_raw(id: &Id, result: &serde_json::value::RawValue) -> String {
-    let id = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+pub fn reply_ok_raw(id: &Id, result: &str) -> String {
+    let head = reply_head(id);
     // Sized once: `format!` cannot know the result's length and would grow (and copy) a
-    // multi-megabyte selection several times.
-    let body = result.get();
-    let mut out =
-        String::with_capacity(REPLY_HEAD.len() + id.len() + REPLY_RESULT.len() + body.len() + 1);
-    out.push_str(REPLY_HEAD);
-    out.push_str(&id);
-    out.push_str(REPLY_RESULT);
-    out.push_str(body);
+    // multi-megabyte result several times.
+    let mut out = String::with_capacity(head.len() + result.len() + 1);
+    out.push_str(&head);
+    out.push_str(result);
     out.push('}');
     out
+}
+
+/// A success reply around its already-encoded result, which is handed over as it is: the
+/// writer puts the pieces together as it frames them (no copy into a reply string of its own).
+pub fn reply_ok_spliced(id: &Id, result: String) -> Message {
+    Message::Spliced {
+        head: reply_head(id),
+        body: result,
+        tail: "}",
+    }
+}
+
+/// A success reply's text up to its result.
+fn reply_head(id: &Id) -> String {
+    let id = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+    let mut head = String::with_capacity(REPLY_HEAD.len() + id.len() + REPLY_RESULT.len());
+    head.push_str(REPLY_HEAD);
+    head.push_str(&id);
+    head.push_str(REPLY_RESULT);
+    head
 }
 
 /// A success reply whose result `write` appends straight into the reply's buffer (no result
 /// string of its own to copy in). `write` appends UTF-8 only; should it not, the reply is an
 /// internal error rather than a corrupt frame.
 pub fn reply_ok_writing(id: &Id, size_hint: usize, write: impl FnOnce(&mut Vec<u8>)) -> String {
-    let id_text = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
-    let mut out =
-        Vec::with_capacity(REPLY_HEAD.len() + id_text.len() + REPLY_RESULT.len() + size_hint + 1);
-    out.extend_from_slice(REPLY_HEAD.as_bytes());
-    out.extend_from_slice(id_text.as_bytes());
-    out.extend_from_slice(REPLY_RESULT.as_bytes());
+    let head = reply_head(id);
+    let mut out = Vec::with_capacity(head.len() + size_hint + 1);
+    out.extend_from_slice(head.as_bytes());
     write(&mut out);
     out.push(b'}');
     String::from_utf8(out).unwrap_or_else(|_| {
@@ -371,7 +386,7 @@ mod tests {
         let result =
             serde_json::value::RawValue::from_string(r#"{"a":[1,"x\"y"]}"#.into()).expect("raw");
         for id in [Id::Int(-3), Id::Str("q\"1".into())] {
-            let text = reply_ok_raw(&id, &result);
+            let text = reply_ok_raw(&id, result.get());
             let parsed: Value = serde_json::from_str(&text).expect("a reply is JSON");
             assert_eq!(
                 parsed,
@@ -381,6 +396,9 @@ mod tests {
             let written =
                 reply_ok_writing(&id, 0, |out| out.extend_from_slice(result.get().as_bytes()));
             assert_eq!(written, text, "written in place: the same bytes");
+            let spliced = reply_ok_spliced(&id, result.get().to_owned());
+            assert_eq!(spliced.len(), text.len());
+            assert_eq!(spliced.into_string(), text, "spliced: the same bytes");
             let bad = reply_ok_writing(&id, 0, |out| out.extend_from_slice(&[b'"', 0xff, b'"']));
             let parsed: Value = serde_json::from_str(&bad).expect("still a JSON reply");
             assert_eq!(parsed["error"]["code"], codes::INTERNAL_ERROR, "{bad}");

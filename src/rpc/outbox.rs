@@ -6,6 +6,61 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Notify, mpsc};
 
+/// An encoded message for the writer: its text whole, or a reply whose encoded result goes
+/// between its head and its tail only as the frame is written (a selection of megabytes is
+/// then copied once, into the writer's buffer, not into a reply string first).
+#[derive(Debug)]
+pub enum Message {
+    Whole(String),
+    Spliced {
+        head: String,
+        body: String,
+        tail: &'static str,
+    },
+}
+
+impl Message {
+    /// Bytes of text (the frame's body).
+    pub fn len(&self) -> usize {
+        match self {
+            Message::Whole(text) => text.len(),
+            Message::Spliced { head, body, tail } => head.len() + body.len() + tail.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The pieces of text in order.
+    pub fn pieces(&self) -> [&str; 3] {
+        match self {
+            Message::Whole(text) => [text, "", ""],
+            Message::Spliced { head, body, tail } => [head, body, tail],
+        }
+    }
+
+    /// The text in one string (for a batch's array of replies).
+    pub fn into_string(self) -> String {
+        match self {
+            Message::Whole(text) => text,
+            Message::Spliced { head, body, tail } => {
+                let mut text = String::with_capacity(head.len() + body.len() + tail.len());
+                text.push_str(&head);
+                text.push_str(&body);
+                text.push_str(tail);
+                text
+            }
+        }
+    }
+}
+
+impl From<String> for Message {
+    fn from(text: String) -> Message {
+        Message::Whole(text)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Level {
     bytes: AtomicUsize,
@@ -15,14 +70,14 @@ struct Level {
 /// The sending side; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Outbox {
-    tx: mpsc::UnboundedSender<String>,
+    tx: mpsc::UnboundedSender<Message>,
     level: Arc<Level>,
 }
 
 /// The writer's side.
 #[derive(Debug)]
 pub struct OutboxReceiver {
-    rx: mpsc::UnboundedReceiver<String>,
+    rx: mpsc::UnboundedReceiver<Message>,
     level: Arc<Level>,
 }
 
@@ -40,7 +95,8 @@ pub fn outbox() -> (Outbox, OutboxReceiver) {
 
 impl Outbox {
     /// Queues a message; false when the writer is gone.
-    pub fn send(&self, msg: String) -> bool {
+    pub fn send(&self, msg: impl Into<Message>) -> bool {
+        let msg = msg.into();
         let n = msg.len();
         self.level.bytes.fetch_add(n, Ordering::SeqCst);
         if self.tx.send(msg).is_err() {
@@ -68,11 +124,11 @@ impl Outbox {
 }
 
 impl OutboxReceiver {
-    pub async fn recv(&mut self) -> Option<String> {
+    pub async fn recv(&mut self) -> Option<Message> {
         self.rx.recv().await
     }
 
-    pub fn try_recv(&mut self) -> Option<String> {
+    pub fn try_recv(&mut self) -> Option<Message> {
         self.rx.try_recv().ok()
     }
 
@@ -109,9 +165,9 @@ mod tests {
         rx.written(msg.len());
         waiter.await.expect("waiter ends");
         assert_eq!(out.queued(), 0);
-        assert!(out.send("y".into()));
+        assert!(out.send("y".to_string()));
         drop(rx);
         out.wait_below(0).await; // a gone writer never blocks the reader
-        assert!(!out.send("z".into()));
+        assert!(!out.send("z".to_string()));
     }
 }

@@ -14,7 +14,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use serde_json::value::RawValue;
+use crate::json_out::Raw;
 
 use super::message::{RpcError, encode, notification};
 use super::outbox::Outbox;
@@ -159,7 +159,7 @@ impl CallCtx {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type HandlerFn<S> =
-    dyn Fn(Arc<S>, CallCtx, Value) -> BoxFuture<Result<Box<RawValue>, RpcError>> + Send + Sync;
+    dyn Fn(Arc<S>, CallCtx, Value) -> BoxFuture<Result<Raw, RpcError>> + Send + Sync;
 
 /// A registered method.
 pub struct Method<S> {
@@ -308,6 +308,40 @@ impl<S: Send + Sync + 'static> Router<S> {
         F: Fn(Arc<S>, CallCtx, P) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, RpcError>> + Send + 'static,
     {
+        self.add_finishing(def, handler, |result: R| {
+            serde_json::to_string(&result)
+                .map(Raw::from_serde_json)
+                .map_err(|e| {
+                    tracing::error!(error = %e, "result did not serialize");
+                    RpcError::internal("encoding the result")
+                })
+        });
+    }
+
+    /// Registers a typed handler whose result is already encoded JSON (`R` gives its schema):
+    /// the text goes into the reply as it is, neither encoded again nor copied.
+    pub fn add_encoded<P, R, F, Fut>(&mut self, def: MethodDef, handler: F)
+    where
+        P: DeserializeOwned + JsonSchema + Send + 'static,
+        R: Into<Raw> + JsonSchema + 'static,
+        F: Fn(Arc<S>, CallCtx, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, RpcError>> + Send + 'static,
+    {
+        self.add_finishing(def, handler, |result: R| Ok(result.into()));
+    }
+
+    /// Registers `handler`, its result turned into JSON text by `finish`.
+    fn add_finishing<P, R, F, Fut>(
+        &mut self,
+        def: MethodDef,
+        handler: F,
+        finish: fn(R) -> Result<Raw, RpcError>,
+    ) where
+        P: DeserializeOwned + JsonSchema + Send + 'static,
+        R: JsonSchema + 'static,
+        F: Fn(Arc<S>, CallCtx, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, RpcError>> + Send + 'static,
+    {
         assert!(
             !(def.audience == Audience::Operator && def.mcp_tool.is_some()),
             "operator method {} must not be an MCP tool",
@@ -318,11 +352,7 @@ impl<S: Send + Sync + 'static> Router<S> {
             let handler = Arc::clone(&handler);
             Box::pin(async move {
                 let typed: P = decode_params(params)?;
-                let result = handler(state, ctx, typed).await?;
-                serde_json::value::to_raw_value(&result).map_err(|e| {
-                    tracing::error!(error = %e, "result did not serialize");
-                    RpcError::internal("encoding the result")
-                })
+                finish(handler(state, ctx, typed).await?)
             })
         });
         let previous = self.methods.insert(
@@ -375,7 +405,7 @@ impl<S: Send + Sync + 'static> Router<S> {
         ctx: CallCtx,
         method: &str,
         params: Value,
-    ) -> Result<Box<RawValue>, RpcError> {
+    ) -> Result<Raw, RpcError> {
         let m = self
             .methods
             .get(method)

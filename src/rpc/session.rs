@@ -23,12 +23,12 @@ use tokio_util::sync::CancellationToken;
 use crate::fanout::{RecvError, TryRecvError};
 
 use super::framing::{Codec, Frame, FrameError, Framing};
-use super::outbox::{Outbox, OutboxReceiver, outbox};
+use super::outbox::{Message, Outbox, OutboxReceiver, outbox};
 use serde_json::value::RawValue;
 
 use super::message::{
     Id, Incoming, RpcError, classify, codes, encode, notification, recover_id, reply_err, reply_ok,
-    reply_ok_raw, reply_ok_writing,
+    reply_ok_raw, reply_ok_spliced, reply_ok_writing,
 };
 use super::router::{
     Access, Audience, CallCtx, ClientInfo, Profile, Progress, ProgressStyle, Role, Router,
@@ -337,11 +337,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     let mut sink = FramedWrite::new(output, Codec::new(framing));
     while let Some(msg) = rx.recv().await {
         let mut bytes = msg.len();
-        sink.feed(Bytes::from(msg)).await?;
+        sink.feed(msg).await?;
         // Batch whatever else is already queued into the same flush.
         while let Some(more) = rx.try_recv() {
             bytes += more.len();
-            sink.feed(Bytes::from(more)).await?;
+            sink.feed(more).await?;
         }
         sink.flush().await?;
         rx.written(bytes);
@@ -777,7 +777,7 @@ impl<H: Host> Conn<H> {
                 } else {
                     &tools.result
                 };
-                self.reply_encoded(batch, reply_ok_raw(&id, result));
+                self.reply_encoded(batch, reply_ok_raw(&id, result.get()));
                 return Ok(());
             }
             "tools/call" if profile == Profile::Mcp => {
@@ -887,8 +887,8 @@ impl<H: Host> Conn<H> {
             if !still_pending {
                 return; // cancelled: -32800 was already sent
             }
-            let reply = if let Some(wrap) = mcp {
-                match result {
+            let reply: Message = if let Some(wrap) = mcp {
+                let text = match result {
                     Ok(raw) => {
                         let text = raw.get();
                         // The text twice, once escaped (JSON text grows by about a tenth:
@@ -899,22 +899,23 @@ impl<H: Host> Conn<H> {
                         })
                     }
                     Err(e) => match tool_error_result(e, stateless_result) {
-                        Ok(raw) => reply_ok_raw(&id, &raw),
+                        Ok(raw) => reply_ok_raw(&id, raw.get()),
                         Err(_) => encode(&reply_err(
                             Some(&id),
                             &RpcError::internal("encoding the tool result"),
                         )),
                     },
-                }
+                };
+                text.into()
             } else {
                 match result {
-                    Ok(raw) => reply_ok_raw(&id, &raw),
-                    Err(e) => encode(&reply_err(Some(&id), &e)),
+                    Ok(raw) => reply_ok_spliced(&id, raw.into_string()),
+                    Err(e) => encode(&reply_err(Some(&id), &e)).into(),
                 }
             };
             match reply_to {
                 Some(tx) => {
-                    let _ = tx.send(reply);
+                    let _ = tx.send(reply.into_string());
                 }
                 None => {
                     let _ = shared.out.send(reply);
