@@ -33,6 +33,7 @@ use crate::fanout::{Fanout, Subscription};
 
 mod idle;
 mod queue;
+mod tail;
 
 use crate::anchor::{Anchor, HeadMark, Standing};
 pub use crate::store::Record;
@@ -52,7 +53,8 @@ const MAX_GATHER: Duration = Duration::from_millis(2);
 /// Journal space the writer allocates ahead of its appends: a commit's fdatasync then writes
 /// data, not the file's size too (one in ~130 operations pays for the next stretch).
 const PREALLOCATE: u64 = 256 * 1024;
-/// How often the tailer looks for other processes' appends.
+/// How often at most the tailer looks for other processes' appends (how often it looks where
+/// the journal cannot be watched).
 const TAIL_INTERVAL: Duration = Duration::from_millis(25);
 /// A read re-checks the journal itself when the last check is older than this, so a burst of
 /// reads costs one check while a read after a pause still sees other processes' writes.
@@ -702,14 +704,10 @@ impl Workspace {
         {
             let shared = Arc::clone(&shared);
             let stop = Arc::clone(&stop_tailer);
+            let dir = gaffer_dir.clone();
             std::thread::Builder::new()
                 .name("gaffer-tailer".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(TAIL_INTERVAL);
-                        fold_new(&mut lock(&shared.io), &shared);
-                    }
-                })
+                .spawn(move || tail_loop(&shared, &dir, &stop))
                 .map_err(spawn_err)?;
         }
         let local = Arc::new(LocalWriter {
@@ -1047,12 +1045,44 @@ fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
 
 /// Folds records other processes appended since we last looked. The journal is read with
 /// only `io` held; the state lock is taken just to fold.
-fn fold_new(io: &mut Io, shared: &Shared) {
+/// The tailer: folds other processes' appends when the journal changes (see [`tail`]). The
+/// store found free, an append is another process's and is folded at once; held, this process
+/// is writing (its own appends change the journal too), and the look waits an interval, as a
+/// poll did, so the tailer never queues behind each of this process's batches. A look that
+/// found nothing new (this process's own append) keeps the next at least an interval away;
+/// one that found another process's records does not (an approval's decision often follows
+/// its preparation within milliseconds).
+fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &std::sync::atomic::AtomicBool) {
+    let mut watch = tail::JournalWatch::new(gaffer_dir);
+    let mut spacing = TAIL_INTERVAL;
+    while !stop.load(Ordering::Relaxed) {
+        watch.wait(spacing);
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut io = match shared.io.try_lock() {
+            Ok(io) => io,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(TAIL_INTERVAL);
+                lock(&shared.io)
+            }
+        };
+        spacing = if fold_new(&mut io, shared) {
+            Duration::ZERO
+        } else {
+            TAIL_INTERVAL
+        };
+    }
+}
+
+/// Folds what other processes appended; true when there was something.
+fn fold_new(io: &mut Io, shared: &Shared) -> bool {
     let polled = io.store.poll();
     let mut folded = lock(&shared.folded);
     folded.last_poll = Instant::now();
     match polled {
-        Ok(records) if records.is_empty() => {}
+        Ok(records) if records.is_empty() => false,
         Ok(records) => {
             let mut notices = Vec::new();
             io.since_snapshot += records.len() as u64;
@@ -1065,8 +1095,12 @@ fn fold_new(io: &mut Io, shared: &Shared) {
             });
             drop(folded);
             broadcast_all(shared, notices);
+            true
         }
-        Err(e) => tracing::error!(error = %e, "reading other processes' records failed"),
+        Err(e) => {
+            tracing::error!(error = %e, "reading other processes' records failed");
+            false
+        }
     }
 }
 
