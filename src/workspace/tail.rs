@@ -1,7 +1,7 @@
 //! When the tailer looks for other processes' appends. On Linux it sleeps until the journal
 //! directory changes (inotify), then folds at once: another process's commit is noticed in
-//! well under a millisecond, and an idle server makes no wake-ups at all where a fixed poll
-//! woke it 40 times a second. A busy journal (its own appends change it too) still costs at
+//! well under a millisecond, and an idle server wakes once a second (the fallback below)
+//! where a fixed poll woke it 40 times. A busy journal (its own appends change it too) still costs at
 //! most one fold per [`TAIL_INTERVAL`](super::TAIL_INTERVAL). The events only say when to
 //! look: what is folded is read and checked from the journal as always, so an agent writing
 //! into `.gaffer/` gains nothing but a look every interval.
