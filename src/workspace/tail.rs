@@ -1,10 +1,13 @@
 //! When the tailer looks for other processes' appends. On Linux it sleeps until the journal
-//! directory changes (inotify), then folds at once: another process's commit is noticed in
-//! well under a millisecond, and an idle server wakes once a second (the fallback below)
-//! where a fixed poll woke it 40 times. A busy journal (its own appends change it too) still costs at
-//! most one fold per [`TAIL_INTERVAL`](super::TAIL_INTERVAL). The events only say when to
-//! look: what is folded is read and checked from the journal as always, so an agent writing
-//! into `.gaffer/` gains nothing but a look every interval.
+//! directory changes (inotify), then folds: another process's commit is noticed at once, or
+//! within 25 ms when this process has just appended itself (its own appends change the
+//! journal too, so a look that found only them keeps the next [`TAIL_INTERVAL`] away, as the
+//! poll did). An idle server's tailer wakes once a second (the fallback below) where the
+//! fixed poll woke it 40 times. The events only say when to look: what is folded is read and
+//! checked from the journal as always, so an agent writing into `.gaffer/` gains nothing but
+//! a look every interval.
+//!
+//! [`TAIL_INTERVAL`]: super::TAIL_INTERVAL
 //!
 //! Until the journal directory exists (a workspace nobody has written yet) the watch is on
 //! `.gaffer/` or the workspace root, for its creation; and [`FALLBACK`] bounds every sleep, so a change the watch
