@@ -10,9 +10,9 @@
 //! [`TAIL_INTERVAL`]: super::TAIL_INTERVAL
 //!
 //! Until the journal directory exists (a workspace nobody has written yet) the watch is on
-//! `.gaffer/` or the workspace root, for its creation; and [`FALLBACK`] bounds every sleep, so a change the watch
-//! could not see (a watch refused by the inotify limits) is still found, as before, by a
-//! periodic look.
+//! `.gaffer/` or the workspace root, for its creation; and [`FALLBACK`] bounds every sleep, so
+//! a change the watch could not see (a watch refused by the inotify limits, a journal
+//! directory replaced under it) is still found by a periodic look.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
