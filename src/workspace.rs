@@ -1043,8 +1043,6 @@ fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
     shared.events.send_all(&notices);
 }
 
-/// Folds records other processes appended since we last looked. The journal is read with
-/// only `io` held; the state lock is taken just to fold.
 /// The tailer: folds other processes' appends when the journal changes (see [`tail`]). The
 /// store found free, an append is another process's and is folded at once; held, this process
 /// is writing (its own appends change the journal too), and the look waits an interval, as a
@@ -1076,7 +1074,8 @@ fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &std::sync::atomic::Atomi
     }
 }
 
-/// Folds what other processes appended; true when there was something.
+/// Folds records other processes appended since we last looked; true when there were any.
+/// The journal is read with only `io` held; the state lock is taken just to fold.
 fn fold_new(io: &mut Io, shared: &Shared) -> bool {
     let polled = io.store.poll();
     let mut folded = lock(&shared.folded);
