@@ -108,9 +108,11 @@ fn add_watch(fd: &std::os::fd::OwnedFd, dir: &Path, mask: u32) -> Option<libc::c
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // A symlink the agent put in place is not followed: the watch only says when to look, but
+    // it is on the workspace's own directories or on nothing.
+    let mask = mask | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW;
     // SAFETY: `path` is a NUL-terminated string that outlives the call.
-    let wd =
-        unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask | libc::IN_ONLYDIR) };
+    let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) };
     (wd >= 0).then_some(wd)
 }
 
