@@ -1048,8 +1048,8 @@ fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
 /// is writing (its own appends change the journal too), and the look waits an interval, as a
 /// poll did, so the tailer never queues behind each of this process's batches. A look that
 /// found nothing new (this process's own append) keeps the next at least an interval away;
-/// one that found another process's records does not (an approval's decision often follows
-/// its preparation within milliseconds).
+/// one that found another process's records, only a millisecond (an approval's decision often
+/// follows its preparation within milliseconds).
 fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &std::sync::atomic::AtomicBool) {
     let mut watch = tail::JournalWatch::new(gaffer_dir);
     let mut spacing = TAIL_INTERVAL;
@@ -1066,8 +1066,10 @@ fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &std::sync::atomic::Atomi
                 lock(&shared.io)
             }
         };
+        // Even records from others are looked for at most once a millisecond: an agent
+        // appending record by record cannot keep the tailer folding back to back.
         spacing = if fold_new(&mut io, shared) {
-            Duration::ZERO
+            Duration::from_millis(1)
         } else {
             TAIL_INTERVAL
         };

@@ -11,8 +11,8 @@
 //!
 //! Until the journal directory exists (a workspace nobody has written yet) the watch is on
 //! `.gaffer/` or the workspace root, for its creation; and [`FALLBACK`] bounds every sleep, so
-//! a change the watch could not see (a watch refused by the inotify limits, a journal
-//! directory replaced under it) is still found by a periodic look.
+//! a change the watch could not see (a watch refused by the inotify limits) is still found by a
+//! periodic look. A journal directory replaced under the watch is watched afresh.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -27,6 +27,9 @@ pub(super) struct JournalWatch {
     inotify: Option<std::os::fd::OwnedFd>,
     /// Whether the journal directory itself is watched.
     watching_journal: bool,
+    /// The journal directory's watch.
+    #[cfg(target_os = "linux")]
+    journal_wd: Option<libc::c_int>,
     /// Watches on the journal's parents, for its creation, until it exists.
     #[cfg(target_os = "linux")]
     creation_watches: Vec<libc::c_int>,
@@ -39,6 +42,8 @@ impl JournalWatch {
             #[cfg(target_os = "linux")]
             inotify: inotify_init(),
             watching_journal: false,
+            #[cfg(target_os = "linux")]
+            journal_wd: None,
             #[cfg(target_os = "linux")]
             creation_watches: Vec::new(),
         };
@@ -56,7 +61,9 @@ impl JournalWatch {
         if let Some(fd) = &self.inotify {
             let changed = wait_readable(fd, FALLBACK);
             if changed {
-                drain(fd);
+                for wd in drain(fd) {
+                    self.lost(wd);
+                }
             }
             if !self.watching_journal {
                 self.arm();
@@ -66,15 +73,31 @@ impl JournalWatch {
         false
     }
 
+    /// A watch the kernel dropped or whose directory moved away (the journal directory
+    /// replaced, a parent deleted): the journal is watched afresh at the next arm.
+    #[cfg(target_os = "linux")]
+    fn lost(&mut self, wd: libc::c_int) {
+        if self.journal_wd == Some(wd) {
+            if let Some(fd) = &self.inotify {
+                remove_watch(fd, wd);
+            }
+            self.journal_wd = None;
+            self.watching_journal = false;
+        }
+        self.creation_watches.retain(|w| *w != wd);
+    }
+
     /// Watches the journal directory; while it does not exist, the nearest of `.gaffer/` and
     /// the workspace root that does, for its creation (dropped once the journal is watched).
     fn arm(&mut self) {
         #[cfg(target_os = "linux")]
         if let Some(fd) = &self.inotify {
-            use libc::{IN_CREATE, IN_MODIFY, IN_MOVED_TO};
+            use libc::{IN_CREATE, IN_DELETE_SELF, IN_MODIFY, IN_MOVE_SELF, IN_MOVED_TO};
             let journal = self.gaffer_dir.join("journal");
-            if add_watch(fd, &journal, IN_MODIFY | IN_CREATE | IN_MOVED_TO).is_some() {
+            let mask = IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF;
+            if let Some(wd) = add_watch(fd, &journal, mask) {
                 self.watching_journal = true;
+                self.journal_wd = Some(wd);
                 for wd in self.creation_watches.drain(..) {
                     remove_watch(fd, wd);
                 }
@@ -137,16 +160,34 @@ fn wait_readable(fd: &std::os::fd::OwnedFd, timeout: Duration) -> bool {
     unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
 }
 
-/// Reads and discards the queued events (only their arrival matters).
+/// Reads the queued events; returns the watches they say are gone (dropped by the kernel,
+/// or their directory moved away). The other events only mattered by arriving.
 #[cfg(target_os = "linux")]
-fn drain(fd: &std::os::fd::OwnedFd) {
+fn drain(fd: &std::os::fd::OwnedFd) -> Vec<libc::c_int> {
     use std::os::fd::AsRawFd;
+    const GONE: u32 = libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF;
     let mut buf = [0u8; 4096];
+    let mut gone = Vec::new();
     loop {
         // SAFETY: reads into a buffer of the length given; the descriptor is non-blocking.
         let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            return;
+        let Ok(n) = usize::try_from(n) else {
+            return gone;
+        };
+        if n == 0 {
+            return gone;
+        }
+        // Each event: wd (i32), mask, cookie, name length (u32 each), then the name.
+        let mut at = 0;
+        while let Some(head) = buf[..n].get(at..at + 16) {
+            let word = |i: usize| [head[i], head[i + 1], head[i + 2], head[i + 3]];
+            let wd = i32::from_ne_bytes(word(0));
+            let mask = u32::from_ne_bytes(word(4));
+            let name_len = u32::from_ne_bytes(word(12)) as usize;
+            if mask & GONE != 0 && !gone.contains(&wd) {
+                gone.push(wd);
+            }
+            at += 16 + name_len;
         }
     }
 }
@@ -180,5 +221,19 @@ mod tests {
         assert!(watch.wait(Duration::ZERO), "append");
         std::fs::write(root.path().join("unrelated.txt"), b"x").expect("write");
         assert!(!watch.wait(Duration::ZERO), "the root is no longer watched");
+        // The journal directory replaced (moved away, a new one made): the new one is watched.
+        std::fs::rename(gaffer.join("journal"), gaffer.join("old")).expect("move away");
+        assert!(watch.wait(Duration::ZERO), "the move");
+        std::fs::create_dir(gaffer.join("journal")).expect("new journal");
+        watch.wait(Duration::ZERO);
+        assert!(
+            watch.watching_journal,
+            "the new journal directory is watched"
+        );
+        std::fs::write(gaffer.join("journal/000001.log"), b"x").expect("append to the new one");
+        assert!(
+            watch.wait(Duration::ZERO),
+            "an append to the new journal directory"
+        );
     }
 }
