@@ -13,7 +13,8 @@
 //!   approval, and terminal), `operations/list` (limit 1 and 100) at each size, and what one
 //!   snapshot of that state costs (written before the submits, so it is printed, not mixed in);
 //!   `--growth-only N` runs just these rows at N held (`--success-only`: the submit ->
-//!   succeeded rows alone, `--clients N` with one client count);
+//!   succeeded rows alone, `--clients N` with one client count; `--approval-only`: the
+//!   approval round trip alone);
 //! - recovery: opening a workspace whose journal holds 100,000 operations, and a serving
 //!   process on it: time to its first reply, to its first reply that needs the operations, and
 //!   its RSS holding them (`--recovery-only N`);
@@ -857,6 +858,21 @@ fn approval_round_trips(n: usize) -> (Vec<Duration>, String) {
     (out, last_payload)
 }
 
+/// Prints the approval round trip's p50 and max over `n` decisions; returns the last
+/// decision's payload (`--approval-only` runs just this row).
+fn approval_row(n: usize) -> String {
+    let (mut rts, payload) = approval_round_trips(n);
+    rts.sort();
+    let p50 = rts[rts.len() / 2];
+    let max = rts[rts.len() - 1];
+    println!(
+        "approval round trip across two processes (decide -> agent sees succeeded): p50 {:.1} ms, max {:.1} ms",
+        p50.as_secs_f64() * 1000.0,
+        max.as_secs_f64() * 1000.0
+    );
+    payload
+}
+
 /// Mean µs per call of `f` over `n` calls (after a short warm-up).
 fn micros_per_op(n: usize, mut f: impl FnMut()) -> f64 {
     for _ in 0..n.min(100) {
@@ -993,6 +1009,10 @@ fn main() {
         });
         return;
     }
+    if std::env::args().any(|a| a == "--approval-only") {
+        approval_row(if quick { 5 } else { 30 });
+        return;
+    }
     if std::env::args().any(|a| a == "--success-only") {
         rt.block_on(success_rows(n, raw_n, 3));
         return;
@@ -1031,15 +1051,7 @@ fn main() {
         recovery_rows(big).await;
         raw
     });
-    let (mut rts, payload) = approval_round_trips(if quick { 5 } else { 30 });
-    rts.sort();
-    let p50 = rts[rts.len() / 2];
-    let max = rts[rts.len() - 1];
-    println!(
-        "approval round trip across two processes (decide -> agent sees succeeded): p50 {:.1} ms, max {:.1} ms",
-        p50.as_secs_f64() * 1000.0,
-        max.as_secs_f64() * 1000.0
-    );
+    let payload = approval_row(if quick { 5 } else { 30 });
     decision_crypto(&payload, if quick { 500 } else { 5000 });
     // The physical limit beside it, from this run.
     let raw_again = raw_fdatasync(raw_n);

@@ -37,6 +37,7 @@ mod tail;
 
 use crate::anchor::{Anchor, HeadMark, Standing};
 pub use crate::store::Record;
+use crate::store::end::JournalPeek;
 use crate::store::{
     ChainStatus, ChainView, Head, RawSnapshot, SnapshotMark, SnapshotTarget, Store, StoreError,
 };
@@ -53,8 +54,9 @@ const MAX_GATHER: Duration = Duration::from_millis(2);
 /// Journal space the writer allocates ahead of its appends: a commit's fdatasync then writes
 /// data, not the file's size too (one in ~130 operations pays for the next stretch).
 const PREALLOCATE: u64 = 256 * 1024;
-/// How often at most the tailer looks for other processes' appends (how often it looks where
-/// the journal cannot be watched).
+/// How often at most the tailer looks for other processes' appends while this process appends
+/// steadily (more than once a millisecond), and how often it looks where the journal cannot be
+/// watched.
 const TAIL_INTERVAL: Duration = Duration::from_millis(25);
 /// A read re-checks the journal itself when the last check is older than this, so a burst of
 /// reads costs one check while a read after a pause still sees other processes' writes.
@@ -1043,36 +1045,53 @@ fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
     shared.events.send_all(&notices);
 }
 
-/// The tailer: folds other processes' appends when the journal changes (see [`tail`]). The
-/// store found free, an append is another process's and is folded at once; held, this process
-/// is writing (its own appends change the journal too), and the look waits an interval, as a
-/// poll did, so the tailer never queues behind each of this process's batches. A look that
-/// found nothing new (this process's own append) keeps the next at least an interval away;
-/// one that found another process's records, only a millisecond (an approval's decision often
-/// follows its preparation within milliseconds).
+/// The tailer: folds other processes' appends when the journal changes (see [`tail`]). A
+/// change that leaves nothing past where this process's Store last read or wrote was its own
+/// append, and is not looked into. Otherwise the store found free, the records are folded at
+/// once; held by this process's commit, which folds what others appended before it appends,
+/// the tailer peeks again a millisecond later (never queueing behind this process's batches).
 fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &std::sync::atomic::AtomicBool) {
     let mut watch = tail::JournalWatch::new(gaffer_dir);
-    let mut spacing = TAIL_INTERVAL;
+    let mut peek = JournalPeek::new(&gaffer_dir.join("journal"));
+    let end = || shared.chain.end();
+    let mut pace = tail::Pace::new(end().appends());
+    let mut spacing = tail::MIN_SPACING;
+    let mut again = false;
+    let mut last_read = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        watch.wait(spacing);
+        let changed = if again {
+            std::thread::sleep(tail::MIN_SPACING);
+            true
+        } else {
+            // Where nothing can be watched, every wait ends in a look: a poll, an interval apart.
+            watch.wait(if watch.watches() {
+                spacing
+            } else {
+                TAIL_INTERVAL
+            })
+        };
+        again = false;
         if stop.load(Ordering::Relaxed) {
             return;
+        }
+        // A look at least every second (and the one after a second without changes) reads
+        // under the lock whatever a peek would say.
+        if changed && last_read.elapsed() < tail::FALLBACK && peek.nothing_new(end()) {
+            spacing = pace.next(false, end().appends(), TAIL_INTERVAL);
+            continue;
         }
         let mut io = match shared.io.try_lock() {
             Ok(io) => io,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {
-                std::thread::sleep(TAIL_INTERVAL);
-                lock(&shared.io)
+                again = true;
+                continue;
             }
         };
-        // Even records from others are looked for at most once a millisecond: an agent
-        // appending record by record cannot keep the tailer folding back to back.
-        spacing = if fold_new(&mut io, shared) {
-            Duration::from_millis(1)
-        } else {
-            TAIL_INTERVAL
-        };
+        let found_others = fold_new(&mut io, shared);
+        drop(io);
+        last_read = Instant::now();
+        spacing = pace.next(found_others, end().appends(), TAIL_INTERVAL);
     }
 }
 

@@ -23,6 +23,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::end::JournalEnd;
+
 /// Kind of the first record of a store created by a workspace (payload: `workspace_id`,
 /// `created_at_ms`).
 pub const STORE_CREATED: &str = "store.created";
@@ -163,15 +165,27 @@ struct Chain {
     workspace_id: Option<String>,
 }
 
-/// A shared, cheap-to-read view of the chain a [`Store`](super::Store) has read or written.
-/// Reading it takes only its own short lock, never the store's or any disk I/O.
+/// A shared, cheap-to-read view of the chain a [`Store`](super::Store) has read or written,
+/// and of where in the journal it ends. Reading it takes only its own short lock (the end: no
+/// lock), never the store's or any disk I/O.
 #[derive(Clone, Debug, Default)]
-pub struct ChainView(Arc<Mutex<Chain>>);
+pub struct ChainView(Arc<Viewed>);
+
+#[derive(Debug, Default)]
+struct Viewed {
+    chain: Mutex<Chain>,
+    end: JournalEnd,
+}
 
 impl ChainView {
     fn lock(&self) -> MutexGuard<'_, Chain> {
         // Nothing panics while holding it; a poisoned lock still holds consistent data.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.chain.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where the Store's reads and appends have got to in the journal.
+    pub fn end(&self) -> &JournalEnd {
+        &self.0.end
     }
 
     pub fn head(&self) -> Head {
@@ -213,6 +227,8 @@ impl ChainView {
         if seq > 0 {
             ring.push(seq, head);
         }
+        // The journal is not read yet.
+        self.end().publish(0, 0);
         *self.lock() = Chain {
             head_seq: seq,
             head,

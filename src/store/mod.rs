@@ -56,6 +56,7 @@ mod blob;
 pub mod chain;
 mod codec;
 mod durable;
+pub mod end;
 mod error;
 mod segment;
 mod snapshot;
@@ -479,7 +480,7 @@ impl Store {
 
     /// Moves the cursor to where `progress` got and publishes what `log` learned.
     fn advance(&mut self, progress: Progress, log: ChainLog) {
-        self.cursor = progress.cursor;
+        self.set_cursor(progress.cursor);
         self.last_seq = progress.last_seq;
         self.head = progress.head;
         self.view.publish(self.last_seq, self.head, log);
@@ -689,7 +690,10 @@ impl Store {
         if self.cursor.offset == 0 {
             durable::ensure_dir(&self.journal)?;
             segment::create_segment(&self.journal, self.cursor.segment)?;
-            self.cursor.offset = HEADER_LEN as u64;
+            self.set_cursor(Cursor {
+                offset: HEADER_LEN as u64,
+                ..self.cursor
+            });
             self.writer = None;
         }
         let current = self.cursor.segment;
@@ -723,20 +727,24 @@ impl Store {
         if self.cursor.offset == 0 {
             return false;
         }
-        let absent = |next: &Path| matches!(std::fs::symlink_metadata(next), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
         match &self.writer {
             Some(w) if w.segment == self.cursor.segment => {
-                segment::unwritten_at(&w.file, self.cursor.offset) && absent(&w.next)
+                segment::nothing_after(&w.file, self.cursor.offset, &w.next)
             }
-            _ => {
-                File::open(segment::segment_path(&self.journal, self.cursor.segment))
-                    .is_ok_and(|f| segment::unwritten_at(&f, self.cursor.offset))
-                    && absent(&segment::segment_path(
-                        &self.journal,
-                        self.cursor.segment + 1,
-                    ))
-            }
+            _ => File::open(segment::segment_path(&self.journal, self.cursor.segment)).is_ok_and(
+                |f| {
+                    let next = segment::segment_path(&self.journal, self.cursor.segment + 1);
+                    segment::nothing_after(&f, self.cursor.offset, &next)
+                },
+            ),
         }
+    }
+
+    /// Moves the cursor, and publishes where it is for readers without the lock
+    /// ([`end::JournalPeek`]).
+    fn set_cursor(&mut self, cursor: Cursor) {
+        self.cursor = cursor;
+        self.view.end().publish(cursor.segment, cursor.offset);
     }
 
     /// Writes `snap` (whose seq must be the journal's last) and rotates the journal. Takes the
@@ -827,7 +835,10 @@ impl Store {
         result
             .and_then(|_| file.sync_all())
             .map_err(StoreError::io(&torn.path))?;
-        self.cursor.offset = torn.offset.max(HEADER_LEN as u64);
+        self.set_cursor(Cursor {
+            offset: torn.offset.max(HEADER_LEN as u64),
+            ..self.cursor
+        });
         self.writer = None;
         Ok(())
     }
@@ -1068,7 +1079,11 @@ impl WriteTxn<'_> {
                 source,
             });
         }
-        self.store.cursor.offset = offset + buf.len() as u64;
+        self.store.set_cursor(Cursor {
+            offset: offset + buf.len() as u64,
+            ..self.store.cursor
+        });
+        self.store.view.end().appended();
         let mut log = ChainLog::default();
         let mut prev = self.store.head;
         for (record, hash) in records.iter().zip(&hashes) {
@@ -1134,10 +1149,10 @@ impl WriteTxn<'_> {
             trim_left_segment(store, current);
             let path = segment::segment_path(&store.journal, journal_from);
             store.writer = Some(SegmentWriter::open(journal_from, &path)?);
-            store.cursor = Cursor {
+            store.set_cursor(Cursor {
                 segment: journal_from,
                 offset: HEADER_LEN as u64,
-            };
+            });
         }
         Ok(SnapshotTarget {
             dir: store.dir.clone(),

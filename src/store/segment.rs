@@ -121,6 +121,26 @@ pub fn unwritten_at(file: &File, offset: u64) -> bool {
     prefix[..got].iter().all(|b| *b == 0)
 }
 
+/// Whether nothing follows `offset` of the segment open as `file` ([`unwritten_at`]) and the
+/// segment after it, `next`, does not exist (segments are created in order, so one `stat` of
+/// the next suffices).
+pub fn nothing_after(file: &File, offset: u64, next: &Path) -> bool {
+    unwritten_at(file, offset)
+        && matches!(std::fs::symlink_metadata(next), Err(e) if e.kind() == io::ErrorKind::NotFound)
+}
+
+/// A segment opened for reading only, not through a symlink put in its place.
+pub fn open_for_reading(path: &Path) -> io::Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW);
+    }
+    options.open(path)
+}
+
 #[cfg(unix)]
 fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     use std::os::unix::fs::FileExt;

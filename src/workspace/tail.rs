@@ -1,11 +1,21 @@
 //! When the tailer looks for other processes' appends. On Linux it sleeps until the journal
-//! directory changes (inotify), then folds: another process's commit is noticed at once, or
-//! within 25 ms when this process has just appended itself (its own appends change the
-//! journal too, so a look that found only them keeps the next [`TAIL_INTERVAL`] away, as the
-//! poll did). An idle server's tailer wakes once a second (the fallback below) where the
-//! fixed poll woke it 40 times. The events only say when to look: what is folded is read and
-//! checked from the journal as always, so an agent writing into `.gaffer/` gains nothing but
-//! a look every interval.
+//! directory changes (inotify). Its own appends change the journal too, and the events do not
+//! say who wrote, so a change is first checked without any lock
+//! ([`JournalPeek`](crate::store::end::JournalPeek): is anything past where this process last
+//! read or wrote?); only when something is does the tailer take the store's lock to fold it.
+//!
+//! Looks are at least [`MIN_SPACING`] apart, so an agent appending record by record cannot
+//! keep the tailer folding back to back. While this process appends more often than once a
+//! millisecond and nobody else appends ([`Pace`]), they are [`TAIL_INTERVAL`] apart, as the poll
+//! was: a steady writer's own appends would otherwise wake the tailer at their rate. Another
+//! process's commit is thus noticed within a millisecond or two (an operator's decision on the
+//! operation this process has just submitted), or within 25 ms while this process commits
+//! more than a thousand batches a second.
+//!
+//! An idle server's tailer wakes once a second (the fallback below) where the fixed poll woke
+//! it 40 times; that look reads under the lock whatever the peek says. The events only say
+//! when to look: what is folded is read and checked from the journal as always, so an agent
+//! writing into `.gaffer/` gains nothing but a look every millisecond.
 //!
 //! [`TAIL_INTERVAL`]: super::TAIL_INTERVAL
 //!
@@ -15,10 +25,49 @@
 //! periodic look. A journal directory replaced under the watch is watched afresh.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest the tailer sleeps without an event from the watch.
 pub(super) const FALLBACK: Duration = Duration::from_secs(1);
+
+/// The shortest spacing between two looks.
+pub(super) const MIN_SPACING: Duration = Duration::from_millis(1);
+
+/// This process appending more often than once per this (on average since the last look) is
+/// a steady writer, whose own appends would wake the tailer at their rate.
+const STEADY_GAP: Duration = Duration::from_millis(1);
+
+/// How far apart the tailer's looks are, from how often this process itself appends.
+pub(super) struct Pace {
+    appends: u64,
+    at: Instant,
+}
+
+impl Pace {
+    pub(super) fn new(appends: u64) -> Pace {
+        Pace {
+            appends,
+            at: Instant::now(),
+        }
+    }
+
+    /// The spacing before the next look, after one that found other processes' records or
+    /// not, this process having appended `appends` batches in all: [`MIN_SPACING`], except
+    /// `steady` while this process appends steadily and nobody else does.
+    pub(super) fn next(&mut self, found_others: bool, appends: u64, steady: Duration) -> Duration {
+        let now = Instant::now();
+        let batches = appends.saturating_sub(self.appends);
+        let elapsed = now.duration_since(self.at);
+        self.appends = appends;
+        self.at = now;
+        let steadily = u32::try_from(batches).map_or(true, |b| STEADY_GAP * b > elapsed);
+        if found_others || !steadily {
+            MIN_SPACING
+        } else {
+            steady
+        }
+    }
+}
 
 /// What the tailer waits on.
 pub(super) struct JournalWatch {
@@ -70,6 +119,14 @@ impl JournalWatch {
             }
             return changed;
         }
+        false
+    }
+
+    /// Whether changes can be waited for (otherwise every wait is a plain sleep).
+    pub(super) fn watches(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self.inotify.is_some();
+        #[cfg(not(target_os = "linux"))]
         false
     }
 
@@ -206,9 +263,9 @@ mod tests {
         let mut watch = JournalWatch::new(&gaffer);
         assert!(!watch.watching_journal);
         std::fs::create_dir(&gaffer).expect(".gaffer");
-        assert!(watch.wait(Duration::ZERO), ".gaffer created in the root");
+        assert!(woke(&mut watch), ".gaffer created in the root");
         std::fs::create_dir(gaffer.join("journal")).expect("journal");
-        assert!(watch.wait(Duration::ZERO), "journal created in .gaffer");
+        assert!(woke(&mut watch), "journal created in .gaffer");
         assert!(watch.watching_journal);
         assert!(
             watch.creation_watches.is_empty(),
@@ -216,24 +273,44 @@ mod tests {
         );
         let mut segment =
             std::fs::File::create(gaffer.join("journal/000001.log")).expect("segment");
-        assert!(watch.wait(Duration::ZERO), "segment created");
+        assert!(woke(&mut watch), "segment created");
         segment.write_all(b"appended").expect("append");
-        assert!(watch.wait(Duration::ZERO), "append");
+        assert!(woke(&mut watch), "append");
         std::fs::write(root.path().join("unrelated.txt"), b"x").expect("write");
-        assert!(!watch.wait(Duration::ZERO), "the root is no longer watched");
+        assert!(!woke(&mut watch), "the root is no longer watched");
         // The journal directory replaced (moved away, a new one made): the new one is watched.
         std::fs::rename(gaffer.join("journal"), gaffer.join("old")).expect("move away");
-        assert!(watch.wait(Duration::ZERO), "the move");
+        assert!(woke(&mut watch), "the move");
         std::fs::create_dir(gaffer.join("journal")).expect("new journal");
-        watch.wait(Duration::ZERO);
+        woke(&mut watch);
         assert!(
             watch.watching_journal,
             "the new journal directory is watched"
         );
         std::fs::write(gaffer.join("journal/000001.log"), b"x").expect("append to the new one");
-        assert!(
-            watch.wait(Duration::ZERO),
-            "an append to the new journal directory"
+        assert!(woke(&mut watch), "an append to the new journal directory");
+    }
+
+    /// Whether a change woke the watch.
+    fn woke(watch: &mut JournalWatch) -> bool {
+        watch.wait(Duration::ZERO)
+    }
+
+    /// Looks stay a millisecond apart unless this process appends more often than once a
+    /// millisecond and nobody else appends.
+    #[test]
+    fn the_spacing_widens_only_for_a_steady_writer_of_its_own() {
+        let steady = Duration::from_millis(25);
+        let mut pace = Pace::new(0);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            pace.next(false, 3, steady),
+            MIN_SPACING,
+            "3 batches in 20 ms"
         );
+        assert_eq!(pace.next(false, 103, steady), steady, "100 at once");
+        assert_eq!(pace.next(true, 203, steady), MIN_SPACING, "others' records");
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(pace.next(false, 203, steady), MIN_SPACING, "no batch");
     }
 }
