@@ -340,7 +340,7 @@ pub struct Workspace {
     gaffer_dir: PathBuf,
     shared: Arc<Shared>,
     jobs: Arc<CommitQueue<Job>>,
-    stop_tailer: Arc<std::sync::atomic::AtomicBool>,
+    stop_tailer: Arc<tail::TailStop>,
     /// Shared with the store (kept across a reload), so chain queries never wait for a commit.
     chain: ChainView,
     /// Writes this workspace's commits on the thread that made them (see [`idle`]).
@@ -702,7 +702,7 @@ impl Workspace {
                 .spawn(move || writer_loop(&shared, (&dir, &view), &jobs))
                 .map_err(spawn_err)?;
         }
-        let stop_tailer = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_tailer = Arc::new(tail::TailStop::new());
         {
             let shared = Arc::clone(&shared);
             let stop = Arc::clone(&stop_tailer);
@@ -1004,7 +1004,7 @@ impl Workspace {
 
 impl Drop for Workspace {
     fn drop(&mut self) {
-        self.stop_tailer.store(true, Ordering::Relaxed);
+        self.stop_tailer.stop();
         // Closing the queue lets the writer finish queued commits and exit.
         self.jobs.close();
     }
@@ -1050,7 +1050,7 @@ fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
 /// append, and is not looked into. Otherwise the store found free, the records are folded at
 /// once; held by this process's commit, which folds what others appended before it appends,
 /// the tailer peeks again a millisecond later (never queueing behind this process's batches).
-fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &std::sync::atomic::AtomicBool) {
+fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &tail::TailStop) {
     let mut watch = tail::JournalWatch::new(gaffer_dir);
     let mut peek = JournalPeek::new(&gaffer_dir.join("journal"));
     let end = || shared.chain.end();
@@ -1058,20 +1058,21 @@ fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &std::sync::atomic::Atomi
     let mut spacing = tail::MIN_SPACING;
     let mut again = false;
     let mut last_read = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.stopped() {
         let changed = if again {
             std::thread::sleep(tail::MIN_SPACING);
             true
         } else {
             // Where nothing can be watched, every wait ends in a look: a poll, an interval apart.
-            watch.wait(if watch.watches() {
+            let interval = if watch.watches() {
                 spacing
             } else {
                 TAIL_INTERVAL
-            })
+            };
+            watch.wait(interval, stop)
         };
         again = false;
-        if stop.load(Ordering::Relaxed) {
+        if stop.stopped() {
             return;
         }
         // A look at least every second (and the one after a second without changes) reads
@@ -2090,7 +2091,7 @@ mod tests {
     async fn a_first_fold_read_before_the_anchor_moved_is_judged_without_the_store_lock() {
         let dir = tempfile::tempdir().expect("tempdir");
         let b = Workspace::open(dir.path()).expect("open b before any journal");
-        b.stop_tailer.store(true, Ordering::Relaxed);
+        b.stop_tailer.stop();
         tokio::time::sleep(TAIL_INTERVAL * 3).await;
         assert_eq!(b.standing(), Standing::Empty);
         let a = Workspace::open(dir.path()).expect("open a");
@@ -2129,7 +2130,7 @@ mod tests {
             // next poll): a stops polling, so it meets the zeroed journal in its own commit.
             // Without this, on a loaded machine, the tailer folded b's records first in every
             // attempt. (It may still fold once more after its current sleep.)
-            a.stop_tailer.store(true, Ordering::Relaxed);
+            a.stop_tailer.stop();
             tokio::time::sleep(TAIL_INTERVAL * 3).await;
             let segment = dir.path().join(".gaffer/journal/000001.log");
             let before = std::fs::read(&segment).expect("segment");

@@ -25,6 +25,7 @@
 //! periodic look. A journal directory replaced under the watch is watched afresh.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Longest the tailer sleeps without an event from the watch.
@@ -69,6 +70,39 @@ impl Pace {
     }
 }
 
+/// Tells the tailer to end, and wakes it from its wait at once (a dropped workspace's tailer
+/// would otherwise hold the workspace's state until its next look, up to [`FALLBACK`]).
+pub(super) struct TailStop {
+    stopped: AtomicBool,
+    #[cfg(target_os = "linux")]
+    wake: Option<std::os::fd::OwnedFd>,
+}
+
+impl TailStop {
+    pub(super) fn new() -> TailStop {
+        TailStop {
+            stopped: AtomicBool::new(false),
+            #[cfg(target_os = "linux")]
+            wake: eventfd(),
+        }
+    }
+
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        #[cfg(target_os = "linux")]
+        if let Some(fd) = &self.wake {
+            use std::os::fd::AsRawFd;
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live buffer to an eventfd this struct owns.
+            unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+
+    pub(super) fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+}
+
 /// What the tailer waits on.
 pub(super) struct JournalWatch {
     gaffer_dir: PathBuf,
@@ -102,13 +136,13 @@ impl JournalWatch {
 
     /// Sleeps until the journal may have changed, or for at most `FALLBACK`; at least
     /// `interval` after the last return (events meanwhile are kept, not lost). Where nothing
-    /// can be watched, a plain poll: sleeps `interval`.
+    /// can be watched, a plain poll: sleeps `interval`. Returns early once `stop` is told.
     /// True when a change woke it.
-    pub(super) fn wait(&mut self, interval: Duration) -> bool {
+    pub(super) fn wait(&mut self, interval: Duration, stop: &TailStop) -> bool {
         std::thread::sleep(interval);
         #[cfg(target_os = "linux")]
         if let Some(fd) = &self.inotify {
-            let changed = wait_readable(fd, FALLBACK);
+            let changed = wait_readable(fd, stop.wake.as_ref(), FALLBACK);
             if changed {
                 for wd in drain(fd) {
                     self.lost(wd);
@@ -203,18 +237,37 @@ fn remove_watch(fd: &std::os::fd::OwnedFd, wd: libc::c_int) {
     unsafe { libc::inotify_rm_watch(fd.as_raw_fd(), wd) };
 }
 
-/// Whether `fd` became readable within `timeout`.
+/// Whether `fd` became readable within `timeout`; returns early (false) when `stop` does.
 #[cfg(target_os = "linux")]
-fn wait_readable(fd: &std::os::fd::OwnedFd, timeout: Duration) -> bool {
+fn wait_readable(
+    fd: &std::os::fd::OwnedFd,
+    stop: Option<&std::os::fd::OwnedFd>,
+    timeout: Duration,
+) -> bool {
     use std::os::fd::AsRawFd;
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
+    let entry = |fd: libc::c_int| libc::pollfd {
+        fd,
         events: libc::POLLIN,
         revents: 0,
     };
+    // A negative fd is ignored by poll.
+    let mut pfds = [
+        entry(fd.as_raw_fd()),
+        entry(stop.map_or(-1, |s| s.as_raw_fd())),
+    ];
     let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: one pollfd, valid for the call.
-    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+    // SAFETY: two pollfds, valid for the call.
+    let ready = unsafe { libc::poll(pfds.as_mut_ptr(), 2, ms) };
+    ready > 0 && pfds[0].revents != 0
+}
+
+#[cfg(target_os = "linux")]
+fn eventfd() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: no pointers; a non-negative result is a descriptor this process now owns.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// Reads the queued events; returns the watches they say are gone (dropped by the kernel,
@@ -293,7 +346,30 @@ mod tests {
 
     /// Whether a change woke the watch.
     fn woke(watch: &mut JournalWatch) -> bool {
-        watch.wait(Duration::ZERO)
+        watch.wait(Duration::ZERO, &TailStop::new())
+    }
+
+    /// A stop wakes a tailer waiting for changes at once, not at its next periodic look
+    /// (without the wake, the wait below lasts the whole [`FALLBACK`]).
+    #[test]
+    fn a_stop_ends_the_wait_at_once() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut watch = JournalWatch::new(&root.path().join(".gaffer"));
+        let stop = std::sync::Arc::new(TailStop::new());
+        let stopper = std::sync::Arc::clone(&stop);
+        let started = std::time::Instant::now();
+        let waiter = std::thread::spawn(move || {
+            let changed = watch.wait(Duration::ZERO, &stop);
+            (changed, started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        stopper.stop();
+        let (changed, waited) = waiter.join().expect("waiter");
+        assert!(!changed, "nothing changed");
+        assert!(
+            waited < FALLBACK / 2,
+            "the stop ended the wait ({waited:?})"
+        );
     }
 
     /// Looks stay a millisecond apart unless this process appends more often than once a
