@@ -1049,18 +1049,20 @@ fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
 /// change that leaves nothing past where this process's Store last read or wrote was its own
 /// append, and is not looked into. Otherwise the store found free, the records are folded at
 /// once; held by this process's commit, which folds what others appended before it appends,
-/// the tailer peeks again a millisecond later (never queueing behind this process's batches).
+/// the tailer peeks again a millisecond later, backing off to an interval while it stays held
+/// (never queueing behind this process's batches).
 fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &tail::TailStop) {
     let mut watch = tail::JournalWatch::new(gaffer_dir);
     let mut peek = JournalPeek::new(&gaffer_dir.join("journal"));
     let end = || shared.chain.end();
     let mut pace = tail::Pace::new(end().appends());
     let mut spacing = tail::MIN_SPACING;
-    let mut again = false;
+    // While the store is held by this process: how long until the tailer peeks again.
+    let mut again: Option<Duration> = None;
     let mut last_read = Instant::now();
     while !stop.stopped() {
-        let changed = if again {
-            std::thread::sleep(tail::MIN_SPACING);
+        let changed = if let Some(backoff) = again {
+            std::thread::sleep(backoff);
             true
         } else {
             // Where nothing can be watched, every wait ends in a look: a poll, an interval apart.
@@ -1071,13 +1073,14 @@ fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &tail::TailStop) {
             };
             watch.wait(interval, stop)
         };
-        again = false;
+        let backoff = again.take();
         if stop.stopped() {
             return;
         }
         // A look at least every second (and the one after a second without changes) reads
         // under the lock whatever a peek would say.
-        if changed && last_read.elapsed() < tail::FALLBACK && peek.nothing_new(end()) {
+        let peeked = changed && last_read.elapsed() < tail::FALLBACK;
+        if peeked && peek.nothing_new(end()) {
             spacing = pace.next(false, end().appends(), TAIL_INTERVAL);
             continue;
         }
@@ -1085,14 +1088,23 @@ fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &tail::TailStop) {
             Ok(io) => io,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {
-                again = true;
+                // Held long (a commit waiting for another process's lock, a compaction):
+                // peeks back off to an interval apart.
+                again = Some(backoff.map_or(tail::MIN_SPACING, |b| (b * 2).min(TAIL_INTERVAL)));
                 continue;
             }
         };
         let found_others = fold_new(&mut io, shared);
         drop(io);
         last_read = Instant::now();
-        spacing = pace.next(found_others, end().appends(), TAIL_INTERVAL);
+        // A peek's "maybe" that the look found to be nothing (bytes past the end that are no
+        // record, or this process's own append met mid-way) keeps the next look an interval
+        // away: bytes that are not records must not buy a look every millisecond.
+        spacing = if peeked && !found_others {
+            TAIL_INTERVAL
+        } else {
+            pace.next(found_others, end().appends(), TAIL_INTERVAL)
+        };
     }
 }
 

@@ -67,12 +67,23 @@ impl JournalEnd {
 }
 
 /// A reader's handle on the journal for [`JournalPeek::nothing_new`] (it keeps the current
-/// segment open between peeks).
+/// segment open between peeks, as long as its path still names that file).
 #[derive(Debug)]
 pub struct JournalPeek {
     journal: PathBuf,
-    /// The segment last peeked at: its number, handle and the next segment's path.
-    open: Option<(u64, File, PathBuf)>,
+    open: Option<Peeked>,
+}
+
+/// The segment last peeked at.
+#[derive(Debug)]
+struct Peeked {
+    number: u64,
+    path: PathBuf,
+    file: File,
+    /// The file's identity (device, inode): a segment replaced under its name (a copy moved
+    /// over it) is opened afresh, not read forever unchanged through the old handle.
+    id: (u64, u64),
+    next: PathBuf,
 }
 
 impl JournalPeek {
@@ -90,19 +101,42 @@ impl JournalPeek {
         let Some((number, offset)) = end.get() else {
             return false;
         };
-        if !matches!(&self.open, Some((n, _, _)) if *n == number) {
-            let path = segment::segment_path(&self.journal, number);
-            let Ok(file) = segment::open_for_reading(&path) else {
-                self.open = None;
-                return false;
-            };
-            let next = segment::segment_path(&self.journal, number + 1);
-            self.open = Some((number, file, next));
+        let current = self.open.as_ref().is_some_and(|p| {
+            p.number == number
+                && std::fs::symlink_metadata(&p.path).is_ok_and(|m| identity(&m) == p.id)
+        });
+        if !current {
+            self.open = self.open_segment(number);
         }
         self.open
             .as_ref()
-            .is_some_and(|(_, file, next)| segment::nothing_after(file, offset, next))
+            .is_some_and(|p| segment::nothing_after(&p.file, offset, &p.next))
     }
+
+    fn open_segment(&self, number: u64) -> Option<Peeked> {
+        let path = segment::segment_path(&self.journal, number);
+        let file = segment::open_for_reading(&path).ok()?;
+        let id = identity(&file.metadata().ok()?);
+        Some(Peeked {
+            number,
+            path,
+            file,
+            id,
+            next: segment::segment_path(&self.journal, number + 1),
+        })
+    }
+}
+
+#[cfg(unix)]
+fn identity(m: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
+#[cfg(not(unix))]
+fn identity(m: &std::fs::Metadata) -> (u64, u64) {
+    // No inode to compare: the length changes with every append, which is enough to reopen.
+    (m.len(), 0)
 }
 
 #[cfg(test)]
@@ -152,5 +186,30 @@ mod tests {
         txn.append(&[record(seq)]).expect("append");
         drop(txn);
         assert!(!peek.nothing_new(end.end()), "a newer segment");
+    }
+
+    /// A segment replaced under its name (a copy moved over it) is read afresh: appends to the
+    /// new file are "maybe new", not hidden behind the old handle.
+    #[test]
+    fn a_segment_replaced_under_its_name_is_peeked_afresh() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let append = |store: &mut Store| {
+            let mut txn = store.begin().expect("begin");
+            let seq = txn.next_seq();
+            txn.append(&[record(seq)]).expect("append");
+        };
+        let mut theirs = Store::open(dir.path()).expect("store");
+        append(&mut theirs);
+        let mut mine = Store::open(dir.path()).expect("reader");
+        let view = mine.chain_view();
+        assert_eq!(mine.poll().expect("poll").len(), 1);
+        let mut peek = JournalPeek::new(&dir.path().join("journal"));
+        assert!(peek.nothing_new(view.end()), "read to the end");
+        let segment = dir.path().join("journal/000001.log");
+        let copy = dir.path().join("journal/copy");
+        std::fs::copy(&segment, &copy).expect("copy");
+        std::fs::rename(&copy, &segment).expect("moved over the segment");
+        append(&mut Store::open(dir.path()).expect("a fresh writer"));
+        assert!(!peek.nothing_new(view.end()), "the new file's append");
     }
 }

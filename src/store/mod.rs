@@ -554,6 +554,7 @@ impl Store {
             Err(e) => {
                 // Keep what was read so the next poll still hands it over.
                 self.undelivered = out;
+                self.publish_end();
                 Err(e)
             }
         }
@@ -655,6 +656,7 @@ impl Store {
             });
             self.advance(progress, log);
             self.undelivered.append(&mut fresh);
+            self.publish_end();
             match result? {
                 Some(torn) => self.cut_torn_tail(&torn)?,
                 // A scan ends early where bytes filled in while it read (a reader without the
@@ -744,7 +746,18 @@ impl Store {
     /// ([`end::JournalPeek`]).
     fn set_cursor(&mut self, cursor: Cursor) {
         self.cursor = cursor;
-        self.view.end().publish(cursor.segment, cursor.offset);
+        self.publish_end();
+    }
+
+    /// Publishes the cursor, or "not known" while records read past it are still to be handed
+    /// over: a peek may call the journal up to the end read only when all of it was.
+    fn publish_end(&self) {
+        let end = self.view.end();
+        if self.undelivered.is_empty() {
+            end.publish(self.cursor.segment, self.cursor.offset);
+        } else {
+            end.publish(0, 0);
+        }
     }
 
     /// Writes `snap` (whose seq must be the journal's last) and rotates the journal. Takes the
@@ -1023,7 +1036,9 @@ impl WriteTxn<'_> {
     /// tail there was a crash and has been cut). Records already returned by `poll` are not
     /// repeated.
     pub fn take_new(&mut self) -> Result<Vec<Record>, StoreError> {
-        Ok(std::mem::take(&mut self.store.undelivered))
+        let new = std::mem::take(&mut self.store.undelivered);
+        self.store.publish_end();
+        Ok(new)
     }
 
     /// The seq the next appended record must carry.
