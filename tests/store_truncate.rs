@@ -650,3 +650,34 @@ fn a_torn_batch_whose_first_page_was_lost_is_cut_by_the_next_writer() {
     crash(&dir, 5..=6);
     reads_the_prefix(&dir, 4, 0);
 }
+
+/// An agent that writes the journal appends bytes crafted so that every `{"seq":` in them
+/// follows a frame prefix claiming a body to the end of the file: judging whether a whole
+/// record follows the damage would checksum most of the bytes again for each candidate, the
+/// square of their length on every read. The store refuses them as corruption after a
+/// bounded search instead, naming where they start, and cuts nothing.
+#[test]
+fn crafted_bytes_after_the_last_record_are_refused_without_a_search_through_each_candidate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let (seg, _) = build(&src, 3);
+    let mut bytes = fs::read(&seg).unwrap();
+    let records_end = bytes.len();
+    let crafted_len = 1024 * 1024;
+    while bytes.len() < records_end + crafted_len {
+        let claim = u32::try_from(records_end + crafted_len - bytes.len()).unwrap();
+        bytes.extend_from_slice(&claim.to_le_bytes());
+        bytes.extend_from_slice(&[0xAB; 4]);
+        bytes.extend_from_slice(b"{\"seq\":1,");
+    }
+    let dst = tmp.path().join("dst");
+    store_with_segment(&dst, &bytes);
+    match replay_seqs(&dst) {
+        Err(StoreError::Corrupt { offset, reason, .. }) => {
+            assert_eq!(offset, records_end as u64);
+            assert!(reason.contains("claim more records"), "{reason}");
+        }
+        other => panic!("expected the crafted bytes refused, got {other:?}"),
+    }
+    assert_eq!(fs::read(segment(&dst, 1)).unwrap(), bytes, "nothing cut");
+}

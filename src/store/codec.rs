@@ -257,30 +257,54 @@ pub struct Found {
     pub last: bool,
 }
 
-/// The first whole, valid record frame in `buf` starting at position `from` or later. Used to
-/// tell a torn tail from corruption by what, if anything, follows the damage.
-pub fn find_whole_frame(buf: &[u8], from: usize) -> Option<Found> {
+/// The search for a whole frame gave up: its candidates claimed more bytes to check than
+/// [`search_budget`] allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SearchExhausted;
+
+/// Bytes a search through `len` bytes may checksum in all. Real candidates are records laid end
+/// to end, whose bodies add up to at most `len`; only crafted bytes (a prefix claiming a long
+/// body before every `{"seq":`) make each candidate checksum most of the buffer, which without
+/// a bound costs the square of the damage's length on every read of it.
+pub fn search_budget(len: usize) -> usize {
+    len.saturating_mul(4).saturating_add(1 << 20)
+}
+
+/// The first whole, valid record frame in `buf` starting at position `from` or later, within
+/// `budget` bytes checksummed (spent from it). Used to tell a torn tail from corruption by
+/// what, if anything, follows the damage.
+pub fn find_whole_frame(
+    buf: &[u8],
+    from: usize,
+    budget: &mut usize,
+) -> Result<Option<Found>, SearchExhausted> {
     let mut from = from;
     while from + FRAME_PREFIX + BODY_START.len() <= buf.len() {
         let window = &buf[from + FRAME_PREFIX..];
-        let hit = window
+        let Some(hit) = window
             .windows(BODY_START.len())
-            .position(|w| w == BODY_START)?;
+            .position(|w| w == BODY_START)
+        else {
+            return Ok(None);
+        };
         let at = from + hit;
+        let claimed = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+        let cost = ((claimed & LEN_MASK) as usize).min(buf.len() - at);
+        *budget = budget.checked_sub(cost).ok_or(SearchExhausted)?;
         if let Frame::Whole {
             len, first, last, ..
         } = decode(&buf[at..])
         {
-            return Some(Found {
+            return Ok(Some(Found {
                 at,
                 len,
                 first,
                 last,
-            });
+            }));
         }
         from = at + 1;
     }
-    None
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -425,15 +449,43 @@ mod tests {
         let second_at = bytes.len();
         bytes.extend(encode(&rec(2)).unwrap());
         bytes[10] ^= 0xff;
-        let found = find_whole_frame(&bytes, 1).unwrap();
+        let find = |buf: &[u8], from| find_whole_frame(buf, from, &mut search_budget(buf.len()));
+        let found = find(&bytes, 1).unwrap().unwrap();
         assert_eq!(found.at, second_at);
         assert!(found.first && found.last);
         assert_eq!(found.at + found.len, bytes.len());
-        assert_eq!(find_whole_frame(&bytes, second_at + 1), None);
+        assert_eq!(find(&bytes, second_at + 1), Ok(None));
         // Damage in the last frame: nothing whole follows.
         let mut tail = encode(&rec(3)).unwrap();
         tail[12] ^= 0x01;
-        assert_eq!(find_whole_frame(&tail, 1), None);
+        assert_eq!(find(&tail, 1), Ok(None));
+    }
+
+    /// Crafted bytes whose every candidate claims a body reaching to the end exhaust the search
+    /// instead of costing the square of their length; records laid end to end never do.
+    #[test]
+    fn a_search_through_crafted_candidates_gives_up_within_its_budget() {
+        let mut crafted = Vec::new();
+        while crafted.len() < 256 * 1024 {
+            let claim = u32::try_from(256 * 1024 - crafted.len()).unwrap_or(u32::MAX);
+            crafted.extend_from_slice(&claim.to_le_bytes());
+            crafted.extend_from_slice(&[0xAB; 4]);
+            crafted.extend_from_slice(BODY_START);
+            crafted.extend_from_slice(b"1,");
+        }
+        let mut budget = search_budget(crafted.len());
+        assert_eq!(
+            find_whole_frame(&crafted, 0, &mut budget),
+            Err(SearchExhausted)
+        );
+        let mut records = Vec::new();
+        for seq in 1..=500 {
+            records.extend(encode(&rec(seq)).unwrap());
+        }
+        records[3] ^= 0x10; // the first record's length: damaged
+        let mut budget = search_budget(records.len());
+        let found = find_whole_frame(&records, 1, &mut budget);
+        assert!(matches!(found, Ok(Some(f)) if f.at > 0), "{found:?}");
     }
 
     #[test]

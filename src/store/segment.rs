@@ -492,8 +492,16 @@ fn damaged(
             "{reason} (in a segment that is not the last)"
         )));
     }
+    // Bytes that could only be judged by checksumming most of them again for every candidate
+    // are crafted: refused as corruption, never cut as a torn tail.
+    let mut budget = codec::search_budget(rest.len());
+    let exhausted = |_| {
+        corrupt(format!(
+            "{reason}; the bytes after it claim more records than they can hold"
+        ))
+    };
     let mut from = 1;
-    while let Some(found) = codec::find_whole_frame(&rest, from) {
+    while let Some(found) = codec::find_whole_frame(&rest, from, &mut budget).map_err(exhausted)? {
         if found.first {
             return Err(corrupt(format!(
                 "{reason}; a later batch follows at offset {}",
@@ -503,7 +511,9 @@ fn damaged(
         if found.last {
             // The damaged batch ends here; anything whole after it is a later batch.
             let end = found.at + found.len;
-            if let Some(later) = codec::find_whole_frame(&rest, end) {
+            if let Some(later) =
+                codec::find_whole_frame(&rest, end, &mut budget).map_err(exhausted)?
+            {
                 return Err(corrupt(format!(
                     "{reason}; a later record follows at offset {}",
                     offset + later.at as u64
