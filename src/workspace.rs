@@ -1097,10 +1097,11 @@ fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &tail::TailStop) {
         let found_others = fold_new(&mut io, shared);
         drop(io);
         last_read = Instant::now();
-        // A peek's "maybe" that the look found to be nothing (bytes past the end that are no
-        // record, or this process's own append met mid-way) keeps the next look an interval
-        // away: bytes that are not records must not buy a look every millisecond.
-        spacing = if peeked && !found_others {
+        // Bytes past the end that a look under the lock found to be no record, and a peek
+        // still finds there, keep the next look an interval away: bytes that are not records
+        // must not buy a look every millisecond. (A "maybe" that was this process's own append
+        // met mid-way is gone by now.)
+        spacing = if peeked && !found_others && !peek.nothing_new(end()) {
             TAIL_INTERVAL
         } else {
             pace.next(found_others, end().appends(), TAIL_INTERVAL)

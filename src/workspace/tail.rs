@@ -34,14 +34,19 @@ pub(super) const FALLBACK: Duration = Duration::from_secs(1);
 /// The shortest spacing between two looks.
 pub(super) const MIN_SPACING: Duration = Duration::from_millis(1);
 
-/// This process appending more often than once per this (on average since the last look) is
-/// a steady writer, whose own appends would wake the tailer at their rate.
+/// This process appending more often than once per this, since the last look, is busy; busy
+/// for [`STEADY_RUN`] batches on end, it is a steady writer, whose own appends would wake the
+/// tailer at their rate. (A claim and its result, a burst of two or three, are not a run.)
 const STEADY_GAP: Duration = Duration::from_millis(1);
+const STEADY_RUN: u64 = 8;
 
 /// How far apart the tailer's looks are, from how often this process itself appends.
 pub(super) struct Pace {
     appends: u64,
     at: Instant,
+    /// Batches appended since this process last went quiet (fewer than one per
+    /// [`STEADY_GAP`] between two looks).
+    run: u64,
 }
 
 impl Pace {
@@ -49,6 +54,7 @@ impl Pace {
         Pace {
             appends,
             at: Instant::now(),
+            run: 0,
         }
     }
 
@@ -61,8 +67,13 @@ impl Pace {
         let elapsed = now.duration_since(self.at);
         self.appends = appends;
         self.at = now;
-        let steadily = u32::try_from(batches).map_or(true, |b| STEADY_GAP * b > elapsed);
-        if found_others || !steadily {
+        let busy = u32::try_from(batches).map_or(true, |b| STEADY_GAP * b > elapsed);
+        self.run = if busy {
+            self.run.saturating_add(batches)
+        } else {
+            0
+        };
+        if found_others || self.run < STEADY_RUN {
             MIN_SPACING
         } else {
             steady
@@ -373,20 +384,20 @@ mod tests {
     }
 
     /// Looks stay a millisecond apart unless this process appends more often than once a
-    /// millisecond and nobody else appends.
+    /// millisecond for a run of batches and nobody else appends.
     #[test]
     fn the_spacing_widens_only_for_a_steady_writer_of_its_own() {
         let steady = Duration::from_millis(25);
         let mut pace = Pace::new(0);
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(
-            pace.next(false, 3, steady),
-            MIN_SPACING,
-            "3 batches in 20 ms"
-        );
-        assert_eq!(pace.next(false, 103, steady), steady, "100 at once");
-        assert_eq!(pace.next(true, 203, steady), MIN_SPACING, "others' records");
+        let mut next = |others, appends| pace.next(others, appends, steady);
+        assert_eq!(next(false, 3), MIN_SPACING, "3 batches in 20 ms");
+        assert_eq!(next(false, 6), MIN_SPACING, "a burst of 3: no run");
+        assert_eq!(next(false, 106), steady, "100 at once");
+        assert_eq!(next(false, 206), steady, "and on");
+        assert_eq!(next(true, 306), MIN_SPACING, "others' records");
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(pace.next(false, 203, steady), MIN_SPACING, "no batch");
+        assert_eq!(next(false, 307), MIN_SPACING, "quiet: one in 5 ms");
+        assert_eq!(next(false, 310), MIN_SPACING, "a new burst of 3");
     }
 }
