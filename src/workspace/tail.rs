@@ -6,16 +6,17 @@
 //!
 //! Looks are at least [`MIN_SPACING`] apart, so an agent appending record by record cannot
 //! keep the tailer folding back to back. While this process appends more often than once a
-//! millisecond and nobody else appends ([`Pace`]), they are [`TAIL_INTERVAL`] apart, as the poll
-//! was: a steady writer's own appends would otherwise wake the tailer at their rate. Another
-//! process's commit is thus noticed within a millisecond or two (an operator's decision on the
-//! operation this process has just submitted), or within 25 ms while this process commits
-//! more than a thousand batches a second.
+//! millisecond, for a run of batches, and nobody else appends ([`Pace`]), they are
+//! [`TAIL_INTERVAL`] apart, as the poll was: a steady writer's own appends would otherwise wake
+//! the tailer at their rate. Another process's commit is thus noticed within a millisecond or
+//! two (an operator's decision on the operation this process has just submitted), or within
+//! 25 ms while this process commits more than a thousand batches a second.
 //!
 //! An idle server's tailer wakes once a second (the fallback below) where the fixed poll woke
 //! it 40 times; that look reads under the lock whatever the peek says. The events only say
-//! when to look: what is folded is read and checked from the journal as always, so an agent
-//! writing into `.gaffer/` gains nothing but a look every millisecond.
+//! when to look: what is folded is read and checked from the journal as always. An agent
+//! writing into `.gaffer/` gains a look every millisecond only by appending whole, chained
+//! records; bytes that are no record get one every [`TAIL_INTERVAL`].
 //!
 //! [`TAIL_INTERVAL`]: super::TAIL_INTERVAL
 //!
