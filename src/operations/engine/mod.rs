@@ -6,6 +6,7 @@
 //! processes on one workspace never both claim an operation; every execution is authorized by
 //! [`super::authorize::authorize`] at the moment of its claim.
 
+mod deadlines;
 mod decide;
 mod detail;
 mod execute;
@@ -250,6 +251,8 @@ pub struct OperationRuntime {
     /// Outcomes of the operations this process executed itself, as it saw them (evidence a
     /// plan's ledger accepts; journal records of an outcome are claims).
     executed: Mutex<HashMap<String, ExecutedHere>>,
+    /// The timeouts of `wait`, kept by one timer.
+    deadlines: deadlines::Deadlines,
     me: Weak<OperationRuntime>,
 }
 
@@ -297,6 +300,7 @@ impl OperationRuntime {
             autorun: std::sync::atomic::AtomicBool::new(false),
             lanes: std::sync::OnceLock::new(),
             executed: Mutex::new(HashMap::new()),
+            deadlines: deadlines::Deadlines::default(),
             me: me.clone(),
         })
     }
@@ -501,13 +505,15 @@ impl OperationRuntime {
             if let Some(v) = done {
                 return Ok(v);
             }
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(_)) => {}
-                Err(_) => return self.get(client, id),
-                Ok(None) => {
-                    tokio::time::sleep_until(deadline).await;
-                    return self.get(client, id);
+            tokio::select! {
+                biased;
+                notice = rx.recv() => {
+                    if notice.is_none() {
+                        self.deadlines.until(deadline).await;
+                        return self.get(client, id);
+                    }
                 }
+                () = self.deadlines.until(deadline) => return self.get(client, id),
             }
         }
     }

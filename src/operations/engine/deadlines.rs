@@ -1,0 +1,261 @@
+//! The deadlines of `operations/wait`, kept by one timer.
+//!
+//! A tokio timer due before every other timer the runtime holds makes tokio wake its driver
+//! through the eventfd (a `write`, then an `epoll_wait` that returns it), even when the task
+//! registering it runs on the runtime's own thread. Each wait's timeout was such a timer, so
+//! every wait cost those two system calls. A wait's deadline is mostly later than those of
+//! the waits before it: one task sleeping to the earliest deadline held serves them all, and
+//! a deadline that is not earlier than its sleep registers no tokio timer at all. It keeps
+//! sleeping to a deadline whose wait has ended (the next look is then the next deadline),
+//! so a steady stream of waits re-arms it once per deadline, not once per wait.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Deadlines waited on, and the task that wakes them.
+#[derive(Default)]
+pub(super) struct Deadlines {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    held: Mutex<Held>,
+    /// Tells the task a deadline arrived that is earlier than its sleep (or that the
+    /// `Deadlines` is gone).
+    earlier: Notify,
+}
+
+#[derive(Default)]
+struct Held {
+    /// Pending deadlines (with a number telling equal instants apart) and whom to wake.
+    waiting: BTreeMap<(Instant, u64), Waker>,
+    next_key: u64,
+    /// Where the task sleeps to (`None`: until a deadline arrives).
+    armed: Option<Instant>,
+    /// Whether a task runs; it stops with the runtime it was spawned on.
+    running: bool,
+    /// The `Deadlines` was dropped: the task ends once no wait is left.
+    closed: bool,
+}
+
+impl Deadlines {
+    /// Resolves at `deadline`.
+    pub(super) fn until(&self, deadline: Instant) -> Until {
+        Until {
+            shared: Arc::clone(&self.shared),
+            deadline,
+            key: None,
+        }
+    }
+}
+
+impl Drop for Deadlines {
+    fn drop(&mut self) {
+        self.shared.held().closed = true;
+        self.shared.earlier.notify_one();
+    }
+}
+
+impl Shared {
+    fn held(&self) -> MutexGuard<'_, Held> {
+        // Nothing panics while holding it.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A wait for one deadline; dropping it forgets the deadline.
+pub(super) struct Until {
+    shared: Arc<Shared>,
+    deadline: Instant,
+    key: Option<(Instant, u64)>,
+}
+
+impl Future for Until {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if Instant::now() >= this.deadline {
+            this.forget();
+            return Poll::Ready(());
+        }
+        let mut held = this.shared.held();
+        let key = *this.key.get_or_insert_with(|| {
+            held.next_key += 1;
+            (this.deadline, held.next_key)
+        });
+        match held.waiting.get_mut(&key) {
+            Some(w) => w.clone_from(cx.waker()),
+            None => {
+                held.waiting.insert(key, cx.waker().clone());
+            }
+        }
+        let start = !held.running;
+        held.running = true;
+        let earlier = held.armed.is_none_or(|armed| this.deadline < armed);
+        drop(held);
+        if start {
+            let shared = Arc::clone(&this.shared);
+            tokio::spawn(async move { keep(&shared).await });
+        } else if earlier {
+            this.shared.earlier.notify_one();
+        }
+        Poll::Pending
+    }
+}
+
+impl Until {
+    fn forget(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.shared.held().waiting.remove(&key);
+        }
+    }
+}
+
+impl Drop for Until {
+    fn drop(&mut self) {
+        self.forget();
+    }
+}
+
+/// Marks the task stopped however it ends (its runtime shut down drops it mid-sleep), so the
+/// next wait starts another.
+struct Running<'a>(&'a Shared);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut held = self.0.held();
+        held.running = false;
+        held.armed = None;
+    }
+}
+
+/// The task: sleeps to the earliest deadline held, wakes the waits that are due, and sleeps
+/// again; re-arms early only when told a deadline earlier than its sleep arrived.
+async fn keep(shared: &Shared) {
+    let _running = Running(shared);
+    loop {
+        let next = {
+            let mut held = shared.held();
+            let now = Instant::now();
+            while let Some(entry) = held.waiting.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                entry.remove().wake();
+            }
+            let next = held.waiting.keys().next().map(|(at, _)| *at);
+            if next.is_none() && held.closed {
+                return;
+            }
+            held.armed = next;
+            next
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = shared.earlier.notified() => {}
+                }
+            }
+            None => shared.earlier.notified().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! On the real clock: each check is an order (not before the deadline, before a later
+    //! one), never a bound on how late.
+    use super::*;
+    use std::time::Duration;
+
+    const SHORT: Duration = Duration::from_millis(40);
+    const LONG: Duration = Duration::from_millis(1500);
+
+    #[tokio::test]
+    async fn a_wait_resolves_at_its_deadline_not_before() {
+        let d = Deadlines::default();
+        let start = Instant::now();
+        d.until(start + SHORT).await;
+        assert!(start.elapsed() >= SHORT);
+    }
+
+    #[tokio::test]
+    async fn an_earlier_deadline_arriving_after_a_later_one_wakes_first() {
+        let d = Arc::new(Deadlines::default());
+        let start = Instant::now();
+        let late = {
+            let d = Arc::clone(&d);
+            tokio::spawn(async move { d.until(start + LONG).await })
+        };
+        // Once the task sleeps to the long deadline, the short one must re-arm it.
+        while d.shared.held().armed.is_none() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(d.shared.held().armed, Some(start + LONG));
+        d.until(start + SHORT).await;
+        assert!(start.elapsed() >= SHORT);
+        assert!(
+            !late.is_finished(),
+            "the short deadline resolved before the long one"
+        );
+        late.await.expect("late wait");
+        assert!(start.elapsed() >= LONG);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_wait_is_forgotten_and_the_next_deadline_still_fires() {
+        let d = Deadlines::default();
+        let start = Instant::now();
+        // Ended early, as a wait whose operation changed: the task keeps its sleep to LONG.
+        let ended = tokio::time::timeout(SHORT, d.until(start + LONG)).await;
+        assert!(ended.is_err());
+        assert!(d.shared.held().waiting.is_empty());
+        assert_eq!(d.shared.held().armed, Some(start + LONG));
+        // A later deadline registers nothing earlier; it fires after the stale sleep ends.
+        d.until(start + LONG + SHORT).await;
+        assert!(start.elapsed() >= LONG + SHORT);
+    }
+
+    #[test]
+    fn a_runtime_that_ends_takes_its_task_and_the_next_one_starts_another() {
+        let d = Deadlines::default();
+        for _ in 0..2 {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let start = Instant::now();
+                d.until(start + SHORT).await;
+                assert!(start.elapsed() >= SHORT);
+            });
+            drop(rt);
+            assert!(!d.shared.held().running, "the task ended with its runtime");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_task_ends_once_its_deadlines_are_dropped_and_no_wait_is_left() {
+        let d = Deadlines::default();
+        let shared = Arc::clone(&d.shared);
+        d.until(Instant::now() + SHORT).await;
+        assert!(shared.held().running);
+        drop(d);
+        for _ in 0..100 {
+            if !shared.held().running {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the task still runs after its Deadlines was dropped");
+    }
+}
