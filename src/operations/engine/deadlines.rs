@@ -125,15 +125,22 @@ impl Drop for Until {
     }
 }
 
-/// Marks the task stopped however it ends (its runtime shut down drops it mid-sleep), so the
-/// next wait starts another.
+/// Marks the task stopped however it ends (its runtime shut down drops it mid-sleep), and
+/// wakes the waits still held: each polls again on its own runtime and starts another task
+/// there, rather than waiting for a timer that no longer runs.
 struct Running<'a>(&'a Shared);
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        let mut held = self.0.held();
-        held.running = false;
-        held.armed = None;
+        let wakers: Vec<Waker> = {
+            let mut held = self.0.held();
+            held.running = false;
+            held.armed = None;
+            held.waiting.values().cloned().collect()
+        };
+        for w in wakers {
+            w.wake();
+        }
     }
 }
 
@@ -241,6 +248,47 @@ mod tests {
             drop(rt);
             assert!(!d.shared.held().running, "the task ended with its runtime");
         }
+    }
+
+    #[test]
+    fn a_wait_on_another_runtime_outlives_the_runtime_that_ran_the_task() {
+        let d = Arc::new(Deadlines::default());
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        // The task starts on `first`; a wait on another thread's runtime then relies on it.
+        first.block_on(async { d.until(Instant::now() + SHORT).await });
+        let waiter = {
+            let d = Arc::clone(&d);
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .expect("runtime");
+                let start = Instant::now();
+                // A guard on this runtime's own timer, so that a wait left to the dropped
+                // task fails here instead of hanging (and is not merely polled by it).
+                let woke = rt.block_on(async {
+                    tokio::select! {
+                        biased;
+                        () = tokio::time::sleep(10 * LONG) => false,
+                        () = d.until(start + LONG) => true,
+                    }
+                });
+                (woke, start.elapsed())
+            })
+        };
+        while d.shared.held().waiting.is_empty() && !waiter.is_finished() {
+            std::thread::yield_now();
+        }
+        drop(first);
+        let (woke, waited) = waiter.join().expect("waiter");
+        assert!(
+            woke,
+            "the wait was left to the task of a runtime that ended"
+        );
+        assert!(waited >= LONG);
     }
 
     #[tokio::test]
