@@ -43,6 +43,9 @@ struct Held {
     running: bool,
     /// The `Deadlines` was dropped: the task ends once no wait is left.
     closed: bool,
+    /// The task panicked (a runtime without timers): waits panic in their callers, as a
+    /// tokio timer of their own would, instead of starting one failing task after another.
+    failed: bool,
 }
 
 impl Deadlines {
@@ -87,6 +90,10 @@ impl Future for Until {
             return Poll::Ready(());
         }
         let mut held = this.shared.held();
+        assert!(
+            !held.failed,
+            "the wait timer's task panicked: does this runtime have timers enabled?"
+        );
         let key = *this.key.get_or_insert_with(|| {
             held.next_key += 1;
             (this.deadline, held.next_key)
@@ -102,8 +109,13 @@ impl Future for Until {
         let earlier = held.armed.is_none_or(|armed| this.deadline < armed);
         drop(held);
         if start {
-            let shared = Arc::clone(&this.shared);
-            tokio::spawn(async move { keep(&shared).await });
+            // Built here, not in the task: a task dropped before its first poll still marks
+            // itself stopped.
+            let running = Running {
+                shared: Arc::clone(&this.shared),
+                arming: false,
+            };
+            tokio::spawn(async move { keep(running).await });
         } else if earlier {
             this.shared.earlier.notify_one();
         }
@@ -128,14 +140,19 @@ impl Drop for Until {
 /// Marks the task stopped however it ends (its runtime shut down drops it mid-sleep), and
 /// wakes the waits still held: each polls again on its own runtime and starts another task
 /// there, rather than waiting for a timer that no longer runs.
-struct Running<'a>(&'a Shared);
+struct Running {
+    shared: Arc<Shared>,
+    /// Set while the task makes its timer, which panics on a runtime without timers.
+    arming: bool,
+}
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
         let wakers: Vec<Waker> = {
-            let mut held = self.0.held();
+            let mut held = self.shared.held();
             held.running = false;
             held.armed = None;
+            held.failed |= self.arming;
             held.waiting.values().cloned().collect()
         };
         for w in wakers {
@@ -146,8 +163,9 @@ impl Drop for Running<'_> {
 
 /// The task: sleeps to the earliest deadline held, wakes the waits that are due, and sleeps
 /// again; re-arms early only when told a deadline earlier than its sleep arrived.
-async fn keep(shared: &Shared) {
-    let _running = Running(shared);
+async fn keep(mut running: Running) {
+    let shared = Arc::clone(&running.shared);
+    let mut due = Vec::new();
     loop {
         let next = {
             let mut held = shared.held();
@@ -156,19 +174,24 @@ async fn keep(shared: &Shared) {
                 if entry.key().0 > now {
                     break;
                 }
-                entry.remove().wake();
+                due.push(entry.remove());
             }
             let next = held.waiting.keys().next().map(|(at, _)| *at);
-            if next.is_none() && held.closed {
-                return;
-            }
             held.armed = next;
             next
         };
+        // Woken with the lock released: a waker may drop a wait, which takes it.
+        due.drain(..).for_each(Waker::wake);
+        if next.is_none() && shared.held().closed {
+            return;
+        }
         match next {
             Some(at) => {
+                running.arming = true;
+                let sleep = tokio::time::sleep_until(at);
+                running.arming = false;
                 tokio::select! {
-                    () = tokio::time::sleep_until(at) => {}
+                    () = sleep => {}
                     () = shared.earlier.notified() => {}
                 }
             }
@@ -185,7 +208,7 @@ mod tests {
     use std::time::Duration;
 
     const SHORT: Duration = Duration::from_millis(40);
-    const LONG: Duration = Duration::from_millis(1500);
+    const LONG: Duration = Duration::from_secs(3);
 
     #[tokio::test]
     async fn a_wait_resolves_at_its_deadline_not_before() {
@@ -289,6 +312,19 @@ mod tests {
             "the wait was left to the task of a runtime that ended"
         );
         assert!(waited >= LONG);
+    }
+
+    #[test]
+    fn on_a_runtime_without_timers_a_wait_panics_in_its_caller() {
+        let d = Deadlines::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(d.until(Instant::now() + LONG))
+        }));
+        assert!(waited.is_err(), "the wait returned without a timer");
+        assert!(d.shared.held().failed);
     }
 
     #[tokio::test]
