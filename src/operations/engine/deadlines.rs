@@ -1,9 +1,8 @@
 //! The deadlines of `operations/wait`, kept by one timer.
 //!
 //! A tokio timer due before every other timer the runtime holds makes tokio wake its driver
-//! through the eventfd (a `write`, then an `epoll_wait` that returns it), even when the task
-//! registering it runs on the runtime's own thread. Each wait's timeout was such a timer, so
-//! every wait cost those two system calls. A wait's deadline is mostly later than those of
+//! with a `write` to its eventfd, even when the task registering it runs on the runtime's own
+//! thread. Each wait's timeout was such a timer, so every wait cost that system call. A wait's deadline is mostly later than those of
 //! the waits before it: one task sleeping to the earliest deadline held serves them all, and
 //! a deadline that is not earlier than its sleep registers no tokio timer at all. It keeps
 //! sleeping to a deadline whose wait has ended (the next look is then the next deadline),
@@ -90,10 +89,10 @@ impl Future for Until {
             return Poll::Ready(());
         }
         let mut held = this.shared.held();
-        assert!(
-            !held.failed,
-            "the wait timer's task panicked: does this runtime have timers enabled?"
-        );
+        if held.failed {
+            drop(held);
+            panic!("the wait timer's task panicked: does this runtime have timers enabled?");
+        }
         let key = *this.key.get_or_insert_with(|| {
             held.next_key += 1;
             (this.deadline, held.next_key)
