@@ -733,12 +733,16 @@ impl Store {
             Some(w) if w.segment == self.cursor.segment => {
                 segment::nothing_after(&w.file, self.cursor.offset, &w.next)
             }
-            _ => File::open(segment::segment_path(&self.journal, self.cursor.segment)).is_ok_and(
-                |f| {
-                    let next = segment::segment_path(&self.journal, self.cursor.segment + 1);
-                    segment::nothing_after(&f, self.cursor.offset, &next)
-                },
-            ),
+            // Opened as the tailer's peek opens it: a symlink in the segment's place is never
+            // "nothing new", so the caller reads under the lock.
+            _ => segment::open_for_reading(&segment::segment_path(
+                &self.journal,
+                self.cursor.segment,
+            ))
+            .is_ok_and(|f| {
+                let next = segment::segment_path(&self.journal, self.cursor.segment + 1);
+                segment::nothing_after(&f, self.cursor.offset, &next)
+            }),
         }
     }
 

@@ -1031,3 +1031,27 @@ proptest! {
         }
     }
 }
+
+/// A reader's cheap check opens the segment as the tailer's peek does: a symlink put in the
+/// segment's place (an agent pointing it at a copy full of zeros after its records) is never
+/// "nothing new", so the reader reads under the lock rather than trusting the link.
+#[cfg(unix)]
+#[test]
+fn a_symlink_in_a_segments_place_is_never_nothing_new() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut writer = Store::open(tmp.path()).unwrap();
+    writer.preallocate(64 * 1024);
+    append_n(&mut writer, 1);
+    let mut reader = Store::open(tmp.path()).unwrap();
+    assert_eq!(reader.poll().unwrap().len(), 1);
+    assert!(reader.nothing_new(), "read to the end");
+    let segment = tmp.path().join("journal/000001.log");
+    let copy = tmp.path().join("elsewhere.log");
+    fs::copy(&segment, &copy).unwrap();
+    fs::remove_file(&segment).unwrap();
+    std::os::unix::fs::symlink(&copy, &segment).unwrap();
+    assert!(
+        !reader.nothing_new(),
+        "a symlink is read under the lock, not peeked"
+    );
+}
