@@ -187,7 +187,85 @@ pub struct Anchor {
     /// The workspace id last seen at this path (`roots/<root>`): a store replaced by one with
     /// another id, or with none, is told from a new workspace.
     root_file: PathBuf,
-    head: Mutex<Option<File>>,
+    head: Mutex<Option<HeadFile>>,
+}
+
+/// The head file, held open to be read and written in place, and each slot as last read or
+/// written through it with what it parses to. Every append reads both slots back; the one
+/// unchanged since this process last saw it is not parsed again (the bytes decide, so a slot
+/// another process rewrote is always parsed afresh).
+#[derive(Debug)]
+struct HeadFile {
+    file: File,
+    known: [Option<KnownSlot>; 2],
+}
+
+#[derive(Debug)]
+struct KnownSlot {
+    bytes: [u8; SLOT],
+    /// A slot cut short by the file's end holds fewer.
+    len: usize,
+    parsed: Option<HeadMark>,
+}
+
+impl KnownSlot {
+    fn read(chunk: &[u8]) -> KnownSlot {
+        let mut bytes = [0u8; SLOT];
+        let len = chunk.len().min(SLOT);
+        bytes[..len].copy_from_slice(&chunk[..len]);
+        KnownSlot {
+            bytes,
+            len,
+            parsed: parse_slot(chunk),
+        }
+    }
+
+    fn holds(&self, chunk: &[u8]) -> bool {
+        self.bytes[..self.len] == *chunk
+    }
+}
+
+impl HeadFile {
+    fn new(file: File) -> HeadFile {
+        HeadFile {
+            file,
+            known: [None, None],
+        }
+    }
+
+    /// [`newest_slot`] of `bytes` (at most both slots, read from this file), parsing only the
+    /// slots whose bytes changed since this process last saw them.
+    fn newest(&mut self, bytes: &[u8]) -> Option<HeadMark> {
+        for (known, chunk) in self.known.iter_mut().zip(bytes.chunks(SLOT)) {
+            if !known.as_ref().is_some_and(|k| k.holds(chunk)) {
+                *known = Some(KnownSlot::read(chunk));
+            }
+        }
+        let present = bytes.len().div_ceil(SLOT).min(2);
+        self.known[..present]
+            .iter()
+            .filter_map(|k| k.as_ref()?.parsed.as_ref())
+            .max_by_key(|m| m.seq)
+            .cloned()
+    }
+
+    /// Writes `mark` into its slot (by its seq's parity) and remembers what it parses to.
+    fn write(&mut self, mark: &HeadMark) -> std::io::Result<()> {
+        let i = (mark.seq % 2) as usize;
+        let bytes = encode_slot(mark);
+        self.file.write_all_at(&bytes, (i * SLOT) as u64)?;
+        let parsed = if is_head_hash(&mark.hash) {
+            Some(mark.clone())
+        } else {
+            parse_slot(&bytes)
+        };
+        self.known[i] = Some(KnownSlot {
+            bytes,
+            len: SLOT,
+            parsed,
+        });
+        Ok(())
+    }
 }
 
 impl Anchor {
@@ -261,32 +339,30 @@ impl Anchor {
     ) -> Result<Standing, AnchorError> {
         // Named only when opened and in errors: built then, not for every append.
         let path = || self.dir.join("head");
-        let mut file = self.head.lock().unwrap_or_else(|p| p.into_inner());
-        if file.is_none() {
-            *file = Some(self.open_head(&path())?);
+        let mut held = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_none() {
+            *held = Some(HeadFile::new(self.open_head(&path())?));
         }
-        let Some(f) = file.as_ref() else {
+        let Some(head) = held.as_mut() else {
             return Ok(Standing::Intact);
         };
         let mut slots = [0u8; 2 * SLOT];
         let mut read = 0;
         while read < slots.len() {
-            match f.read_at(&mut slots[read..], read as u64) {
+            match head.file.read_at(&mut slots[read..], read as u64) {
                 Ok(0) => break,
                 Ok(n) => read += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(io_err(&path())(e)),
             }
         }
-        if let Some(recorded) = newest_slot(&slots[..read]) {
+        if let Some(recorded) = head.newest(&slots[..read]) {
             let verdict = judge(&recorded);
             if verdict != Standing::Intact {
                 return Ok(verdict);
             }
         }
-        let slot = (mark.seq % 2) * SLOT as u64;
-        f.write_all_at(&encode_slot(mark), slot)
-            .map_err(|e| io_err(&path())(e))?;
+        head.write(mark).map_err(|e| io_err(&path())(e))?;
         Ok(Standing::Intact)
     }
 
@@ -589,6 +665,12 @@ fn newest_slot(bytes: &[u8]) -> Option<HeadMark> {
         .max_by_key(|m| m.seq)
 }
 
+/// The hashes a slot holds: 64 hex digits. A mark with one reads back from its slot as
+/// written (see the round-trip property test).
+fn is_head_hash(hash: &str) -> bool {
+    hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 fn parse_slot(slot: &[u8]) -> Option<HeadMark> {
     let text = std::str::from_utf8(slot).ok()?;
     let line = text.split('\n').next()?;
@@ -597,8 +679,7 @@ fn parse_slot(slot: &[u8]) -> Option<HeadMark> {
         return None;
     }
     let (seq, hash) = body.split_once(' ')?;
-    let ok_hash = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit());
-    ok_hash.then(|| {
+    is_head_hash(hash).then(|| {
         Some(HeadMark {
             seq: seq.parse().ok()?,
             hash: hash.to_string(),
@@ -702,7 +783,7 @@ mod tests {
         #[test]
         fn prop_slots_round_trip_and_arbitrary_bytes_never_panic(
             seq in proptest::prelude::any::<u64>(),
-            hash in "[0-9a-f]{64}",
+            hash in "[0-9a-fA-F]{64}",
             junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
         ) {
             let m = HeadMark { seq, hash };
@@ -785,6 +866,40 @@ mod tests {
             anchor_in(d.path()).head().expect("read"),
             Some(mark(3, 'c'))
         );
+    }
+
+    /// Each append judges the head the file holds now: a slot another process rewrote, or
+    /// that was damaged, since this process last read or wrote it is parsed afresh, never
+    /// taken from what this process remembers of it.
+    #[test]
+    fn an_append_judges_the_head_as_the_file_holds_it_not_as_remembered() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (anchor_in(d.path()), anchor_in(d.path()));
+        let judged = |anchor: &Anchor, next: HeadMark| {
+            let mut seen = None;
+            anchor
+                .advance_checked(&next, |m| {
+                    seen = Some(m.clone());
+                    Standing::Intact
+                })
+                .expect("advance");
+            seen
+        };
+        a.advance(&mark(4, 'a')).expect("advance");
+        assert_eq!(judged(&a, mark(5, 'a')), Some(mark(4, 'a')));
+        assert_eq!(judged(&b, mark(6, 'b')), Some(mark(5, 'a')));
+        assert_eq!(judged(&a, mark(7, 'c')), Some(mark(6, 'b')));
+        assert_eq!(judged(&a, mark(8, 'c')), Some(mark(7, 'c')));
+        // The newest slot (seq 8, slot 0) torn on disk: the other one stands.
+        let path = a.dir().join("head");
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[3] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("write");
+        assert_eq!(judged(&a, mark(9, 'd')), Some(mark(7, 'c')));
+        // Cut back to one slot: only what is left is judged.
+        std::fs::write(&path, &bytes[..SLOT]).expect("cut");
+        assert_eq!(judged(&a, mark(10, 'e')), None);
+        assert_eq!(a.head().expect("read"), Some(mark(10, 'e')));
     }
 
     #[test]
