@@ -1,6 +1,8 @@
 //! Fixtures and readings shared by the benches (each bench uses a part of them).
 #![allow(dead_code)]
 
+pub mod noop;
+
 use std::time::Duration;
 
 use gaffer::workspace::{NewRecord, State, Workspace};

@@ -248,8 +248,8 @@ pub struct OperationRuntime {
     autorun: std::sync::atomic::AtomicBool,
     /// The plan lanes this process runs (their scopes feed `lane_scope` rules).
     lanes: std::sync::OnceLock<Arc<crate::plans::LaneRegistry>>,
-    /// Outcomes of the operations this process executed itself, as it saw them (evidence a
-    /// plan's ledger accepts; journal records of an outcome are claims).
+    /// Outcomes of the plan lanes' operations this process executed itself, as it saw them
+    /// (evidence a plan's ledger accepts; journal records of an outcome are claims).
     executed: Mutex<HashMap<String, ExecutedHere>>,
     /// The timeouts of `wait`, kept by one timer.
     deadlines: deadlines::Deadlines,
@@ -342,7 +342,7 @@ impl OperationRuntime {
         )
     }
 
-    /// How an operation this process executed itself ended, if it did.
+    /// How a lane's operation this process executed itself ended, if it did.
     pub fn executed_here(&self, id: &str) -> Option<ExecutedHere> {
         self.executed
             .lock()
@@ -351,7 +351,14 @@ impl OperationRuntime {
             .cloned()
     }
 
+    /// Remembers how an execution of a lane's operation ended: a plan this process runs
+    /// takes a lane's operation evidence from this account, not from the journal. Other
+    /// clients' executions are not kept (nothing reads them, and a long-lived server would
+    /// hold one entry per operation it ever ran).
     pub(super) fn remember_execution(&self, id: &str, e: ExecutedHere) {
+        if !self.lanes.get().is_some_and(|l| l.contains(&e.client)) {
+            return;
+        }
         self.executed
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,0 +1,172 @@
+//! The in-process operations fixture the operations bench measures and the in-process
+//! operations tests run: a provider whose operation does nothing, a workspace whose signed
+//! policy allows it, and the runtime on it.
+
+use std::sync::Arc;
+
+use gaffer::operations::adapter::{
+    Adapter, AdapterCtx, AdapterError, BoxFuture, Catalog, Decoded, Descriptor, ExecError, Outcome,
+    Presentation, Registry, Resolved, Risk,
+};
+use gaffer::operations::engine::{OperationRuntime, RuntimeConfig, SubmitInput};
+use gaffer::operations::policy::Classification;
+use gaffer::workspace::Workspace;
+use serde_json::{Value, json};
+
+/// A provider whose operation does nothing and proves it immediately: the numbers measure
+/// gaffer, not a provider.
+pub struct Noop(pub Descriptor);
+
+impl Adapter for Noop {
+    fn descriptor(&self) -> &Descriptor {
+        &self.0
+    }
+    fn decode<'a>(
+        &'a self,
+        t: &'a Value,
+        a: &'a Value,
+    ) -> BoxFuture<'a, Result<Decoded, AdapterError>> {
+        Box::pin(async move {
+            Ok(Decoded {
+                target: t.clone(),
+                arguments: a.clone(),
+            })
+        })
+    }
+    fn resolve<'a>(
+        &'a self,
+        _c: &'a AdapterCtx,
+        i: Decoded,
+    ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
+        Box::pin(async move {
+            Ok(Resolved {
+                target: i.target,
+                arguments: i.arguments,
+                preconditions: json!({}),
+            })
+        })
+    }
+    fn authorize<'a>(
+        &'a self,
+        _p: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Classification, AdapterError>> {
+        Box::pin(async {
+            Ok(Classification {
+                target_kind: "noop".into(),
+                ..Default::default()
+            })
+        })
+    }
+    fn present<'a>(
+        &'a self,
+        _p: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
+        Box::pin(async {
+            Ok(Presentation {
+                title: "No-op".into(),
+                summary: String::new(),
+            })
+        })
+    }
+    fn execute<'a>(
+        &'a self,
+        _c: &'a AdapterCtx,
+        _p: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async {
+            Ok(Outcome {
+                proven: true,
+                result: Some(json!({"ok": true})),
+                upstream_status: None,
+            })
+        })
+    }
+    fn reconcile<'a>(
+        &'a self,
+        _c: &'a AdapterCtx,
+        _p: &'a Resolved,
+    ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async {
+            Ok(Outcome {
+                proven: true,
+                result: None,
+                upstream_status: None,
+            })
+        })
+    }
+}
+
+pub fn noop_desc() -> Descriptor {
+    Descriptor {
+        name: "bench.noop".into(),
+        provider: "bench".into(),
+        operation_revision: 1,
+        summary: "does nothing".into(),
+        risk: Risk::Low,
+        target_kind: "noop".into(),
+        target_schema: json!({"type": "object"}).into(),
+        arguments_schema: json!({"type": "object"}).into(),
+        request_ttl_seconds: 60,
+        approval_ttl_seconds: 600,
+        requires_approval: false,
+        implemented: true,
+    }
+}
+
+pub fn runtime(ws: &Arc<Workspace>) -> Arc<OperationRuntime> {
+    let reg = Registry::new(
+        &[Catalog {
+            provider: "bench".into(),
+            descriptors: vec![noop_desc()],
+        }],
+        vec![Arc::new(Noop(noop_desc()))],
+    )
+    .expect("registry");
+    let rt = OperationRuntime::new(
+        Arc::clone(ws),
+        reg,
+        RuntimeConfig::default(),
+        "bench:0".into(),
+    );
+    gaffer::operations::start_runtime(&rt);
+    rt
+}
+
+pub fn input(key: &str) -> SubmitInput {
+    SubmitInput {
+        operation: "bench.noop".into(),
+        target: serde_json::value::to_raw_value(&json!({"n": 1})).expect("raw"),
+        arguments: serde_json::value::to_raw_value(&json!({})).expect("raw"),
+        reason: "bench".into(),
+        idempotency_key: key.into(),
+    }
+}
+
+pub fn workspace_with_allow() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join(".gaffer")).expect("mkdir");
+    std::fs::write(
+        dir.path().join(".gaffer/policy.yaml"),
+        "rules:\n  - id: all\n    effect: allow\n    operations: [\"bench.*\"]\n",
+    )
+    .expect("policy");
+    // Allow rules count only when the operator signed the policy (`gaffer trust`).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--workspace")
+        .arg(dir.path())
+        .arg("trust")
+        .output()
+        .expect("gaffer trust");
+    assert!(out.status.success(), "gaffer trust failed");
+    dir
+}
+
+/// A throwaway operator key for the whole bench process (set before any thread starts).
+pub fn bench_operator_key() -> tempfile::TempDir {
+    let cfg = tempfile::tempdir().expect("tempdir");
+    let key = cfg.path().join("operator.key");
+    gaffer::operator::OperatorSigner::init(&key, &key.with_extension("pub"), None).expect("key");
+    // SAFETY: called first thing in main, before the runtime or any other thread exists.
+    unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
+    cfg
+}
