@@ -521,7 +521,7 @@ async fn recovery(n: usize) -> (tempfile::TempDir, Duration, Duration, u64) {
             provider: "bench".into(),
             descriptors: vec![noop_desc()],
         }],
-        vec![Arc::new(Noop(noop_desc()))],
+        vec![Arc::new(Noop::new(noop_desc()))],
     )
     .expect("registry");
     let rt = OperationRuntime::new(

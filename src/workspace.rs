@@ -289,6 +289,8 @@ struct Shared {
     watchers: Mutex<Vec<Watcher>>,
     /// Batches appended (one fdatasync each), for benchmarks and status.
     syncs: std::sync::atomic::AtomicU64,
+    /// Batches staged: the commit closures running now belong to the one this counts.
+    staged_batches: std::sync::atomic::AtomicU64,
     /// Commits in the last batch written (by the writer thread or a caller's). While it is 1
     /// (one committer at a time), a commit that finds the queue empty and the writer idle runs
     /// on its caller's thread.
@@ -678,6 +680,7 @@ impl Workspace {
             events: Fanout::default(),
             watchers: Mutex::new(Vec::new()),
             syncs: std::sync::atomic::AtomicU64::new(0),
+            staged_batches: std::sync::atomic::AtomicU64::new(0),
             last_batch: std::sync::atomic::AtomicUsize::new(1),
             committing: std::sync::atomic::AtomicUsize::new(0),
             appending: std::sync::atomic::AtomicBool::new(false),
@@ -783,6 +786,13 @@ impl Workspace {
     /// Batches this process has appended, one fdatasync each.
     pub fn syncs(&self) -> u64 {
         self.shared.syncs.load(Ordering::Relaxed)
+    }
+
+    /// From a commit closure: which batch it is staged in. Closures of one batch read the same
+    /// number and a later batch's read a higher one, so a closure can reuse what an earlier one
+    /// of its batch looked up (staging is one batch at a time, on the thread that runs them).
+    pub fn staging_batch(&self) -> u64 {
+        self.shared.staged_batches.load(Ordering::Relaxed)
     }
 
     /// Seq and hash of the last record folded (seq 0 and the genesis hash for an empty store).
@@ -1356,7 +1366,13 @@ fn stage_jobs(state: &mut State, next_seq: u64, jobs: Vec<Job>) -> Result<Staged
 /// [`stage_jobs`], plus the `store.created` record (seq 1, a fresh workspace id) in front when
 /// this batch creates the journal: decided under the store lock, so racing first writers
 /// agree on one id. The commits then start at seq 2; a batch staging nothing writes nothing.
-fn stage_batch(state: &mut State, next_seq: u64, jobs: Vec<Job>) -> Result<Staged, WorkspaceError> {
+fn stage_batch(
+    shared: &Shared,
+    state: &mut State,
+    next_seq: u64,
+    jobs: Vec<Job>,
+) -> Result<Staged, WorkspaceError> {
+    shared.staged_batches.fetch_add(1, Ordering::Relaxed);
     let fresh = next_seq == 1;
     let (mut staged, notices, completions) = stage_jobs(state, next_seq + u64::from(fresh), jobs)?;
     if fresh && !staged.is_empty() {
@@ -1424,7 +1440,8 @@ fn run_batch(
     let (staged, notices, completions, next_seq) = {
         let mut folded = lock(&shared.folded);
         let next_seq = folded.state.last_seq + 1;
-        let (staged, notices, completions) = stage_batch(&mut folded.state, next_seq, jobs)?;
+        let (staged, notices, completions) =
+            stage_batch(shared, &mut folded.state, next_seq, jobs)?;
         (staged, notices, completions, next_seq)
     };
     if !staged.is_empty()
@@ -1507,7 +1524,7 @@ fn run_batch_locked(
             folded.state.apply(rec, &mut notices);
         }
         let (staged, staged_notices, completions) =
-            stage_batch(&mut folded.state, txn.next_seq(), jobs)?;
+            stage_batch(shared, &mut folded.state, txn.next_seq(), jobs)?;
         notices.extend(staged_notices);
         (staged, notices, completions)
     };

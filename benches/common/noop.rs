@@ -2,6 +2,8 @@
 //! operations tests run: a provider whose operation does nothing, a workspace whose signed
 //! policy allows it, and the runtime on it.
 
+#![allow(dead_code)]
+
 use std::sync::Arc;
 
 use gaffer::operations::adapter::{
@@ -15,11 +17,33 @@ use serde_json::{Value, json};
 
 /// A provider whose operation does nothing and proves it immediately: the numbers measure
 /// gaffer, not a provider.
-pub struct Noop(pub Descriptor);
+pub struct Noop {
+    desc: Descriptor,
+    /// Runs as each plan is resolved, at submission and again before execution: after the
+    /// policy was looked up, before the commit that records the decision or the claim (tests
+    /// change the policy there).
+    on_resolve: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl Noop {
+    pub fn new(desc: Descriptor) -> Noop {
+        Noop {
+            desc,
+            on_resolve: None,
+        }
+    }
+
+    pub fn on_resolve(desc: Descriptor, f: impl Fn() + Send + Sync + 'static) -> Noop {
+        Noop {
+            desc,
+            on_resolve: Some(Box::new(f)),
+        }
+    }
+}
 
 impl Adapter for Noop {
     fn descriptor(&self) -> &Descriptor {
-        &self.0
+        &self.desc
     }
     fn decode<'a>(
         &'a self,
@@ -38,6 +62,9 @@ impl Adapter for Noop {
         _c: &'a AdapterCtx,
         i: Decoded,
     ) -> BoxFuture<'a, Result<Resolved, AdapterError>> {
+        if let Some(f) = &self.on_resolve {
+            f();
+        }
         Box::pin(async move {
             Ok(Resolved {
                 target: i.target,
@@ -114,22 +141,33 @@ pub fn noop_desc() -> Descriptor {
 }
 
 pub fn runtime(ws: &Arc<Workspace>) -> Arc<OperationRuntime> {
+    runtime_with(ws, Noop::new(noop_desc()))
+}
+
+/// [`runtime`] with this no-op provider.
+pub fn runtime_with(ws: &Arc<Workspace>, noop: Noop) -> Arc<OperationRuntime> {
+    let rt = runtime_unstarted(ws, noop);
+    gaffer::operations::start_runtime(&rt);
+    rt
+}
+
+/// The runtime before it is started: it records what it is asked to and executes nothing
+/// until started (as a one-shot CLI process).
+pub fn runtime_unstarted(ws: &Arc<Workspace>, noop: Noop) -> Arc<OperationRuntime> {
     let reg = Registry::new(
         &[Catalog {
             provider: "bench".into(),
             descriptors: vec![noop_desc()],
         }],
-        vec![Arc::new(Noop(noop_desc()))],
+        vec![Arc::new(noop)],
     )
     .expect("registry");
-    let rt = OperationRuntime::new(
+    OperationRuntime::new(
         Arc::clone(ws),
         reg,
         RuntimeConfig::default(),
         "bench:0".into(),
-    );
-    gaffer::operations::start_runtime(&rt);
-    rt
+    )
 }
 
 pub fn input(key: &str) -> SubmitInput {

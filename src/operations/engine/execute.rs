@@ -277,9 +277,9 @@ impl OperationRuntime {
         derived: &Result<Rederived, Unfit>,
         now: u64,
     ) -> Result<Claim, OpError> {
-        // The policy and key that authorize are the ones trusted when the claim is staged: a
-        // trust record folded in while this claim waited for its batch sends it back for a
-        // fresh look-up (bounded: trust records are operator acts, rare).
+        // The policy and key that authorize are the ones in force when the claim is staged: a
+        // trust record folded in, or the policy file or key changed, while this claim waited
+        // for its batch sends it back for a fresh look-up (bounded: these are operator acts).
         for _ in 0..8 {
             match self.claim_under(op, derived, now, self.authority()).await? {
                 Claim::Stale => continue,
@@ -298,9 +298,10 @@ impl OperationRuntime {
     ) -> Result<Claim, OpError> {
         let Authority {
             policy,
-            key,
+            grounds,
             trust_seq,
         } = authority;
+        let watch = Arc::clone(&self.grounds);
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok() && self.signed_head_on_chain(op);
         let store_refusal = self.ws.standing().refusal();
@@ -324,9 +325,10 @@ impl OperationRuntime {
             else {
                 return Ok((vec![], Claim::Skip));
             };
-            if s.trust.last_seq != trust_seq {
+            if s.trust.last_seq != trust_seq || watch.at_staging() != grounds {
                 return Ok((vec![], Claim::Stale));
             }
+            let key = &grounds.key;
             let fail = |code: &str, msg: &str| -> Result<(Vec<NewRecord>, Claim), OpError> {
                 tracing::warn!(operation = %op.id, code, reason = msg, "execution refused");
                 let t = transition(op, OpState::Failed, now).error(code, msg);

@@ -10,6 +10,7 @@ mod deadlines;
 mod decide;
 mod detail;
 mod execute;
+mod grounds;
 mod recover;
 mod submit;
 
@@ -28,7 +29,6 @@ use super::state::{
 };
 use super::trust::TrustStatus;
 use super::views::OperationView;
-use crate::operator::OperatorPublic;
 use crate::workspace::{CommitError, NewRecord, Workspace};
 
 pub const MAX_KEY_BYTES: usize = 128;
@@ -204,25 +204,18 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// (mtime, size) of a file, `None` when it cannot be read.
-type FileStamp = Option<(Option<std::time::SystemTime>, u64)>;
-/// The trust records folded, the policy file, and the operator's public key: a change to any
-/// of them rebuilds the policy.
-type PolicyStamp = (u64, FileStamp, Option<OperatorPublic>);
+/// The trust records folded and the files the policy is read from: a change to any of them
+/// rebuilds the policy.
+type PolicyStamp = (u64, grounds::Grounds);
 
-/// The policy to decide and authorize with, the operator key it was checked against, and the
-/// trust records folded when it was (a claim refuses to use it once more have been folded).
+/// The policy to decide and authorize with, what it was built from (the operator key it was
+/// checked against among them), and the trust records folded when it was: a commit refuses to
+/// record a decision or claim made with it once more have been folded or its grounds changed.
 #[derive(Clone)]
 pub(super) struct Authority {
     pub policy: Arc<Policy>,
-    pub key: Option<OperatorPublic>,
+    pub grounds: grounds::Grounds,
     pub trust_seq: u64,
-}
-
-fn file_stamp(path: &std::path::Path) -> FileStamp {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| (m.modified().ok(), m.len()))
 }
 
 /// (client, idempotency key)
@@ -240,8 +233,8 @@ pub struct OperationRuntime {
     vouched: Mutex<HashSet<String>>,
     submit_locks: Mutex<HashMap<SubmitKey, Weak<tokio::sync::Mutex<()>>>>,
     policy_cache: Mutex<Option<(PolicyStamp, Arc<Policy>)>>,
-    /// `.gaffer/policy.yaml`, stamped before every submission.
-    policy_path: std::path::PathBuf,
+    /// The policy file and the operator key, looked at once per commit batch.
+    grounds: Arc<grounds::GroundsWatch>,
     /// Whether `providers.yaml` was trusted when this process loaded its providers.
     providers_trust: std::sync::OnceLock<TrustStatus>,
     /// Only a serving process executes; one-shot CLI processes leave approved work to it.
@@ -285,10 +278,9 @@ impl OperationRuntime {
         config: RuntimeConfig,
         executor: String,
     ) -> Arc<OperationRuntime> {
-        let policy_path = ws.gaffer_dir().join(super::policy::POLICY_FILE);
         Arc::new_cyclic(|me| OperationRuntime {
+            grounds: Arc::new(grounds::GroundsWatch::new(Arc::clone(&ws))),
             ws,
-            policy_path,
             registry,
             config,
             executor,
@@ -397,28 +389,38 @@ impl OperationRuntime {
         }
     }
 
+    /// The policy as its files stand now (one stat of each): for what no commit checks again.
     fn policy(&self) -> Arc<Policy> {
-        self.authority().policy
+        self.authority_on(self.grounds.now()).policy
     }
 
-    /// The policy to decide and authorize with, rebuilt when the trust records, the policy
-    /// file or the operator's public key change (one stat of each, one state read).
+    /// The policy to decide or claim with, from the latest look at its files (no stat): the
+    /// commit that records the decision or claim checks them again and refuses a stale one.
     fn authority(&self) -> Authority {
-        let key = crate::operator::current_public();
+        self.authority_on(self.grounds.latest())
+    }
+
+    /// The policy these grounds and the trust records folded now make, rebuilt only when one
+    /// of them changed.
+    fn authority_on(&self, grounds: grounds::Grounds) -> Authority {
         let trust_seq = self.ws.read(|s| s.trust.last_seq);
-        let stamp: PolicyStamp = (trust_seq, file_stamp(&self.policy_path), key.clone());
         let mut cache = self.policy_cache.lock().unwrap_or_else(|p| p.into_inner());
         let policy = match cache.as_ref() {
-            Some((cached, p)) if *cached == stamp => Arc::clone(p),
+            Some(((seq, built_on), p)) if *seq == trust_seq && *built_on == grounds => {
+                Arc::clone(p)
+            }
             _ => {
-                let p = Arc::new(super::trust::effective_policy(&self.ws, key.as_ref()));
-                *cache = Some((stamp, Arc::clone(&p)));
+                let p = Arc::new(super::trust::effective_policy(
+                    &self.ws,
+                    grounds.key.as_ref(),
+                ));
+                *cache = Some(((trust_seq, grounds.clone()), Arc::clone(&p)));
                 p
             }
         };
         Authority {
             policy,
-            key,
+            grounds,
             trust_seq,
         }
     }

@@ -43,6 +43,9 @@ struct Outcome {
     pending_s: u64,
 }
 
+/// Attempts at deciding a submission whose policy file or key changes before its commit.
+const DECIDE_ATTEMPTS: usize = 8;
+
 impl OperationRuntime {
     pub async fn submit(
         &self,
@@ -68,12 +71,37 @@ impl OperationRuntime {
             return Ok((v, false));
         }
         let id = new_id("op_")?;
+        for _ in 0..DECIDE_ATTEMPTS {
+            if let Some(done) = self
+                .decide_and_record(client, &id, &key, &reason, &submitted, &input)
+                .await?
+            {
+                return Ok(done);
+            }
+        }
+        Err(OpError::new(
+            ErrorKind::Unavailable,
+            "policy_changing",
+            "the policy file or the operator key changed while each attempt to record this \
+             submission waited for its commit; submit it again",
+        ))
+    }
+
+    /// One attempt: prepare, decide and record. `None` when the policy file or the operator key
+    /// changed before the commit that records the decision (nothing was written).
+    async fn decide_and_record(
+        &self,
+        client: &str,
+        id: &str,
+        key: &str,
+        reason: &str,
+        submitted: &str,
+        input: &SubmitInput,
+    ) -> Result<Option<(OperationView, bool)>, OpError> {
         // One policy for the adapter's context, the decision and the claim that may follow it
         // in the same commit (which refuses it if trust records were folded since).
         let auth = self.authority();
-        let prepared = self
-            .prepare(client, &key, &id, &input, &auth.policy)
-            .await?;
+        let prepared = self.prepare(client, key, id, input, &auth.policy).await?;
         let now = crate::util::now_ms();
         let decision = decide_policy(
             &auth.policy,
@@ -85,10 +113,25 @@ impl OperationRuntime {
         );
         let outcome = outcome_of(&decision, prepared.adapter.descriptor())?;
         let (op, approval, plan) = build(
-            client, &id, key, reason, submitted, &prepared, &decision, &outcome, now,
+            client,
+            id,
+            key.to_string(),
+            reason.to_string(),
+            submitted.to_string(),
+            &prepared,
+            &decision,
+            &outcome,
+            now,
         );
         let sandbox_policy = Arc::clone(&auth.policy);
-        let (view, created, claimed) = self.record(op, approval, &prepared, auth).await?;
+        let Some((view, created, claimed)) = self.record(op, approval, &prepared, auth).await?
+        else {
+            prepared
+                .adapter
+                .cleanup(&prepared.ctx, &prepared.resolved)
+                .await;
+            return Ok(None);
+        };
         if created {
             if view.state == OpState::Approved {
                 self.vouch(&view.id);
@@ -106,7 +149,7 @@ impl OperationRuntime {
                 self.spawn_drive(view.id.clone());
             }
         }
-        Ok((view, created))
+        Ok(Some((view, created)))
     }
 
     async fn prepare(
@@ -177,7 +220,7 @@ impl OperationRuntime {
         approval: Option<Approval>,
         p: &Prepared,
         auth: Authority,
-    ) -> Result<(OperationView, bool, bool), OpError> {
+    ) -> Result<Option<(OperationView, bool, bool)>, OpError> {
         let claim_now = op.state == OpState::Approved
             && op.approval_id.is_none()
             && self.autorun.load(std::sync::atomic::Ordering::Acquire);
@@ -185,9 +228,10 @@ impl OperationRuntime {
         let lane_scope = self.lane_scope(&op.client_id);
         let Authority {
             policy,
-            key,
+            grounds,
             trust_seq,
         } = auth;
+        let watch = Arc::clone(&self.grounds);
         let workspace_id = self.ws.workspace_id();
         let chain_ok = self.ws.chain_ok();
         let store_refusal = self.ws.standing().refusal();
@@ -201,10 +245,15 @@ impl OperationRuntime {
             {
                 // Another process created it while we resolved.
                 if existing.submitted == op.submitted {
-                    return Ok((vec![], (OperationView::of(existing), false, false)));
+                    return Ok((vec![], Some((OperationView::of(existing), false, false))));
                 }
                 return Err(conflict());
             }
+            // Decided on a policy file or key that has changed since: decided again.
+            if watch.at_staging() != grounds {
+                return Ok((vec![], None));
+            }
+            let key = &grounds.key;
             let now = op.created_at_ms;
             let mut follow = None;
             let mut claimed = false;
@@ -253,7 +302,7 @@ impl OperationRuntime {
             if let Some(t) = follow {
                 recs.push(typed_rec(KIND_TRANSITIONED, t)?);
             }
-            Ok((recs, (view, true, claimed)))
+            Ok((recs, Some((view, true, claimed))))
         })
         .await
         .map_err(commit_err)
