@@ -111,6 +111,7 @@ pub mod codes {
     pub const APPROVAL_NOT_PENDING: &str = "approval_not_pending";
     pub const AUTHENTICATION_FAILED: &str = "authentication_failed";
     pub const PROVIDER_UNAVAILABLE: &str = "provider_unavailable";
+    pub const POLICY_CHANGING: &str = "policy_changing";
 }
 
 #[cfg(test)]

@@ -54,9 +54,6 @@ impl LaneRegistry {
     pub fn get(&self, client_id: &str) -> Option<LaneIdentity> {
         self.lock().get(client_id).cloned()
     }
-    pub fn contains(&self, client_id: &str) -> bool {
-        self.lock().contains_key(client_id)
-    }
     pub(super) fn insert(&self, l: LaneIdentity) {
         self.lock().insert(l.client_id.clone(), l);
     }

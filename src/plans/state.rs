@@ -348,3 +348,9 @@ fn decode<T: serde::de::DeserializeOwned>(rec: &Record) -> Option<T> {
 pub fn lane_client(plan_id: &str, lane_id: &str) -> String {
     format!("{plan_id}/{lane_id}")
 }
+
+/// Whether `client` has a lane's form ([`lane_client`]). A submit from one is accepted only
+/// while this process runs its lane, so an operation of this form was a lane's.
+pub fn is_lane_client(client: &str) -> bool {
+    client.contains('/')
+}

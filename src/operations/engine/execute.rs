@@ -286,6 +286,11 @@ impl OperationRuntime {
                 decided => return Ok(decided),
             }
         }
+        tracing::warn!(
+            operation = %op.id,
+            "the trust records, the policy file or the operator key changed before each of 8 \
+             claims was committed; the operation stays approved until its next drive"
+        );
         Ok(Claim::Skip)
     }
 

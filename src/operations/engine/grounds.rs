@@ -7,20 +7,35 @@
 //! batch reuse its look. A decision whose grounds changed in between is made again (a submit)
 //! or claimed again (an execution). So what is recorded stands on the files as they were when
 //! its batch was staged, later than the submit began, and a batch of eight submits costs two
-//! stats instead of sixteen.
+//! stats instead of sixteen. The batch's look runs under the workspace's state lock, as the
+//! policy file is read (through a symlink too): a stat that hangs holds up readers as well.
+//! A closure that keeps finding the grounds changed gives up after a few attempts: changing
+//! `policy.yaml` on end can keep an operation from being recorded or claimed, which an agent
+//! that can write it can do anyway with a deny rule.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
 
 use crate::operator::OperatorPublic;
 use crate::workspace::Workspace;
 
-/// (mtime, size) of a file, `None` when it cannot be read.
-pub(crate) type FileStamp = Option<(Option<std::time::SystemTime>, u64)>;
+/// A file as one stat sees it, `None` when it cannot be read: its size, modification and
+/// change times, and on Unix its device and inode (a file replaced by a rename is another
+/// file even when its size and times match).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FileStamp(Option<(u64, Option<SystemTime>, [i64; 4])>);
 
 fn file_stamp(path: &std::path::Path) -> FileStamp {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| (m.modified().ok(), m.len()))
+    FileStamp(std::fs::metadata(path).ok().map(|m| {
+        #[cfg(unix)]
+        let identity = {
+            use std::os::unix::fs::MetadataExt;
+            [m.ctime(), m.ctime_nsec(), m.dev() as i64, m.ino() as i64]
+        };
+        #[cfg(not(unix))]
+        let identity = [0; 4];
+        (m.len(), m.modified().ok(), identity)
+    }))
 }
 
 /// The policy file's stamp and the operator's public key, as looked at once.
@@ -37,16 +52,18 @@ struct Look {
 }
 
 pub(super) struct GroundsWatch {
-    ws: Arc<Workspace>,
+    /// Weak: commit closures hold this watch, and a closure queued in the workspace must not
+    /// keep the workspace alive.
+    ws: Weak<Workspace>,
     policy_path: std::path::PathBuf,
     latest: Mutex<Option<Look>>,
 }
 
 impl GroundsWatch {
-    pub fn new(ws: Arc<Workspace>) -> GroundsWatch {
+    pub fn new(ws: &Arc<Workspace>) -> GroundsWatch {
         let policy_path = ws.gaffer_dir().join(super::super::policy::POLICY_FILE);
         GroundsWatch {
-            ws,
+            ws: Arc::downgrade(ws),
             policy_path,
             latest: Mutex::new(None),
         }
@@ -90,7 +107,10 @@ impl GroundsWatch {
     /// asks, reused by the rest. Call only from a commit closure (see
     /// [`Workspace::staging_batch`]).
     pub fn at_staging(&self) -> Grounds {
-        let batch = Some(self.ws.staging_batch());
+        let Some(batch) = self.ws.upgrade().map(|ws| ws.staging_batch()) else {
+            return self.now();
+        };
+        let batch = Some(batch);
         let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(look) = latest.as_ref()
             && look.batch == batch

@@ -279,7 +279,7 @@ impl OperationRuntime {
         executor: String,
     ) -> Arc<OperationRuntime> {
         Arc::new_cyclic(|me| OperationRuntime {
-            grounds: Arc::new(grounds::GroundsWatch::new(Arc::clone(&ws))),
+            grounds: Arc::new(grounds::GroundsWatch::new(&ws)),
             ws,
             registry,
             config,
@@ -344,11 +344,12 @@ impl OperationRuntime {
     }
 
     /// Remembers how an execution of a lane's operation ended: a plan this process runs
-    /// takes a lane's operation evidence from this account, not from the journal. Other
-    /// clients' executions are not kept (nothing reads them, and a long-lived server would
-    /// hold one entry per operation it ever ran).
+    /// takes a lane's operation evidence from this account, not from the journal. Kept by the
+    /// client's form, not by the lanes running now: a lane's operation may end after its plan
+    /// did. Other clients' executions are not kept (nothing reads them, and a long-lived
+    /// server would hold one entry per operation it ever ran).
     pub(super) fn remember_execution(&self, id: &str, e: ExecutedHere) {
-        if !self.lanes.get().is_some_and(|l| l.contains(&e.client)) {
+        if !crate::plans::state::is_lane_client(&e.client) {
             return;
         }
         self.executed
@@ -602,5 +603,33 @@ impl Transitioned {
     fn approval(mut self, change: Option<ApprovalChange>) -> Transitioned {
         self.approval = change;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lane's execution is kept by its client's form, also once the lane no longer runs
+    /// here (its plan may end before the operation does); any other client's is not kept.
+    #[test]
+    fn executions_are_kept_for_lane_clients_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        let registry = Registry::new(&[], vec![]).expect("registry");
+        let rt = OperationRuntime::new(ws, registry, RuntimeConfig::default(), "test:0".into());
+        let ended = |client: &str| ExecutedHere {
+            client: client.into(),
+            operation: "command.run".into(),
+            succeeded: true,
+            exit_code: Some(0),
+        };
+        rt.remember_execution("op_lane", ended("plan_1/lane-1-builder"));
+        rt.remember_execution("op_host", ended("agent"));
+        assert_eq!(
+            rt.executed_here("op_lane"),
+            Some(ended("plan_1/lane-1-builder"))
+        );
+        assert_eq!(rt.executed_here("op_host"), None);
     }
 }

@@ -81,7 +81,7 @@ impl OperationRuntime {
         }
         Err(OpError::new(
             ErrorKind::Unavailable,
-            "policy_changing",
+            codes::POLICY_CHANGING,
             "the policy file or the operator key changed while each attempt to record this \
              submission waited for its commit; submit it again",
         ))
