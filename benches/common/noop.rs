@@ -100,27 +100,26 @@ impl Adapter for Noop {
         _c: &'a AdapterCtx,
         _p: &'a Resolved,
     ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
-        Box::pin(async {
-            Ok(Outcome {
-                proven: true,
-                result: Some(json!({"ok": true})),
-                upstream_status: None,
-            })
-        })
+        proven(Some(json!({"ok": true})))
     }
     fn reconcile<'a>(
         &'a self,
         _c: &'a AdapterCtx,
         _p: &'a Resolved,
     ) -> BoxFuture<'a, Result<Outcome, ExecError>> {
-        Box::pin(async {
-            Ok(Outcome {
-                proven: true,
-                result: None,
-                upstream_status: None,
-            })
-        })
+        proven(None)
     }
+}
+
+/// An outcome proven at once, with `result`.
+fn proven<'a>(result: Option<Value>) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+    Box::pin(async move {
+        Ok(Outcome {
+            proven: true,
+            result,
+            upstream_status: None,
+        })
+    })
 }
 
 pub fn noop_desc() -> Descriptor {
