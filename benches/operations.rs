@@ -299,8 +299,8 @@ async fn hold(ws: &Workspace, n: usize, pending: bool) {
                         provider: "bench".into(),
                         submitted: "{}".into(),
                         reason: "r".into(),
-                        target: json!({}),
-                        arguments: json!({}),
+                        target: json!({}).into(),
+                        arguments: json!({}).into(),
                         state: if pending {
                             OpState::Pending
                         } else {

@@ -2299,8 +2299,9 @@ mod tests {
         use crate::operations::state::{Created, KIND_CREATED, KIND_TRANSITIONED, Transitioned};
         let mut o = op("op_typed", S::Approved, None);
         o.reason = reason.into();
-        o.target = json!({"path": "dir/\u{1F600} \"quoted\"\n", "mode": null});
-        o.arguments = json!({"n": [1, -2, 2.5, 1e300, u64::MAX], "nested": {"b": true, "a": []}});
+        o.target = json!({"path": "dir/\u{1F600} \"quoted\"\n", "mode": null}).into();
+        o.arguments =
+            json!({"n": [1, -2, 2.5, 1e300, u64::MAX], "nested": {"b": true, "a": []}}).into();
         let step = |from, to, revision| Transitioned {
             id: "op_typed".into(),
             from,
@@ -2372,7 +2373,7 @@ mod tests {
         let deep: Value = (0..126).fold(json!(1), |v, _| json!([v]));
         let mut created: crate::operations::state::Created =
             serde_json::from_str(records[0].payload.get()).expect("decode");
-        created.operation.target = json!({ "x": deep });
+        created.operation.target = json!({ "x": deep }).into();
         records[0] =
             NewRecord::typed(crate::operations::state::KIND_CREATED, created).expect("encode");
         assert!(

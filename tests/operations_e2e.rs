@@ -1722,7 +1722,7 @@ fn a_tampered_plan_in_the_journal_is_refused_at_execution() {
             let mut forged = orig.clone();
             forged.id = forged_id.clone();
             forged.idempotency_key = "forged".into();
-            forged.target = json!({"path": "src/pwned.md"});
+            forged.target = json!({"path": "src/pwned.md"}).into();
             forged.state = gaffer::operations::lifecycle::OpState::Approved;
             forged.revision = 1;
             forged.plan_digest = Some(gaffer::operations::plan::Plan::digest_of(&plan_text));

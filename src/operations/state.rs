@@ -53,8 +53,9 @@ pub struct Operation {
     /// compared on replay.
     pub submitted: String,
     pub reason: String,
-    pub target: Value,
-    pub arguments: Value,
+    /// Shared with the views built from it (a view is built for every answer).
+    pub target: Arc<Value>,
+    pub arguments: Arc<Value>,
     pub state: OpState,
     pub revision: u64,
     pub approval_id: Option<String>,
@@ -886,8 +887,8 @@ pub(crate) mod tests {
             provider: "workspace".into(),
             submitted: "{}".into(),
             reason: "r".into(),
-            target: serde_json::json!({}),
-            arguments: serde_json::json!({}),
+            target: serde_json::json!({}).into(),
+            arguments: serde_json::json!({}).into(),
             state,
             revision: 1,
             approval_id: approval.map(str::to_string),

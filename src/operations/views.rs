@@ -2,6 +2,8 @@
 //! operator decides from is rendered from the plan text itself ([`PlanShown`]), never from
 //! the unsigned fields beside it in a record.
 
+use std::sync::Arc;
+
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::Value;
@@ -26,8 +28,8 @@ pub struct OperationView {
     pub client_id: String,
     pub idempotency_key: String,
     pub operation: String,
-    pub target: Value,
-    pub arguments: Value,
+    pub target: Arc<Value>,
+    pub arguments: Arc<Value>,
     pub reason: String,
     pub state: OpState,
     pub revision: u64,

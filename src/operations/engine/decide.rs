@@ -72,8 +72,8 @@ impl OperationRuntime {
         if op.plan.is_none() && op.state.is_terminal() {
             // History, not something to decide: the plan text goes once the operation ends.
             return Ok(PlanShown {
-                target: op.target.clone(),
-                arguments: op.arguments.clone(),
+                target: (*op.target).clone(),
+                arguments: (*op.arguments).clone(),
                 presentation: op.presentation.clone(),
                 classification: Default::default(),
             });

@@ -99,7 +99,8 @@ impl OperationRuntime {
         input: &SubmitInput,
     ) -> Result<Option<(OperationView, bool)>, OpError> {
         // One policy for the adapter's context, the decision and the claim that may follow it
-        // in the same commit (which refuses it if trust records were folded since).
+        // in the same commit (which refuses both if its grounds changed since, and the claim if
+        // trust records were folded).
         let auth = self.authority();
         let prepared = self.prepare(client, key, id, input, &auth.policy).await?;
         let now = crate::util::now_ms();
@@ -565,8 +566,8 @@ fn build(
         provider: desc.provider.clone(),
         submitted,
         reason,
-        target: p.resolved.target.clone(),
-        arguments: p.resolved.arguments.clone(),
+        target: Arc::new(p.resolved.target.clone()),
+        arguments: Arc::new(p.resolved.arguments.clone()),
         state: o.state,
         revision: 1,
         approval_id: o.approval_id.clone(),
