@@ -35,7 +35,9 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::noop::{Noop, bench_operator_key, input, noop_desc, runtime, workspace_with_allow};
+use common::noop::{
+    Noop, bench_operator_key, ended, input, noop_desc, runtime, workspace_with_allow,
+};
 
 fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
@@ -252,15 +254,8 @@ async fn run_to_success(
                     .submit(&client, input(&format!("k{tag}{i}")))
                     .await
                     .expect("submit");
-                let mut rev = v.revision;
-                loop {
-                    let w = rt.wait(Some(&client), &v.id, rev, 30).await.expect("wait");
-                    if w.state.is_terminal() {
-                        assert_eq!(w.state.as_str(), "succeeded");
-                        break;
-                    }
-                    rev = w.revision;
-                }
+                let end = ended(&rt, &client, v).await;
+                assert_eq!(end.state.as_str(), "succeeded");
             }
         }));
     }

@@ -11,11 +11,7 @@ mod noop;
 
 #[test]
 fn executions_for_clients_that_are_not_lanes_are_not_kept() {
-    // The only test in this binary: the environment is set before any thread starts.
-    let state = tempfile::tempdir().expect("state dir");
-    // SAFETY: no other thread exists yet.
-    unsafe { std::env::set_var("GAFFER_STATE_DIR", state.path()) };
-    let _key = noop::bench_operator_key();
+    let _env = noop::test_environment();
     let dir = noop::workspace_with_allow();
     let rt = gaffer::runtime::builder().build().expect("runtime");
     rt.block_on(async {
@@ -27,19 +23,9 @@ fn executions_for_clients_that_are_not_lanes_are_not_kept() {
                 .await
                 .expect("submit");
             assert!(created);
-            let mut rev = view.revision;
-            let end = loop {
-                let w = ops
-                    .wait(Some("agent"), &view.id, rev, 30)
-                    .await
-                    .expect("wait");
-                if w.state.is_terminal() {
-                    break w;
-                }
-                rev = w.revision;
-            };
+            let end = noop::ended(&ops, "agent", view).await;
             assert_eq!(end.state.as_str(), "succeeded");
-            assert_eq!(ops.executed_here(&view.id), None, "{}", view.id);
+            assert_eq!(ops.executed_here(&end.id), None, "{}", end.id);
         }
     });
 }

@@ -47,20 +47,8 @@ fn runtime_denying_once(ws: &Arc<Workspace>) -> (Arc<OperationRuntime>, Arc<Deny
 /// Submits and waits for the operation to end; returns its final state.
 async fn run(ops: &OperationRuntime, key: &str) -> String {
     let (view, _) = ops.submit("agent", noop::input(key)).await.expect("submit");
-    if view.state.is_terminal() {
-        return view.state.as_str().to_string();
-    }
-    end_of(ops, &view.id, view.revision).await
-}
-
-async fn end_of(ops: &OperationRuntime, id: &str, mut rev: u64) -> String {
-    loop {
-        let w = ops.wait(Some("agent"), id, rev, 30).await.expect("wait");
-        if w.state.is_terminal() {
-            return w.state.as_str().to_string();
-        }
-        rev = w.revision;
-    }
+    let end = noop::ended(ops, "agent", view).await;
+    end.state.as_str().to_string()
 }
 
 /// A submission whose policy was looked up before the edit is decided again at its commit.
@@ -91,9 +79,9 @@ async fn a_claim_made_before_the_edit_is_made_again() {
     assert_eq!(view.state.as_str(), "approved");
     deny.armed.store(true, Ordering::SeqCst);
     gaffer::operations::start_runtime(&ops);
-    let end = end_of(&ops, &view.id, view.revision).await;
+    let end = noop::ended(&ops, "agent", view.clone()).await.state;
     assert!(deny.done.load(Ordering::SeqCst));
-    assert_eq!(end, "failed");
+    assert_eq!(end.as_str(), "failed");
     let op = ops.get(Some("agent"), &view.id).expect("get");
     let error = op.error.expect("the refusal says why");
     assert!(error.message.contains("stop"), "{error:?}");
@@ -101,11 +89,7 @@ async fn a_claim_made_before_the_edit_is_made_again() {
 
 #[test]
 fn a_deny_rule_added_before_a_decision_or_claim_is_committed_is_honored() {
-    // The only test in this binary: the environment is set before any thread starts.
-    let state = tempfile::tempdir().expect("state dir");
-    // SAFETY: no other thread exists yet.
-    unsafe { std::env::set_var("GAFFER_STATE_DIR", state.path()) };
-    let _key = noop::bench_operator_key();
+    let _env = noop::test_environment();
     let rt = gaffer::runtime::builder().build().expect("runtime");
     rt.block_on(async {
         a_decision_made_before_the_edit_is_made_again().await;

@@ -12,6 +12,7 @@ use gaffer::operations::adapter::{
 };
 use gaffer::operations::engine::{OperationRuntime, RuntimeConfig, SubmitInput};
 use gaffer::operations::policy::Classification;
+use gaffer::operations::views::OperationView;
 use gaffer::workspace::Workspace;
 use serde_json::{Value, json};
 
@@ -206,4 +207,25 @@ pub fn bench_operator_key() -> tempfile::TempDir {
     // SAFETY: called first thing in main, before the runtime or any other thread exists.
     unsafe { std::env::set_var("GAFFER_OPERATOR_KEY_FILE", &key) };
     cfg
+}
+
+/// Waits until operation `id` (last seen at `view`) has ended, and returns it as it ended.
+pub async fn ended(ops: &OperationRuntime, client: &str, view: OperationView) -> OperationView {
+    let mut view = view;
+    while !view.state.is_terminal() {
+        view = ops
+            .wait(Some(client), &view.id, view.revision, 30)
+            .await
+            .expect("wait");
+    }
+    view
+}
+
+/// For a test binary's one test: a state directory (the anchor) and an operator key of its
+/// own, set in the environment before any thread starts. Keep both until the test ends.
+pub fn test_environment() -> (tempfile::TempDir, tempfile::TempDir) {
+    let state = tempfile::tempdir().expect("state dir");
+    // SAFETY: called first in the binary's only test, before any other thread exists.
+    unsafe { std::env::set_var("GAFFER_STATE_DIR", state.path()) };
+    (state, bench_operator_key())
 }

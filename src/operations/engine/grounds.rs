@@ -23,7 +23,7 @@ use crate::workspace::Workspace;
 /// change times, and on Unix its device and inode (a file replaced by a rename is another
 /// file even when its size and times match).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FileStamp(Option<(u64, Option<SystemTime>, [i64; 4])>);
+struct FileStamp(Option<(u64, Option<SystemTime>, [i64; 4])>);
 
 fn file_stamp(path: &std::path::Path) -> FileStamp {
     FileStamp(std::fs::metadata(path).ok().map(|m| {
@@ -41,7 +41,7 @@ fn file_stamp(path: &std::path::Path) -> FileStamp {
 /// The policy file's stamp and the operator's public key, as looked at once.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Grounds {
-    pub(crate) policy_file: FileStamp,
+    policy_file: FileStamp,
     pub(crate) key: Option<OperatorPublic>,
 }
 
