@@ -1081,6 +1081,8 @@ fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &tail::TailStop) {
             } else {
                 TAIL_INTERVAL
             };
+            // A steady writer's own appends would each queue an event nobody waits for.
+            watch.watch_appends(!pace.steady());
             watch.wait(interval, stop)
         };
         let backoff = again.take();
