@@ -3,7 +3,8 @@
 //! Every ratio is against the disk's limit measured in the same run and the same kind of
 //! directory: `raw` is a plain file's write(208 B) + fdatasync rate, taken just before each
 //! case (the disk is shared, so the rate drifts). `syncs/op` counts the workspace's
-//! fdatasyncs (one per appended batch) and `CPU/op` the whole process's CPU time.
+//! fdatasyncs (one per appended batch) and `CPU/op` the whole process's CPU time, with the
+//! part spent in user space beside it (the rest is the kernel's, the fdatasyncs first).
 //!
 //! - raw write+fdatasync, and a workspace commit (append + fdatasync) from one task;
 //! - durable submits/s from one client (allow rule, no-op provider; execution runs behind);
@@ -105,29 +106,75 @@ struct Cost {
     rate: f64,
     syncs_per_op: f64,
     cpu_us_per_op: f64,
+    /// The part of `cpu_us_per_op` spent in user space (the rest is the kernel's, the
+    /// fdatasyncs first among it).
+    user_us_per_op: f64,
     /// Context switches (voluntary and not) of the whole process per operation.
     switches_per_op: f64,
 }
 
-/// Context switches of this whole process so far.
-fn process_switches() -> f64 {
+/// This whole process's CPU time (user and system, µs) and context switches so far.
+#[derive(Clone, Copy)]
+struct Usage {
+    user_us: f64,
+    system_us: f64,
+    switches: f64,
+}
+
+fn usage() -> Usage {
     // SAFETY: getrusage only writes the struct we pass.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0.0;
+        return Usage {
+            user_us: 0.0,
+            system_us: 0.0,
+            switches: 0.0,
+        };
     }
-    (u.ru_nvcsw + u.ru_nivcsw) as f64
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    Usage {
+        user_us: tv(u.ru_utime),
+        system_us: tv(u.ru_stime),
+        switches: (u.ru_nvcsw + u.ru_nivcsw) as f64,
+    }
 }
 
 /// User + system CPU time of this whole process, in µs.
 fn process_cpu_us() -> f64 {
-    // SAFETY: getrusage only writes the struct we pass.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0.0;
+    let u = usage();
+    u.user_us + u.system_us
+}
+
+/// Measures a run of operations on `ws`, from its start to [`Meter::cost`].
+struct Meter {
+    syncs: u64,
+    usage: Usage,
+    t: Instant,
+}
+
+impl Meter {
+    fn start(ws: &Workspace) -> Meter {
+        Meter {
+            syncs: ws.syncs(),
+            usage: usage(),
+            t: Instant::now(),
+        }
     }
-    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
-    tv(u.ru_utime) + tv(u.ru_stime)
+
+    fn cost(&self, ws: &Workspace, n: usize) -> Cost {
+        let elapsed = self.t.elapsed();
+        let now = usage();
+        let per_op = |v: f64| v / n as f64;
+        Cost {
+            rate: rate(n, elapsed),
+            syncs_per_op: per_op((ws.syncs() - self.syncs) as f64),
+            cpu_us_per_op: per_op(
+                now.user_us + now.system_us - self.usage.user_us - self.usage.system_us,
+            ),
+            user_us_per_op: per_op(now.user_us - self.usage.user_us),
+            switches_per_op: per_op(now.switches - self.usage.switches),
+        }
+    }
 }
 
 /// The disk's limit: `n` write(208 B) + fdatasync on a plain file in a fresh temp dir.
@@ -239,10 +286,7 @@ async fn run_to_success(
     per_client: usize,
     tag: &str,
 ) -> Cost {
-    let syncs = ws.syncs();
-    let cpu = process_cpu_us();
-    let switches = process_switches();
-    let t = Instant::now();
+    let meter = Meter::start(ws);
     let mut tasks = vec![];
     for c in 0..clients {
         let rt = Arc::clone(rt);
@@ -262,13 +306,7 @@ async fn run_to_success(
     for t in tasks {
         t.await.expect("task");
     }
-    let n = clients * per_client;
-    Cost {
-        rate: rate(n, t.elapsed()),
-        syncs_per_op: (ws.syncs() - syncs) as f64 / n as f64,
-        cpu_us_per_op: (process_cpu_us() - cpu) / n as f64,
-        switches_per_op: (process_switches() - switches) / n as f64,
-    }
+    meter.cost(ws, clients * per_client)
 }
 
 /// `n` operations written straight into the journal (1,000 per commit): pending ones with
@@ -380,10 +418,7 @@ async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64, f64) {
     unsafe { libc::sync() };
     let rt = runtime(&ws);
     let cost = if pending {
-        let syncs = ws.syncs();
-        let cpu = process_cpu_us();
-        let switches = process_switches();
-        let t = Instant::now();
+        let meter = Meter::start(&ws);
         for i in 0..n {
             let (v, _) = rt
                 .submit("c", input(&format!("g{i}")))
@@ -395,12 +430,7 @@ async fn growth(held: usize, pending: bool, n: usize) -> (Cost, f64, f64, f64) {
                 "no trusted policy: the submit waits"
             );
         }
-        Cost {
-            rate: rate(n, t.elapsed()),
-            syncs_per_op: (ws.syncs() - syncs) as f64 / n as f64,
-            cpu_us_per_op: (process_cpu_us() - cpu) / n as f64,
-            switches_per_op: (process_switches() - switches) / n as f64,
-        }
+        meter.cost(&ws, n)
     } else {
         run_to_success(&ws, &rt, 1, n, "g").await
     };
@@ -796,11 +826,12 @@ async fn growth_row(held: usize, pending: bool, raw_n: usize, n: usize) {
 
 fn show(c: &Cost, raw: f64) -> String {
     format!(
-        "{:.0}/s = {:.2}x raw {raw:.0}/s; {:.2} syncs/op; {:.0} µs CPU/op; {:.1} context switches/op",
+        "{:.0}/s = {:.2}x raw {raw:.0}/s; {:.2} syncs/op; {:.0} µs CPU/op ({:.0} in user space); {:.1} context switches/op",
         c.rate,
         c.rate / raw,
         c.syncs_per_op,
         c.cpu_us_per_op,
+        c.user_us_per_op,
         c.switches_per_op
     )
 }
