@@ -111,6 +111,8 @@ struct Cost {
     user_us_per_op: f64,
     /// Context switches (voluntary and not) of the whole process per operation.
     switches_per_op: f64,
+    /// Minor page faults of the whole process per operation.
+    faults_per_op: f64,
 }
 
 /// This whole process's CPU time (user and system, µs) and context switches so far.
@@ -119,6 +121,8 @@ struct Usage {
     user_us: f64,
     system_us: f64,
     switches: f64,
+    /// Minor page faults: memory touched for the first time.
+    faults: f64,
 }
 
 fn usage() -> Usage {
@@ -129,6 +133,7 @@ fn usage() -> Usage {
             user_us: 0.0,
             system_us: 0.0,
             switches: 0.0,
+            faults: 0.0,
         };
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
@@ -136,6 +141,7 @@ fn usage() -> Usage {
         user_us: tv(u.ru_utime),
         system_us: tv(u.ru_stime),
         switches: (u.ru_nvcsw + u.ru_nivcsw) as f64,
+        faults: u.ru_minflt as f64,
     }
 }
 
@@ -173,6 +179,7 @@ impl Meter {
             ),
             user_us_per_op: per_op(now.user_us - self.usage.user_us),
             switches_per_op: per_op(now.switches - self.usage.switches),
+            faults_per_op: per_op(now.faults - self.usage.faults),
         }
     }
 }
@@ -826,13 +833,14 @@ async fn growth_row(held: usize, pending: bool, raw_n: usize, n: usize) {
 
 fn show(c: &Cost, raw: f64) -> String {
     format!(
-        "{:.0}/s = {:.2}x raw {raw:.0}/s; {:.2} syncs/op; {:.0} µs CPU/op ({:.0} in user space); {:.1} context switches/op",
+        "{:.0}/s = {:.2}x raw {raw:.0}/s; {:.2} syncs/op; {:.0} µs CPU/op ({:.0} in user space); {:.1} context switches/op; {:.2} page faults/op",
         c.rate,
         c.rate / raw,
         c.syncs_per_op,
         c.cpu_us_per_op,
         c.user_us_per_op,
-        c.switches_per_op
+        c.switches_per_op,
+        c.faults_per_op
     )
 }
 
