@@ -558,9 +558,10 @@ impl OperationState {
         if let Some(t) = op.terminal_at_ms {
             self.terminal.insert((t, shared));
         }
-        let (id, aid) = (op.id.clone(), op.approval_id.clone());
+        let aid = op.approval_id.clone();
+        self.index
+            .set_deadline(&op.id, index::deadline(&op, &self.approvals));
         self.operations.insert(op.id.clone(), Box::new(op));
-        self.refresh_deadline(&id);
         if let Some(aid) = aid {
             self.approval_changed(&aid);
         }
@@ -572,7 +573,9 @@ impl OperationState {
         t: Transitioned,
         out: &mut Vec<OpNotice>,
     ) -> Result<(), ApplyError> {
-        let Some(op) = self.operations.get(&t.id) else {
+        // Each map is looked up once: a record checked and applied touches every operation
+        // the same way (nothing is changed before the last check passes).
+        let Some(op) = self.operations.get_mut(&t.id) else {
             return Err(ApplyError::Invalid(format!("no operation {}", t.id)));
         };
         if op.state != t.from || op.revision + 1 != t.revision || !t.from.can_move_to(t.to) {
@@ -582,22 +585,15 @@ impl OperationState {
             )));
         }
         if let Some(ch) = &t.approval {
-            let Some(a) = self.approvals.get(&ch.approval_id) else {
+            let Some(a) = self.approvals.get_mut(&ch.approval_id) else {
                 return Err(ApplyError::Invalid(format!(
                     "no approval {}",
                     ch.approval_id
                 )));
             };
             check_effect(a, &t.id, ch.effect)?;
-        }
-        if let Some(ch) = &t.approval
-            && let Some(a) = self.approvals.get_mut(&ch.approval_id)
-        {
             apply_effect(a, &t.id, ch.effect);
         }
-        let Some(op) = self.operations.get_mut(&t.id) else {
-            return Err(ApplyError::Invalid(format!("no operation {}", t.id)));
-        };
         let shared = self.index.change_state(op, t.to);
         op.state = t.to;
         op.revision = t.revision;
@@ -622,7 +618,8 @@ impl OperationState {
         }
         out.push(changed_notice(op));
         let aid = op.approval_id.clone();
-        self.refresh_deadline(&t.id);
+        let at = index::deadline(op, &self.approvals);
+        self.index.set_deadline(&t.id, at);
         for aid in t.approval.map(|c| c.approval_id).into_iter().chain(aid) {
             self.approval_changed(&aid);
         }
