@@ -1108,6 +1108,100 @@ pub(crate) mod tests {
         assert_eq!(s.skipped, 0);
     }
 
+    /// A transition refused on its approval (an effect the approval cannot take, an approval
+    /// that does not exist) or on the operation, while naming a valid effect, changes
+    /// neither the operation, nor any approval's uses or status, nor the deadlines.
+    #[test]
+    fn transitions_refused_on_their_approval_leave_the_state_untouched() {
+        let mut s = OperationState::default();
+        let mut out = vec![];
+        s.apply_record(
+            KIND_CREATED,
+            &created(
+                op("op_1", OpState::Pending, Some("ap_1")),
+                Some(approval("ap_1", "op_1")),
+            ),
+            &mut out,
+        )
+        .unwrap();
+        s.apply_record(
+            KIND_DECIDED,
+            &decided("ap_1", 2, DecisionKind::Approve),
+            &mut out,
+        )
+        .unwrap();
+        s.apply_record(
+            KIND_TRANSITIONED,
+            &tr("op_1", OpState::Pending, OpState::Approved, 2, None),
+            &mut out,
+        )
+        .unwrap();
+        let unchanged = |s: &OperationState| {
+            (
+                s.get("op_1").cloned(),
+                s.approvals.clone(),
+                s.index.next_deadline(),
+            )
+        };
+        let approved = unchanged(&s);
+        assert!(approved.2.is_some(), "an approved operation has a deadline");
+        let refused = [
+            // No use reserved to commit.
+            tr(
+                "op_1",
+                OpState::Approved,
+                OpState::Executing,
+                3,
+                Some(("ap_1", ApprovalEffect::Commit)),
+            ),
+            // No such approval.
+            tr(
+                "op_1",
+                OpState::Approved,
+                OpState::Executing,
+                3,
+                Some(("ap_none", ApprovalEffect::Reserve)),
+            ),
+            // An effect the approval could take, on a move the operation cannot make.
+            tr(
+                "op_1",
+                OpState::Approved,
+                OpState::Executing,
+                5,
+                Some(("ap_1", ApprovalEffect::Reserve)),
+            ),
+        ];
+        for r in &refused {
+            assert!(s.apply_record(KIND_TRANSITIONED, r, &mut out).is_err());
+            assert_eq!(unchanged(&s), approved);
+        }
+        s.apply_record(
+            KIND_TRANSITIONED,
+            &tr(
+                "op_1",
+                OpState::Approved,
+                OpState::Executing,
+                3,
+                Some(("ap_1", ApprovalEffect::Reserve)),
+            ),
+            &mut out,
+        )
+        .unwrap();
+        let executing = unchanged(&s);
+        // The use is reserved already.
+        let again = tr(
+            "op_1",
+            OpState::Executing,
+            OpState::Succeeded,
+            4,
+            Some(("ap_1", ApprovalEffect::Reserve)),
+        );
+        assert!(s.apply_record(KIND_TRANSITIONED, &again, &mut out).is_err());
+        assert_eq!(unchanged(&s), executing);
+        assert_eq!(s.approvals["ap_1"].uses["op_1"], UseState::Reserved);
+        assert_eq!(s.skipped, 4);
+    }
+
     #[test]
     fn invalid_records_are_skipped_without_touching_state() {
         let mut s = OperationState::default();
