@@ -1036,37 +1036,37 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn approval_path_folds_to_succeeded_with_a_committed_use() {
-        let mut s = OperationState::default();
-        let mut out = vec![];
+    /// Folds `op_1`, pending on its approval `ap_1`.
+    fn create_pending_op_1(s: &mut OperationState, out: &mut Vec<OpNotice>) {
         s.apply_record(
             KIND_CREATED,
             &created(
                 op("op_1", OpState::Pending, Some("ap_1")),
                 Some(approval("ap_1", "op_1")),
             ),
-            &mut out,
+            out,
         )
         .unwrap();
-        assert_eq!(out.len(), 2);
-        assert_eq!(out[0].method, NOTICE_REQUESTED);
-        assert!(out[0].operators_only);
-        assert_eq!(out[1].method, NOTICE_CHANGED);
-        assert!(!out[1].operators_only);
+    }
+
+    /// Folds the operator's approval of `ap_1` and `op_1` becoming approved.
+    fn approve_op_1(s: &mut OperationState, out: &mut Vec<OpNotice>) {
         s.apply_record(
             KIND_DECIDED,
             &decided("ap_1", 2, DecisionKind::Approve),
-            &mut out,
+            out,
         )
         .unwrap();
-        assert_eq!(s.approvals["ap_1"].status, ApprovalStatus::Active);
         s.apply_record(
             KIND_TRANSITIONED,
             &tr("op_1", OpState::Pending, OpState::Approved, 2, None),
-            &mut out,
+            out,
         )
         .unwrap();
+    }
+
+    /// Folds `op_1` starting to execute on a use of `ap_1`.
+    fn execute_op_1(s: &mut OperationState, out: &mut Vec<OpNotice>) {
         s.apply_record(
             KIND_TRANSITIONED,
             &tr(
@@ -1076,9 +1076,24 @@ pub(crate) mod tests {
                 3,
                 Some(("ap_1", ApprovalEffect::Reserve)),
             ),
-            &mut out,
+            out,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn approval_path_folds_to_succeeded_with_a_committed_use() {
+        let mut s = OperationState::default();
+        let mut out = vec![];
+        create_pending_op_1(&mut s, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].method, NOTICE_REQUESTED);
+        assert!(out[0].operators_only);
+        assert_eq!(out[1].method, NOTICE_CHANGED);
+        assert!(!out[1].operators_only);
+        approve_op_1(&mut s, &mut out);
+        assert_eq!(s.approvals["ap_1"].status, ApprovalStatus::Active);
+        execute_op_1(&mut s, &mut out);
         assert_eq!(s.approvals["ap_1"].uses["op_1"], UseState::Reserved);
         s.apply_record(
             KIND_TRANSITIONED,
@@ -1115,27 +1130,8 @@ pub(crate) mod tests {
     fn transitions_refused_on_their_approval_leave_the_state_untouched() {
         let mut s = OperationState::default();
         let mut out = vec![];
-        s.apply_record(
-            KIND_CREATED,
-            &created(
-                op("op_1", OpState::Pending, Some("ap_1")),
-                Some(approval("ap_1", "op_1")),
-            ),
-            &mut out,
-        )
-        .unwrap();
-        s.apply_record(
-            KIND_DECIDED,
-            &decided("ap_1", 2, DecisionKind::Approve),
-            &mut out,
-        )
-        .unwrap();
-        s.apply_record(
-            KIND_TRANSITIONED,
-            &tr("op_1", OpState::Pending, OpState::Approved, 2, None),
-            &mut out,
-        )
-        .unwrap();
+        create_pending_op_1(&mut s, &mut out);
+        approve_op_1(&mut s, &mut out);
         let unchanged = |s: &OperationState| {
             (
                 s.get("op_1").cloned(),
@@ -1175,18 +1171,7 @@ pub(crate) mod tests {
             assert!(s.apply_record(KIND_TRANSITIONED, r, &mut out).is_err());
             assert_eq!(unchanged(&s), approved);
         }
-        s.apply_record(
-            KIND_TRANSITIONED,
-            &tr(
-                "op_1",
-                OpState::Approved,
-                OpState::Executing,
-                3,
-                Some(("ap_1", ApprovalEffect::Reserve)),
-            ),
-            &mut out,
-        )
-        .unwrap();
+        execute_op_1(&mut s, &mut out);
         let executing = unchanged(&s);
         // The use is reserved already.
         let again = tr(
