@@ -115,8 +115,9 @@ struct Cost {
     faults_per_op: f64,
 }
 
-/// This whole process's CPU time (user and system, µs) and context switches so far.
-#[derive(Clone, Copy)]
+/// This whole process's CPU time (user and system, µs), context switches and page faults so
+/// far (all zero where `getrusage` fails).
+#[derive(Clone, Copy, Default)]
 struct Usage {
     user_us: f64,
     system_us: f64,
@@ -129,12 +130,7 @@ fn usage() -> Usage {
     // SAFETY: getrusage only writes the struct we pass.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return Usage {
-            user_us: 0.0,
-            system_us: 0.0,
-            switches: 0.0,
-            faults: 0.0,
-        };
+        return Usage::default();
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
     Usage {
@@ -145,10 +141,15 @@ fn usage() -> Usage {
     }
 }
 
+impl Usage {
+    fn cpu_us(&self) -> f64 {
+        self.user_us + self.system_us
+    }
+}
+
 /// User + system CPU time of this whole process, in µs.
 fn process_cpu_us() -> f64 {
-    let u = usage();
-    u.user_us + u.system_us
+    usage().cpu_us()
 }
 
 /// Measures a run of operations on `ws`, from its start to [`Meter::cost`].
@@ -174,9 +175,7 @@ impl Meter {
         Cost {
             rate: rate(n, elapsed),
             syncs_per_op: per_op((ws.syncs() - self.syncs) as f64),
-            cpu_us_per_op: per_op(
-                now.user_us + now.system_us - self.usage.user_us - self.usage.system_us,
-            ),
+            cpu_us_per_op: per_op(now.cpu_us() - self.usage.cpu_us()),
             user_us_per_op: per_op(now.user_us - self.usage.user_us),
             switches_per_op: per_op(now.switches - self.usage.switches),
             faults_per_op: per_op(now.faults - self.usage.faults),
