@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// Largest presence file read; a real one is a few hundred bytes.
+pub const PRESENCE_LIMIT: u64 = 64 << 10;
+
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 pub struct Peer {
     pub pid: u32,
@@ -84,7 +87,7 @@ impl Instance {
         };
         let mut out: Vec<Peer> = entries
             .flatten()
-            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|e| crate::util::read_regular_file(&e.path(), Some(PRESENCE_LIMIT)).ok())
             .filter_map(|b| serde_json::from_slice::<Peer>(&b).ok())
             .filter(|p| p.pid != self.me.pid && alive(p.pid))
             .collect();

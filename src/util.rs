@@ -108,6 +108,51 @@ pub fn json_deeper_than(text: &[u8], limit: usize) -> bool {
     opening > limit && json_depth(text) > limit
 }
 
+/// Largest configuration file (policy, providers, roster) gaffer reads.
+pub const CONFIG_FILE_LIMIT: u64 = 4 << 20;
+
+/// Reads a file the agent may have planted something else at (anything under the workspace):
+/// a FIFO must not block the reading thread, and a device or an oversized file must not
+/// exhaust memory. The file is opened without waiting (`O_NONBLOCK`) and read only if it is
+/// a regular file of at most `limit` bytes (checked on the descriptor read, so no swap between
+/// a look and the read gets past it). Symbolic links are followed, as an operator may link a
+/// shared file. `NotFound` passes through for callers that treat absence as a default.
+pub fn read_regular_file(path: &std::path::Path, limit: Option<u64>) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    let too_large = |size: u64, limit: u64| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} is {size} bytes, over the {limit}-byte limit",
+                path.display()
+            ),
+        )
+    };
+    let limit = limit.unwrap_or(u64::MAX);
+    if meta.len() > limit {
+        return Err(too_large(meta.len(), limit));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // The file may grow after the look: never read past the limit.
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(bytes.len() as u64, limit));
+    }
+    Ok(bytes)
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
@@ -315,6 +360,30 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_regular_file_refuses_what_could_block_or_flood_the_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let err = read_regular_file(&fifo, None).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        let zero = dir.path().join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        assert!(read_regular_file(&zero, None).is_err());
+        let big = dir.path().join("big");
+        std::fs::write(&big, [b'x'; 11]).unwrap();
+        let err = read_regular_file(&big, Some(10)).unwrap_err();
+        assert!(err.to_string().contains("over the 10-byte limit"), "{err}");
+        assert_eq!(read_regular_file(&big, Some(11)).unwrap(), [b'x'; 11]);
+        let linked = dir.path().join("linked");
+        std::os::unix::fs::symlink(&big, &linked).unwrap();
+        assert_eq!(read_regular_file(&linked, None).unwrap().len(), 11);
+        let missing = read_regular_file(&dir.path().join("none"), None).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn json_depth_counts_containers_and_skips_strings() {

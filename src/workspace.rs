@@ -657,6 +657,7 @@ impl Workspace {
             });
         }
         let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        crate::operator::keys::refuse_keys_under(&root);
         let gaffer_dir = root.join(".gaffer");
         let chain = ChainView::default();
         let Loaded {

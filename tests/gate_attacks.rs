@@ -496,3 +496,129 @@ fn a_broken_hash_chain_accepts_no_signed_approval() {
     }
     assert_eq!(lines(&env.root().join("kv-exec.log")), 0);
 }
+
+/// The agent replaces the trust-gated files gaffer reads on every submission with a FIFO
+/// (which a plain read would wait on forever, on the thread that answers everyone) and a
+/// link to a device: each submission gets an answer naming the file, nothing is executed
+/// under them, and the server goes on answering.
+#[test]
+fn special_files_planted_at_the_policy_paths_never_stop_the_server() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let mut agent = env.agent("agent");
+    let r = submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "docs/a.md"}),
+        json!({"content": "a"}),
+        "a",
+    );
+    assert_eq!(
+        wait_state(&mut agent, ok(&r)["id"].as_str().unwrap(), &["succeeded"])["state"],
+        "succeeded"
+    );
+    let gaffer_dir = env.root().join(".gaffer");
+    let policy = gaffer_dir.join("policy.yaml");
+    std::fs::remove_file(&policy).unwrap();
+    let fifo = std::ffi::CString::new(policy.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let r = submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "docs/b.md"}),
+        json!({"content": "b"}),
+        "b",
+    );
+    assert!(
+        r.to_string().contains("not a regular file"),
+        "the answer names what is wrong: {r}"
+    );
+    assert!(
+        !env.root().join("docs/b.md").exists(),
+        "nothing ran under it"
+    );
+    std::fs::remove_file(&policy).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &policy).unwrap();
+    let r = submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "docs/c.md"}),
+        json!({"content": "c"}),
+        "c",
+    );
+    assert!(r.to_string().contains("not a regular file"), "{r}");
+    std::fs::remove_file(&policy).unwrap();
+    let _ = std::fs::remove_file(gaffer_dir.join("providers.yaml"));
+    // SAFETY: as above.
+    let providers = std::ffi::CString::new(
+        gaffer_dir
+            .join("providers.yaml")
+            .as_os_str()
+            .as_encoded_bytes(),
+    )
+    .unwrap();
+    assert_eq!(unsafe { libc::mkfifo(providers.as_ptr(), 0o644) }, 0);
+    let r = agent.request("gaffer/status", json!({}));
+    assert!(r.get("result").is_some(), "the server still answers: {r}");
+    let r = submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "docs/d.md"}),
+        json!({"content": "d"}),
+        "d",
+    );
+    assert!(!env.root().join("docs/d.md").exists(), "{r}");
+}
+
+/// A serving process configured (by a workspace settings file the agent wrote, say) with a
+/// public key inside the workspace: the agent can replace that file with its own key, so it is
+/// never the operator's. Nothing verifies against it — not even the real key copied there —
+/// so the trusted policy's allow rules do not apply and the write waits for a human.
+#[test]
+fn a_public_key_inside_the_workspace_is_never_the_operators() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let inside = env.root().join(".gaffer/operator.pub");
+    std::fs::copy(env.key_file.with_extension("pub"), &inside).unwrap();
+    let inside = inside.display().to_string();
+    let missing = env
+        ._cfg
+        .path()
+        .join("none/operator.key")
+        .display()
+        .to_string();
+    let token = env.token("agent-1");
+    let key_env = [
+        ("GAFFER_OPERATOR_KEY_FILE", missing.as_str()),
+        ("GAFFER_OPERATOR_PUBLIC_KEY_FILE", inside.as_str()),
+    ];
+    let mut with_token = key_env.to_vec();
+    with_token.push(("GAFFER_CLIENT_TOKEN", token.as_str()));
+    let mut credentialed = Server::start_env(env.root(), Wire::Ndjson, &[], &with_token);
+    let r = credentialed.request("initialize", json!({}));
+    assert!(
+        r["error"]["message"]
+            .to_string()
+            .contains("no operator public key"),
+        "no credential checks against it: {r}"
+    );
+    let mut agent = Server::start_env(env.root(), Wire::Ndjson, &[], &key_env);
+    agent.call("initialize", json!({}));
+    let p = ok(&submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "docs/in.md"}),
+        json!({"content": "x"}),
+        "in",
+    ))
+    .clone();
+    assert_eq!(
+        p["state"], "pending",
+        "no key verifies the trusted policy: {p}"
+    );
+    let status = agent.call("gaffer/status", json!({}));
+    assert!(
+        status.to_string().contains("no_operator_key"),
+        "the policy's trust reads as having no operator key: {status}"
+    );
+    assert!(!env.root().join("docs/in.md").exists());
+}

@@ -116,7 +116,9 @@ pub fn live_executors(peers_dir: &std::path::Path) -> Vec<String> {
     };
     entries
         .flatten()
-        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|e| {
+            crate::util::read_regular_file(&e.path(), Some(crate::peers::PRESENCE_LIMIT)).ok()
+        })
         .filter_map(|b| serde_json::from_slice::<crate::peers::Peer>(&b).ok())
         .filter(|p| crate::peers::alive(p.pid))
         .map(|p| engine::executor_id(p.pid, p.started_ms))

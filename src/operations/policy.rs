@@ -337,7 +337,9 @@ impl Policy {
     /// Loads `<gaffer_dir>/policy.yaml`; a missing file is not an error.
     pub fn load(gaffer_dir: &Path) -> Result<Policy, PolicyError> {
         let file = gaffer_dir.join(POLICY_FILE);
-        match std::fs::read_to_string(&file) {
+        let read = crate::util::read_regular_file(&file, Some(crate::util::CONFIG_FILE_LIMIT))
+            .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other));
+        match read {
             Ok(text) => Policy::parse(&text, &file),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Policy::default()),
             Err(e) => Err(PolicyError {

@@ -266,7 +266,7 @@ pub fn report(ws: &Workspace, key: Option<&OperatorPublic>) -> Vec<FileTrust> {
 
 fn read_disk(ws: &Workspace, file: &str) -> Result<Option<Vec<u8>>, TrustError> {
     let path = ws.gaffer_dir().join(file);
-    match std::fs::read(&path) {
+    match crate::util::read_regular_file(&path, Some(crate::util::CONFIG_FILE_LIMIT)) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(TrustError::Io { path, source }),

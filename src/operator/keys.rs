@@ -162,8 +162,24 @@ type Stamp = Option<(Option<std::time::SystemTime>, u64, PathBuf)>;
 static PUBLIC_CACHE: std::sync::Mutex<Option<(Stamp, Option<OperatorPublic>)>> =
     std::sync::Mutex::new(None);
 
+/// Workspaces this process opened: a public key inside one is the agent's to replace, so it
+/// is never the operator's (`operator init` refuses to put one there; a configuration that
+/// points into a workspace is refused here).
+static WORKSPACE_ROOTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Records that this process serves `root` (canonical): no public key under it is used.
+pub fn refuse_keys_under(root: &Path) {
+    let mut roots = WORKSPACE_ROOTS.lock().unwrap_or_else(|p| p.into_inner());
+    if !roots.iter().any(|r| r == root) {
+        roots.push(root.to_path_buf());
+        // A key read before this root was known is judged again.
+        *PUBLIC_CACHE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
 /// The public key as of now, re-read only when its file changes (a stat per call). `None`
-/// when there is no readable public key.
+/// when there is no readable public key, or when it lies inside a workspace this process
+/// opened.
 pub fn current_public() -> Option<OperatorPublic> {
     let path = public_key_path().ok()?;
     let stamp: Stamp = std::fs::metadata(&path)
@@ -176,8 +192,17 @@ pub fn current_public() -> Option<OperatorPublic> {
     {
         return k.clone();
     }
-    let key = match OperatorPublic::load_from(&path) {
+    let inside = WORKSPACE_ROOTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find_map(|root| refuse_inside(&path, root).err());
+    let key = match inside.map_or_else(|| OperatorPublic::load_from(&path), Err) {
         Ok(k) => Some(k),
+        Err(e @ OperatorKeyError::InsideWorkspace { .. }) => {
+            tracing::error!(error = %e, "the operator public key is not used: the agent can replace it");
+            None
+        }
         Err(e) => {
             tracing::debug!(error = %e, "no operator public key");
             None

@@ -345,9 +345,11 @@ impl Policy {
                 candidate
             }
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            PolicyError::new("<file>", format!("cannot read {}: {e}", path.display()))
-        })?;
+        let text = crate::util::read_regular_file(&path, Some(crate::util::CONFIG_FILE_LIMIT))
+            .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
+            .map_err(|e| {
+                PolicyError::new("<file>", format!("cannot read {}: {e}", path.display()))
+            })?;
         Policy::from_yaml_override(&text).map(Arc::new)
     }
 

@@ -197,11 +197,17 @@ pub fn load(path: &Path) -> RosterLoad {
     if !meta.is_file() {
         return RosterLoad::Broken("the roster path is not a regular file".to_owned());
     }
-    let text = match std::fs::read_to_string(path) {
+    let text = match read_text(path) {
         Ok(t) => t,
         Err(e) => return RosterLoad::Broken(format!("cannot read the roster: {e}")),
     };
     parse_cached(text)
+}
+
+/// The roster's text, read as a workspace file the agent may have replaced by a FIFO or device.
+fn read_text(path: &Path) -> std::io::Result<String> {
+    let bytes = crate::util::read_regular_file(path, Some(crate::util::CONFIG_FILE_LIMIT))?;
+    String::from_utf8(bytes).map_err(std::io::Error::other)
 }
 
 /// Rosters parsed so far, by file text: the file is read on every selection (so an edit
@@ -448,7 +454,7 @@ pub fn validate_roster_at(shown: &str, resolved: &Path) -> RosterReport {
             .push(format!("roster path does not exist: {shown}"));
         return report;
     }
-    let text = match std::fs::read_to_string(resolved) {
+    let text = match read_text(resolved) {
         Ok(t) => t,
         Err(e) => {
             report.errors.push(format!("cannot read the roster: {e}"));

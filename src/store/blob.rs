@@ -1,6 +1,5 @@
 //! Content-addressed blobs at `<dir>/blobs/sha256/<first two hex>/<hex>`.
 
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -31,7 +30,7 @@ pub fn blob_path(dir: &Path, hex: &str) -> Result<PathBuf, StoreError> {
 pub fn put(dir: &Path, bytes: &[u8]) -> Result<String, StoreError> {
     let hex = sha256_hex(bytes);
     let path = blob_path(dir, &hex)?;
-    if let Ok(existing) = fs::read(&path)
+    if let Ok(existing) = crate::util::read_regular_file(&path, None)
         && sha256_hex(&existing) == hex
     {
         // A writer that crashed after its rename may not have made the entry durable.
@@ -50,7 +49,7 @@ pub fn put(dir: &Path, bytes: &[u8]) -> Result<String, StoreError> {
 /// Reads a blob and checks that it still hashes to its name.
 pub fn get(dir: &Path, hex: &str) -> Result<Vec<u8>, StoreError> {
     let path = blob_path(dir, hex)?;
-    let bytes = match fs::read(&path) {
+    let bytes = match crate::util::read_regular_file(&path, None) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(StoreError::BlobMissing {
@@ -74,6 +73,7 @@ pub fn get(dir: &Path, hex: &str) -> Result<Vec<u8>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn put_get_roundtrip_and_layout() {

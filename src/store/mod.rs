@@ -64,6 +64,7 @@ mod verify;
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -597,6 +598,8 @@ impl Store {
                 .write(true)
                 .create(true)
                 .truncate(false)
+                // Not through a symlink the agent put there: the lock is the store's own file.
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
                 .open(&lock_path)
                 .map_err(StoreError::io(&lock_path))?;
             self.lock_file = Some(file);
@@ -838,10 +841,8 @@ impl Store {
             reason = %torn.reason,
             "cutting a torn journal tail left by an interrupted write"
         );
-        let file = OpenOptions::new()
-            .write(true)
-            .open(&torn.path)
-            .map_err(StoreError::io(&torn.path))?;
+        let file =
+            segment::open_for_writing(&torn.path, false).map_err(StoreError::io(&torn.path))?;
         let result = if torn.offset < HEADER_LEN as u64 {
             // Even the header was torn: rewrite it so the segment is valid and empty.
             file.set_len(0)
@@ -969,11 +970,7 @@ struct SegmentWriter {
 impl SegmentWriter {
     fn open(segment: u64, path: &Path) -> Result<SegmentWriter, StoreError> {
         // Read too: `nothing_new` looks at what follows the cursor through it.
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(StoreError::io(path))?;
+        let file = segment::open_for_writing(path, true).map_err(StoreError::io(path))?;
         let allocated = file.metadata().map_err(StoreError::io(path))?.len();
         let next = path.with_file_name(segment::segment_name(segment + 1));
         Ok(SegmentWriter {
@@ -1015,7 +1012,7 @@ fn trim_left_segment(store: &Store, segment: u64) {
     let opened;
     let file = match store.writer.as_ref().filter(|w| w.segment == segment) {
         Some(w) => &w.file,
-        None => match OpenOptions::new().write(true).open(&path) {
+        None => match segment::open_for_writing(&path, false) {
             Ok(f) => {
                 opened = f;
                 &opened

@@ -129,6 +129,25 @@ pub fn nothing_after(file: &File, offset: u64, next: &Path) -> bool {
         && matches!(std::fs::symlink_metadata(next), Err(e) if e.kind() == io::ErrorKind::NotFound)
 }
 
+/// A segment opened for appending or cutting: never through a symlink put in its place (which
+/// would make gaffer write or truncate a file outside the store), and only a regular file (a
+/// FIFO there must not block the writer).
+pub fn open_for_writing(path: &Path, read: bool) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(read)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a journal segment must be a regular file",
+        ));
+    }
+    Ok(file)
+}
+
 /// A segment opened for reading only, not through a symlink put in its place.
 pub fn open_for_reading(path: &Path) -> io::Result<File> {
     let mut options = std::fs::OpenOptions::new();

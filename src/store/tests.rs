@@ -1055,3 +1055,34 @@ fn a_symlink_in_a_segments_place_is_never_nothing_new() {
         "a symlink is read under the lock, not peeked"
     );
 }
+
+/// An agent swaps the segment a store is about to append to for a symlink to a file outside
+/// the store (after the store last read it): the append is refused and the file outside is
+/// neither written nor cut.
+#[cfg(unix)]
+#[test]
+fn a_symlink_swapped_in_before_an_append_is_never_written_through() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut first = Store::open(tmp.path()).unwrap();
+    append_n(&mut first, 1);
+    drop(first);
+    let mut writer = Store::open(tmp.path()).unwrap();
+    let segment = tmp.path().join("journal/000001.log");
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("victim");
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes.extend_from_slice(&[b'v'; 4096]);
+    fs::write(&victim, &bytes).unwrap();
+    fs::remove_file(&segment).unwrap();
+    std::os::unix::fs::symlink(&victim, &segment).unwrap();
+    let appended = writer.begin().and_then(|mut txn| {
+        let next = txn.next_seq();
+        txn.append(&[rec(next)])
+    });
+    assert!(appended.is_err(), "an append through a symlink is refused");
+    assert_eq!(
+        fs::read(&victim).unwrap(),
+        bytes,
+        "the file outside is untouched"
+    );
+}

@@ -464,14 +464,18 @@ fn outcome_of(
         }
         DecisionEffect::Deny | DecisionEffect::NoMatch => {
             o.state = OpState::Denied;
-            o.error = Some(OpFailure::new(
-                codes::POLICY_DENIED,
-                if decision.effect == DecisionEffect::Deny {
-                    "the workspace policy denies this operation"
-                } else {
-                    "no policy rule allows this operation"
-                },
-            ));
+            // A policy that cannot be used refuses everything: say why, so the file is fixed.
+            let unusable = (decision.reason == "policy_unavailable")
+                .then(|| decision.rule_ids.first())
+                .flatten();
+            let message = match unusable {
+                Some(why) => format!("the workspace policy cannot be used: {why}"),
+                None if decision.effect == DecisionEffect::Deny => {
+                    "the workspace policy denies this operation".to_string()
+                }
+                None => "no policy rule allows this operation".to_string(),
+            };
+            o.error = Some(OpFailure::new(codes::POLICY_DENIED, message));
         }
         DecisionEffect::Request => {
             let gp = decision

@@ -43,6 +43,12 @@ const BEFORE = "# todo\n- write the parser\n- add tests\n- ship it\n";
 const AFTER = "# todo\n- write the parser\n- add tests for the parser\n- document the flags\n- ship it\n";
 fs.writeFileSync(`${dirs.ws}/notes/todo.txt`, BEFORE);
 fs.writeFileSync(`${dirs.ws}/README.md`, "scratch workspace for the gaffer VS Code test\n");
+// The agent writes the workspace's settings: a gaffer of its own and a key it made. Both
+// settings are machine-scoped, so the editor never takes them from the workspace.
+const AGENT_RAN = `${R}/agent-gaffer-ran`;
+fs.mkdirSync(`${dirs.ws}/.vscode`, { recursive: true });
+fs.writeFileSync(`${dirs.ws}/agent-gaffer`, `#!/bin/sh\ntouch '${AGENT_RAN}'\nexit 1\n`, { mode: 0o755 });
+fs.writeFileSync(`${dirs.ws}/.vscode/settings.json`, JSON.stringify({ "gaffer.path": `${dirs.ws}/agent-gaffer`, "gaffer.operator.keyFile": `${dirs.ws}/agent.key` }));
 const keyInit = spawnSync(GAFFER, ["--workspace", dirs.ws, "operator", "init"], { env: { ...process.env, GAFFER_OPERATOR_KEY_FILE: KEY }, encoding: "utf8" });
 expect(keyInit.status === 0 && fs.existsSync(KEY), `gaffer operator init made a key (${keyInit.stderr.trim()})`);
 
@@ -183,6 +189,7 @@ async function main() {
     const ready = await waitEvent((e) => e.ev === "ready", 120000, "the extension to log in");
     const activated = events().find((e) => e.ev === "activate");
     expect(ready.operator === true, "the extension logged in as the operator (challenge signed in the extension host)");
+    expect(!fs.existsSync(AGENT_RAN), "the gaffer named by the workspace's settings never ran");
     const activation = { workbench_ms: tWorkbench - tOpen, activate_to_ready_ms: ready.activation_ms, workbench_to_activate_ms: activated.t - tWorkbench };
     say(`activation: ${JSON.stringify(activation)}`);
     await page.waitForSelector('.statusbar-item:has-text("gaffer: 0 pending")', { timeout: 30000 });
