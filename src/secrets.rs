@@ -99,7 +99,8 @@ impl Scrubber {
         self.patterns.is_empty()
     }
 
-    /// Scrubs a whole text.
+    /// Scrubs a whole text: each pattern as it is, then as a wrapping encoder (`base64`,
+    /// `xxd -p`, `fold`) splits it over lines, wherever the breaks fall.
     pub fn scrub(&self, text: &str) -> String {
         let mut out = text.to_string();
         for (p, mark) in &self.patterns {
@@ -107,25 +108,86 @@ impl Scrubber {
                 out = out.replace(p.as_str(), mark);
             }
         }
+        if !out.bytes().any(is_wrap) {
+            return out;
+        }
+        for (p, mark) in &self.patterns {
+            out = replace_wrapped(&out, p, mark);
+        }
         out
     }
 
-    /// Length of the longest suffix of `text` that could be the start of a pattern: a stream
-    /// holds that much back until more output (or its end) shows what it is.
+    /// Length of the longest suffix of `text` that could be the start of a pattern, line
+    /// breaks inside it included: a stream holds that much back until more output (or its
+    /// end) shows what it is.
     pub fn partial_tail(&self, text: &str) -> usize {
+        let folded = Folded::of(text);
+        let flat = folded.text.as_str();
         let mut best = 0;
         for (p, _) in &self.patterns {
-            let max = p.len().saturating_sub(1).min(text.len());
+            let max = p.len().saturating_sub(1).min(flat.len());
             for n in (best + 1..=max).rev() {
-                let start = text.len() - n;
-                if text.is_char_boundary(start) && p.starts_with(&text[start..]) {
+                let start = flat.len() - n;
+                if flat.is_char_boundary(start) && p.starts_with(&flat[start..]) {
                     best = n;
                     break;
                 }
             }
         }
-        best
+        if best == 0 {
+            return 0;
+        }
+        text.len() - folded.at[flat.len() - best]
     }
+}
+
+/// A line break an encoder wraps its output with.
+fn is_wrap(b: u8) -> bool {
+    b == b'\n' || b == b'\r'
+}
+
+/// A text without its line breaks, and where each of its bytes was.
+struct Folded {
+    text: String,
+    at: Vec<usize>,
+}
+
+impl Folded {
+    fn of(text: &str) -> Folded {
+        let mut flat = Vec::with_capacity(text.len());
+        let mut at = Vec::with_capacity(text.len());
+        for (i, b) in text.bytes().enumerate().filter(|(_, b)| !is_wrap(*b)) {
+            flat.push(b);
+            at.push(i);
+        }
+        // Only ASCII bytes were taken out, so the rest is still UTF-8.
+        let text = String::from_utf8(flat).unwrap_or_default();
+        Folded { text, at }
+    }
+}
+
+/// Replaces every occurrence of `pattern` that line breaks split; the breaks stay after the
+/// mark, so the text keeps its lines.
+fn replace_wrapped(text: &str, pattern: &str, mark: &str) -> String {
+    let folded = Folded::of(text);
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    for (start, _) in folded.text.match_indices(pattern) {
+        let (from, to) = (folded.at[start], folded.at[start + pattern.len() - 1] + 1);
+        out.push_str(&text[copied..from]);
+        out.push_str(mark);
+        out.extend(
+            text[from..to]
+                .chars()
+                .filter(|c| is_wrap(*c as u8) && c.is_ascii()),
+        );
+        copied = to;
+    }
+    if copied == 0 {
+        return text.to_string();
+    }
+    out.push_str(&text[copied..]);
+    out
 }
 
 /// A stream of text through a scrubber: output cut anywhere never lets a secret through.
@@ -294,6 +356,47 @@ mod tests {
             out.push_str(&st.push(&s, &text[cut..]));
             out.push_str(&st.finish(&s));
             assert_eq!(out, "x [secret:tok] y [secret:tok] z", "cut at {cut}");
+        }
+    }
+
+    /// What `xxd -p` (hex in 60 columns), `base64` (76) and `fold -w 20` print for a secret
+    /// inside longer text, at every line width and offset: no line keeps a piece of it that a
+    /// reader could join back, whole text or streamed line by line.
+    #[test]
+    fn encodings_wrapped_over_lines_anywhere_are_replaced() {
+        let v = "Bearer-9f8e7d6c5b4a3f2e1d0c-a-secret-long-enough-to-span-lines-ZYXW";
+        let s = scrubber(v);
+        let wrap = |enc: &str, width: usize| {
+            enc.as_bytes()
+                .chunks(width)
+                .map(|c| std::str::from_utf8(c).unwrap())
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n"
+        };
+        for lead in ["", "x", "Authorization: "] {
+            let raw = format!("{lead}{v}");
+            for width in [7, 20, 60, 64, 76] {
+                for text in [
+                    wrap(&hex(raw.as_bytes()), width),
+                    wrap(&b64(raw.as_bytes()), width),
+                    wrap(&raw, width),
+                ] {
+                    let whole = s.scrub(&text);
+                    let mut st = ScrubStream::default();
+                    let mut streamed: String =
+                        text.split_inclusive('\n').map(|l| st.push(&s, l)).collect();
+                    streamed.push_str(&st.finish(&s));
+                    for out in [whole, streamed] {
+                        assert!(out.contains("[secret:tok]"), "{width} {text} -> {out}");
+                        assert_eq!(out.lines().count(), text.lines().count(), "{out}");
+                        let joined: String = out.lines().collect();
+                        for piece in [v, &hex(v.as_bytes())[..24], &b64(v.as_bytes())[8..32]] {
+                            assert!(!joined.contains(piece), "{width}: {piece} in {out}");
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -13,8 +13,9 @@ use serde_json::{Value, json};
 const SECRET: &str = "s3cr3t-Value_for/gaffer+e2e-0451";
 const SECRET_ENV: (&str, &str) = ("SECRET_TOKEN", SECRET);
 
-/// Prints the secret plainly, in base64 and in hex, then says done.
-const LEAK: &str = r#"echo "plain:$SECRET_TOKEN"; printf %s "$SECRET_TOKEN" | base64; printf %s "$SECRET_TOKEN" | od -An -tx1 | tr -d ' \n'; echo; echo "err:$SECRET_TOKEN" >&2; echo done"#;
+/// Prints the secret plainly, in base64 and in hex, then both again wrapped over lines as
+/// `base64 -w` and `xxd -p` would (after a header, so the breaks fall mid-value), then says done.
+const LEAK: &str = r#"s=$SECRET_TOKEN; echo "plain:$s"; printf %s "$s" | base64; h=$(printf %s "$s" | od -An -tx1 | tr -d ' \n'); echo $h; printf "Authorization: %s" "$s" | base64 -w 20; echo $h | fold -w 27; echo "err:$s" >&2; echo done"#;
 
 fn leaky_bundle(id: &str) -> Value {
     json!({
@@ -82,10 +83,16 @@ fn forms() -> Vec<String> {
     vec![SECRET.to_string(), b64, hex]
 }
 
+/// No form of the secret is in `text`, even with its lines joined back (as JSON escapes or
+/// real line breaks).
 fn assert_clean(what: &str, text: &str) {
+    let joined = text
+        .replace("\\n", "")
+        .replace("\\r", "")
+        .replace(['\n', '\r'], "");
     for f in forms() {
         assert!(
-            !text.contains(&f),
+            !joined.contains(&f),
             "{what} holds the secret as {f:?}:\n{text}"
         );
     }
