@@ -56,7 +56,21 @@ fn a_provider_gets_only_its_declared_environment_and_stays_in_the_sandbox() {
         "{got}"
     );
     assert_eq!(seen["KV_LABEL"], "declared");
-    assert_eq!(seen["KV_PASSED"], "passed-on");
+    // The provider got the token (it echoed exactly it back), and what it says is scrubbed:
+    // the result, the journal and gaffer's log hold the mark, never the value.
+    assert_eq!(seen["KV_PASSED"], "[secret:KV_PASSED]");
+    let journal = String::from_utf8_lossy(&common::journal_bytes(env.root())).into_owned();
+    assert!(!journal.contains("passed-on"), "{journal}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !env.logs().contains("probe env:") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let logs = env.logs();
+    assert!(
+        logs.contains("probe env:") && logs.contains("[secret:KV_PASSED]"),
+        "{logs}"
+    );
+    assert!(!logs.contains("passed-on"), "{logs}");
     assert_eq!(seen["HOME"], "/nonexistent");
     assert_eq!(got["read"]["error"], "PermissionError", "{got}");
     // The control: a file in the workspace reads, and so does the provider's own directory.

@@ -55,6 +55,8 @@ def probe(path):
             read = {"ok": len(f.read())}
     except OSError as e:
         read = {"error": type(e).__name__}
+    # Also said on stderr, as a careless provider would in a diagnostic.
+    print("probe env: " + json.dumps(dict(os.environ)), file=sys.stderr, flush=True)
     return {"env": dict(os.environ), "read": read}
 
 

@@ -62,7 +62,15 @@ struct Launch {
     spec: crate::sandbox::Spec,
     /// The trusted policy's word on the sandbox when this process loaded its providers.
     sandbox: crate::sandbox::Setting,
+    /// The `pass_env` values (tokens): scrubbed from everything the provider says, which
+    /// reaches the journal, the agent and gaffer's log.
+    scrubber: crate::secrets::Scrubber,
+    name: String,
 }
+
+/// Shorter `pass_env` values are not taken for tokens (a port or a flag would be scrubbed out
+/// of every result).
+const PASSED_TOKEN_MIN: usize = 8;
 
 impl ProviderDecl {
     /// Checks the declaration and fixes what the process gets; nothing else of gaffer's
@@ -77,6 +85,7 @@ impl ProviderDecl {
             }
             Some(_) => {}
         }
+        let mut passed = Vec::new();
         let mut env: Vec<(String, String)> = super::command::FIXED_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -93,7 +102,16 @@ impl ProviderDecl {
             }
             // Unset here (a one-shot operator command, say): the provider goes without it.
             match std::env::var(k) {
-                Ok(v) => env.push((k.clone(), v)),
+                Ok(v) => {
+                    if v.len() >= PASSED_TOKEN_MIN {
+                        passed.push(crate::secrets::Secret {
+                            name: k.clone(),
+                            env: k.clone(),
+                            value: v.clone(),
+                        });
+                    }
+                    env.push((k.clone(), v));
+                }
                 Err(_) => tracing::debug!(provider = %name, variable = %k, "pass_env not set"),
             }
         }
@@ -116,6 +134,8 @@ impl ProviderDecl {
             env,
             spec,
             sandbox,
+            scrubber: crate::secrets::Scrubber::new(&passed),
+            name: name.clone(),
         })
     }
 }
@@ -157,7 +177,7 @@ impl Conn {
             .envs(l.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         crate::sandbox::confine(&mut cmd, &l.spec, l.sandbox)
             .map_err(|e| CallError::Transport(format!("cannot start provider: {e}")))?;
@@ -172,6 +192,9 @@ impl Conn {
             .stdout
             .take()
             .ok_or_else(|| CallError::Transport("no stdout".into()))?;
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(log_stderr(stderr, l.name.clone(), l.scrubber.clone()));
+        }
         Ok(Proc {
             child,
             stdin,
@@ -211,9 +234,10 @@ impl Conn {
                         "provider closed its output",
                     ));
                 }
-                let Ok(v) = serde_json::from_str::<Value>(&buf) else {
+                let Ok(mut v) = serde_json::from_str::<Value>(&buf) else {
                     continue;
                 };
+                scrub_strings(&self.launch.scrubber, &mut v);
                 if v.get("id").and_then(Value::as_u64) == Some(id) {
                     return Ok(v);
                 }
@@ -257,6 +281,41 @@ impl Conn {
             });
         }
         Ok(reply.get("result").cloned().unwrap_or(Value::Null))
+    }
+}
+
+/// The provider's diagnostics, a line at a time, into gaffer's log without its tokens.
+async fn log_stderr(
+    stderr: tokio::process::ChildStderr,
+    provider: String,
+    scrubber: crate::secrets::Scrubber,
+) {
+    let mut lines = BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let line = scrubber.scrub(&line);
+        tracing::warn!(provider = %provider, "{line}");
+    }
+}
+
+/// Every string in `v` (keys included), scrubbed.
+fn scrub_strings(scrubber: &crate::secrets::Scrubber, v: &mut Value) {
+    if scrubber.is_empty() {
+        return;
+    }
+    match v {
+        Value::String(s) => *s = scrubber.scrub(s),
+        Value::Array(items) => items.iter_mut().for_each(|i| scrub_strings(scrubber, i)),
+        Value::Object(map) => {
+            let scrubbed: serde_json::Map<String, Value> = std::mem::take(map)
+                .into_iter()
+                .map(|(k, mut item)| {
+                    scrub_strings(scrubber, &mut item);
+                    (scrubber.scrub(&k), item)
+                })
+                .collect();
+            *map = scrubbed;
+        }
+        _ => {}
     }
 }
 
