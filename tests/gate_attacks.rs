@@ -190,9 +190,11 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
     created["operation"]["state"] = json!("pending");
     created["operation"]["approval_id"] = json!("ap_swap");
     let now = gaffer::util::now_ms();
+    // It asks for what the trusted policy grants src/** (one execution): a request asking
+    // for more is refused before anything is prepared (tests/approval_scope.rs).
     created["approval"] = json!({
         "id": "ap_swap", "operation_id": "op_swap", "client_id": "agent-1", "operation": "file.write",
-        "plan_digest": created["operation"]["plan_digest"], "mode": "window",
+        "plan_digest": created["operation"]["plan_digest"], "mode": "execution",
         "classification": {"target_kind": "file", "fields": {"path": ["docs/readme.md"]}, "attrs": {}},
         "status": "pending", "revision": 1, "created_at_ms": now, "pending_expires_at_ms": now + 600_000,
         "requested_duration_seconds": 300, "requested_max_uses": 1, "decision": null,
@@ -247,15 +249,20 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
 
 #[test]
 fn finding_2_a_forged_window_grant_covers_nothing() {
-    let env = Env::new(Some(ALLOW_DOCS));
+    // A rule that grants 25-use windows over win/**, so the forged grant is within what the
+    // policy grants and routes a submission (a wider one would not even route it).
+    let policy = format!(
+        "{ALLOW_DOCS}  - id: win\n    effect: request\n    operations: [\"file.write\"]\n    targets: [{{kind: file, fields: {{path: [\"win/**\"]}}}}]\n    grant_policy: {{mode: window, default_minutes: 10, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 25, max_uses: 25}}\n"
+    );
+    let env = Env::new(Some(&policy));
     let mut a = env.agent("agent-1");
     let ws_id = workspace_id(env.root());
-    // The agent forges an active window grant for src/** signed with its own key.
+    // The agent forges an active window grant for win/** signed with its own key.
     let forger = agent_signer(&env);
     let now = gaffer::util::now_ms();
     let class = Classification {
         target_kind: "file".into(),
-        fields: [("path".to_string(), ["src/a.rs".to_string()].into())].into(),
+        fields: [("path".to_string(), ["win/a.rs".to_string()].into())].into(),
         attrs: Default::default(),
         must_name: Default::default(),
         argv: None,
@@ -283,7 +290,7 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
             hash: String::new(),
         },
     };
-    let mut seed = forged_write("op_seed", "agent-1", "src/seed.rs", "src/seed.rs", "x");
+    let mut seed = forged_write("op_seed", "agent-1", "win/seed.rs", "win/seed.rs", "x");
     seed["operation"]["state"] = json!("pending");
     seed["operation"]["approval_id"] = json!("ap_window");
     seed["approval"] = json!({
@@ -311,12 +318,12 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
         seen["timed_out"], false,
         "the serving process folded the forgery: {seen}"
     );
-    // A real submission for src/a.rs now rides the "grant" at submit; the claim checks the
+    // A real submission for win/a.rs now rides the "grant" at submit; the claim checks the
     // signature and refuses it.
     let p = ok(&submit(
         &mut a,
         "file.write",
-        json!({"path": "src/a.rs"}),
+        json!({"path": "win/a.rs"}),
         json!({"content": "x"}),
         "ride",
     ))
@@ -328,7 +335,7 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
     let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["failed", "succeeded"]);
     assert_eq!(v["state"], "failed", "{v}");
     assert_eq!(v["error"]["code"], "approval_invalid", "{v}");
-    assert!(!env.root().join("src/a.rs").exists());
+    assert!(!env.root().join("win/a.rs").exists());
 }
 
 #[test]

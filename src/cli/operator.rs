@@ -13,9 +13,11 @@ use serde_json::{Value, json};
 
 use super::operations::{call, open, print, random_key};
 use crate::methods::App;
-use crate::operations::engine::{DecisionRequest, Narrowing, OpError};
+use crate::operations::engine::{DecisionRequest, Narrowing, OpError, PreparedDecision};
+use crate::operations::policy::GrantMode;
 use crate::operations::state::DecisionKind;
 use crate::operations::trust;
+use crate::operations::views::rfc3339;
 use crate::operator::signed::OperatorSignature;
 use crate::operator::{OperatorSigner, key_path, public_key_path};
 use crate::rpc::Role;
@@ -24,6 +26,10 @@ use crate::workspace::NewRecord;
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
     /// Approve a pending request (by approval or operation id), signed with the operator key.
+    ///
+    /// Prints what the signature grants (the plan, mode, uses, expiry) on stderr before
+    /// signing. A request asking for more than the trusted policy grants for its plan is
+    /// refused, naming what differs.
     Approve {
         id: String,
         /// Approve for fewer seconds than requested.
@@ -209,6 +215,8 @@ async fn decide(
         })
         .await
         .map_err(op_failed)?;
+    // The human sees what the signature grants before it is made (stderr: stdout is JSON).
+    eprint!("{}", about_to_sign(&prepared));
     let sig = OperatorSignature::sign(&signer, &prepared.payload);
     let view = app
         .operations
@@ -217,6 +225,49 @@ async fn decide(
         .map_err(op_failed)?;
     print(&serde_json::to_value(view).unwrap_or(Value::Null));
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a prepared decision grants, in words: the plan as its adapter presents it, and for an
+/// approval its mode, uses and expiry as the payload to be signed has them.
+fn about_to_sign(p: &PreparedDecision) -> String {
+    let (d, a) = (&p.payload, &p.approval);
+    let verb = match d.decision {
+        DecisionKind::Approve => "approve",
+        DecisionKind::Deny => "deny",
+    };
+    let mut out = format!(
+        "gaffer: signing with the operator key:\n  {verb} {} (operation {}, {}, client {})\n",
+        d.approval_id, d.operation_id, d.operation, d.client
+    );
+    let title = a.title.as_deref().unwrap_or(&d.operation);
+    match (&a.summary, &a.plan_problem) {
+        (_, Some(problem)) => out.push_str(&format!("  plan: {title}: cannot run: {problem}\n")),
+        (Some(summary), None) => out.push_str(&format!("  plan: {title}: {summary}\n")),
+        (None, None) => out.push_str(&format!("  plan: {title}\n")),
+    }
+    if let Some(expires) = d.expires_at_ms {
+        let (mode, covers) = match d.mode {
+            GrantMode::Execution => ("execution", "exactly this one execution".to_string()),
+            GrantMode::Window => (
+                "window",
+                format!(
+                    "up to {} operations of this client with this classification, not only \
+                     this plan",
+                    d.max_uses
+                ),
+            ),
+        };
+        let secs = expires.saturating_sub(d.decided_at_ms) / 1000;
+        out.push_str(&format!(
+            "  mode: {mode} ({covers})\n  max_uses: {}\n  expires: {} (in {secs} s)\n",
+            d.max_uses,
+            rfc3339(expires),
+        ));
+    }
+    if let Some(r) = &d.reason {
+        out.push_str(&format!("  reason: {r}\n"));
+    }
+    out
 }
 
 async fn revoke(root: &Path, id: &str) -> Result<ExitCode, ExitCode> {

@@ -1,12 +1,14 @@
 //! The one authorization check. Every path that starts an execution calls [`authorize`] at
 //! the moment of the claim, with the plan text decoded and classified afresh. Authority is
 //! (a) a rule of the currently trusted policy, or (b) an operator signature that covers
-//! exactly this plan (its digest) or, for a window, exactly this classification. A record's
-//! own state, classification, mode or view fields are never read here.
+//! exactly this plan (its digest) or, for a window, exactly this classification and no more
+//! than the trusted policy grants one approval of it now. A record's own state,
+//! classification, mode or view fields are never read here.
 
 use super::decision::{DecisionPayload, classification_digest};
+use super::grant::{Scope, window_covers};
 use super::lifecycle::codes;
-use super::policy::{Classification, DecisionEffect, GrantMode, Policy, PolicyRequest};
+use super::policy::{Classification, Decision, DecisionEffect, GrantMode, Policy, PolicyRequest};
 use super::state::{Approval, ApprovalStatus, DecisionKind};
 use crate::operator::OperatorPublic;
 
@@ -51,6 +53,8 @@ pub struct Check<'a> {
     pub class: &'a Classification,
     /// The catalog says a human must approve every use.
     pub requires_approval: bool,
+    /// The catalog's longest approval of this operation (bounds a window's duration).
+    pub approval_ttl_seconds: u64,
     /// The approval the operation points at (looked up by id; its fields are not trusted).
     pub approval: Option<&'a Approval>,
     pub points_at_approval: bool,
@@ -128,6 +132,9 @@ pub fn authorize(c: &Check<'_>) -> Result<Authority, Refusal> {
             "a window approval covers only submissions this process accepted from its client",
         ));
     }
+    if !exact {
+        window_within_policy(c, &static_decision, &payload)?;
+    }
     usable(c, approval, &payload)?;
     Ok(Authority::Approval {
         approval_id: approval.id.clone(),
@@ -171,6 +178,18 @@ fn signed_approval(c: &Check<'_>, a: &Approval) -> Result<DecisionPayload, Refus
     Ok(p)
 }
 
+/// A window reaches past the plan the operator saw only as far as the trusted policy lets one
+/// approval reach now: a window signed over more (by a gaffer that copied a forged request's
+/// scope), or a policy narrowed since the signature, covers its own plan only.
+fn window_within_policy(c: &Check<'_>, d: &Decision, p: &DecisionPayload) -> Result<(), Refusal> {
+    window_covers(d, c.requires_approval, c.approval_ttl_seconds, Scope::signed(p)).map_err(|why| {
+        refuse(
+            codes::APPROVAL_INVALID,
+            format!("the window approval covers no further plan here: {why}; revoke it and approve again"),
+        )
+    })
+}
+
 /// The signed limits and the uses recorded so far.
 fn usable(c: &Check<'_>, a: &Approval, p: &DecisionPayload) -> Result<(), Refusal> {
     let in_time = p.expires_at_ms.is_some_and(|e| c.now_ms < e);
@@ -212,6 +231,12 @@ rules:
     effect: deny
     operations: ["file.*"]
     targets: [{kind: file, fields: {path: ["secret/**"]}}]
+  - id: src-window
+    effect: request
+    clients: ["agent*", "vscode"]
+    operations: ["file.write"]
+    targets: [{kind: file, fields: {path: ["src/**"]}}]
+    grant_policy: {mode: window, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 3, max_uses: 5}
 "#;
 
     /// (operator, another key), made once.
@@ -276,6 +301,7 @@ rules:
     fn approval(
         f: Forgery,
         window: bool,
+        max_uses: u32,
         client: &str,
         digest: &str,
         c: &Classification,
@@ -324,7 +350,7 @@ rules:
             } else {
                 now + 1000
             }),
-            max_uses: 3,
+            max_uses,
             narrowed_duration_seconds: None,
             narrowed_max_uses: None,
             reason: None,
@@ -365,7 +391,8 @@ rules:
 
         /// An execution is authorized only by a current trusted rule (for a submission this
         /// process accepted) or by an operator signature over exactly this plan (or, for a
-        /// window this process's client holds, exactly this classification).
+        /// window this process's client holds, exactly this classification, as far as the
+        /// trusted policy grants one approval of it now).
         #[test]
         fn only_a_rule_or_a_signature_over_exactly_this_plan_authorizes(
             dir in prop::sample::select(vec!["docs", "src", "secret"]),
@@ -373,6 +400,7 @@ rules:
             client in prop::sample::select(vec!["agent-1", "vscode", "anonymous"]),
             f in forgery(),
             window in any::<bool>(),
+            wide in any::<bool>(),
             vouched in any::<bool>(),
             points in any::<bool>(),
             requires_approval in any::<bool>(),
@@ -389,7 +417,9 @@ rules:
                 Forgery::OtherPlan => (crate::util::sha256_hex(b"other"), class("src/zzz")),
                 _ => (digest.clone(), c.clone()),
             };
-            let a = approval(f, window, client, &digest, &c, now, &junk);
+            // A wide window was signed over more uses than the policy's rule grants.
+            let uses = if wide { 30 } else { 3 };
+            let a = approval(f, window, uses, client, &digest, &c, now, &junk);
             let key = keys().0.public();
             let check = Check {
                 operation_id: "op_1",
@@ -398,6 +428,7 @@ rules:
                 plan_digest: &exec_digest,
                 class: &exec_class,
                 requires_approval,
+                approval_ttl_seconds: 600,
                 approval: points.then_some(&a),
                 points_at_approval: points,
                 policy: &policy,
@@ -411,14 +442,17 @@ rules:
             };
             let exec_path = exec_class.fields["path"].first().cloned().unwrap_or_default();
             let denied = exec_path.starts_with("secret/");
+            let allowed = !requires_approval && exec_path.starts_with("docs/") && client.starts_with("agent");
+            // What the src-window rule grants one approval: 3 uses (a wide window has more).
+            let in_window = exec_path.starts_with("src/") && client != "anonymous" && !wide;
             let expected = if denied {
                 false
             } else if !points {
-                vouched && !requires_approval && exec_path.starts_with("docs/") && client.starts_with("agent")
+                vouched && allowed
             } else {
                 match f {
                     Forgery::None => true,
-                    Forgery::OtherPlanSameClass => window && vouched,
+                    Forgery::OtherPlanSameClass => window && vouched && (allowed || in_window),
                     _ => false,
                 }
             };
@@ -434,7 +468,7 @@ rules:
     fn a_broken_chain_or_no_public_key_accepts_no_signature() {
         let policy = Policy::default();
         let c = class("src/a");
-        let a = approval(Forgery::None, false, "agent-1", "d", &c, 1000, "");
+        let a = approval(Forgery::None, false, 1, "agent-1", "d", &c, 1000, "");
         let key = keys().0.public();
         let mut check = Check {
             operation_id: "op_1",
@@ -443,6 +477,7 @@ rules:
             plan_digest: "d",
             class: &c,
             requires_approval: false,
+            approval_ttl_seconds: 600,
             approval: Some(&a),
             points_at_approval: true,
             policy: &policy,
@@ -465,6 +500,63 @@ rules:
         assert_eq!(
             authorize(&check).unwrap_err().code,
             codes::STORE_ROLLED_BACK
+        );
+    }
+
+    /// A window signed over more than the trusted policy grants one approval of its plan (as
+    /// a gaffer that copied a forged request's scope signed it) runs the plan the operator
+    /// saw, and covers no other plan of its classification; within the policy it does, until
+    /// the policy is narrowed.
+    #[test]
+    fn a_window_wider_than_the_policy_covers_only_its_own_plan() {
+        let c = class("src/a");
+        let key = keys().0.public();
+        let check =
+            |policy: &str, a: &Approval, operation_id: &'static str, digest: &'static str| {
+                let policy = Policy::parse(policy, std::path::Path::new("policy.yaml")).unwrap();
+                authorize(&Check {
+                    operation_id,
+                    client: "agent-1",
+                    operation: "file.write",
+                    plan_digest: digest,
+                    class: &c,
+                    requires_approval: false,
+                    approval_ttl_seconds: 600,
+                    approval: Some(a),
+                    points_at_approval: true,
+                    policy: &policy,
+                    key: Some(&key),
+                    workspace_id: Some("ws_1"),
+                    chain_ok: true,
+                    store_refusal: None,
+                    now_ms: 1000,
+                    vouched: true,
+                    lane_scope: None,
+                })
+            };
+        let wide = approval(Forgery::None, true, 50, "agent-1", "d", &c, 1000, "");
+        assert!(
+            check(POLICY, &wide, "op_1", "d").is_ok(),
+            "its own plan runs"
+        );
+        let other = check(POLICY, &wide, "op_2", "e").unwrap_err();
+        assert_eq!(other.code, codes::APPROVAL_INVALID);
+        assert!(other.message.contains("max_uses 50"), "{}", other.message);
+        let fair = approval(Forgery::None, true, 3, "agent-1", "d", &c, 1000, "");
+        assert!(
+            check(POLICY, &fair, "op_2", "e").is_ok(),
+            "within the policy"
+        );
+        // Once the policy grants one execution there, the window covers no other plan.
+        let narrowed = POLICY.replace("mode: window", "mode: execution").replace(
+            "default_max_uses: 3, max_uses: 5",
+            "default_max_uses: 1, max_uses: 1",
+        );
+        let refused = check(&narrowed, &fair, "op_2", "e").unwrap_err();
+        assert!(
+            refused.message.contains("mode window"),
+            "{}",
+            refused.message
         );
     }
 }

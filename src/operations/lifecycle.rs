@@ -108,6 +108,8 @@ pub mod codes {
     pub const RECONCILIATION_FAILED: &str = "operation_reconciliation_failed";
     pub const REVISION_CONFLICT: &str = "revision_conflict";
     pub const CONSTRAINT_EXCEEDED: &str = "constraint_exceeded";
+    /// An approval would grant more than the trusted policy grants for its plan.
+    pub const EXCEEDS_POLICY: &str = "approval_exceeds_policy";
     pub const APPROVAL_NOT_PENDING: &str = "approval_not_pending";
     pub const AUTHENTICATION_FAILED: &str = "authentication_failed";
     pub const PROVIDER_UNAVAILABLE: &str = "provider_unavailable";

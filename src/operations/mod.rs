@@ -6,6 +6,7 @@
 //! - [`policy`]: `.gaffer/policy.yaml` rules and the decision order.
 //! - [`plan`]: the immutable, digest-identified plan an approval is bound to.
 //! - [`decision`]: what an operator signs when deciding.
+//! - [`grant`]: how much one approval may grant, from the trusted policy and the plan text.
 //! - [`detail`], [`diff`]: what `approvals/get` shows beyond the view (canonical plan, file
 //!   diff, command, narrowings, time left).
 //! - [`authorize`]: the one authorization check every execution passes at its claim.
@@ -24,6 +25,7 @@ pub mod decision;
 pub mod detail;
 pub mod diff;
 pub mod engine;
+pub mod grant;
 pub mod index;
 #[cfg(test)]
 mod index_tests;

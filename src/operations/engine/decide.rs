@@ -3,15 +3,20 @@
 //! narrowing, limits, expiry, revision, journal head) from the plan text, the operator signs
 //! it with the private key (the CLI, an editor via `node:crypto`, or `gaffer operator sign`),
 //! and [`OperationRuntime::decide`] records it after checking the signature with the public
-//! key. Serving processes never hold the private key.
+//! key. Serving processes never hold the private key. Both bound an approval's mode, uses and
+//! duration by what the trusted policy grants for the plan now ([`GrantBound`]), never by the
+//! stored request alone.
 
 use super::super::decision::{DecisionPayload, RevokePayload, classification_digest};
+use super::super::grant::{GrantBound, Scope};
 use super::super::lifecycle::{OpState, codes};
+use super::super::policy::PolicyRequest;
 use super::super::state::{
     self as st, ApprovalChange, ApprovalEffect, ApprovalStatus, DecisionKind, KIND_DECIDED,
     KIND_REVOKED, KIND_TRANSITIONED, Operation, OperationState, Revoked,
 };
 use super::super::views::{ApprovalView, PlanShown};
+use super::execute::Rederived;
 use super::*;
 use crate::operator::signed::{OperatorSignature, Payload, canonical_text};
 
@@ -87,7 +92,7 @@ impl OperationRuntime {
 }
 
 /// The adapter's presentation of a plan read back from its text.
-async fn shown(d: &super::execute::Rederived) -> Result<PlanShown, String> {
+async fn shown(d: &Rederived) -> Result<PlanShown, String> {
     let presentation = d
         .adapter
         .present(&d.plan.resolved())
@@ -152,7 +157,10 @@ impl OperationRuntime {
         Ok(view)
     }
 
-    /// Builds the payload the operator signs, from the plan text as it is now.
+    /// Builds the payload the operator signs, from the plan text as it is now. An approval's
+    /// scope (mode, uses, duration) is the stored request's as narrowed by the operator, and
+    /// must lie within what the trusted policy grants for the plan now: the stored request
+    /// is the agent's to write, so one that asks for more is refused, naming what differs.
     pub async fn prepare_decision(
         &self,
         req: &DecisionRequest,
@@ -165,48 +173,35 @@ impl OperationRuntime {
                 format!("reason must be at most {MAX_REASON_BYTES} bytes"),
             ));
         }
-        let (a, op) = self
-            .ws
-            .read_fresh(|s| {
-                let aid = approval_id_for(&s.operations, &req.id)?;
-                let a = s.operations.approvals.get(&aid)?.clone();
-                let op = s.operations.get(&a.operation_id).cloned();
-                Some((a, op))
-            })
-            .ok_or_else(no_approval)?;
-        let op = op.ok_or_else(OpError::not_found)?;
-        if a.status != ApprovalStatus::Pending {
-            return Err(OpError::new(
-                ErrorKind::Conflict,
-                codes::APPROVAL_NOT_PENDING,
-                format!("the approval is {:?}, not pending", a.status).to_lowercase(),
-            ));
-        }
-        if a.revision != req.expected_revision {
-            return Err(revision_conflict(a.revision, req.expected_revision));
-        }
+        let (a, op) = self.pending_at(&req.id, req.expected_revision)?;
         let now = crate::util::now_ms();
         let derived = self.rederive(&op, now, true).await;
-        let class_digest = match (&derived, req.decision) {
-            (Ok(d), _) => classification_digest(&d.class),
-            (Err((_, m)), DecisionKind::Approve) => {
-                return Err(OpError::new(
-                    ErrorKind::Conflict,
-                    codes::INVALID_STORED,
-                    format!("this plan cannot run, so it cannot be approved: {m}"),
-                ));
-            }
-            (Err(_), DecisionKind::Deny) => classification_digest(&a.classification),
+        let approve = req.decision == DecisionKind::Approve;
+        let class_digest = match &derived {
+            Ok(d) => classification_digest(&d.class),
+            Err((_, m)) if approve => return Err(unfit_for_approval(m)),
+            Err(_) => classification_digest(&a.classification),
         };
         let (duration, max_uses) = narrowed(&a, &req.narrowing)?;
-        let workspace_id = self
-            .ws
-            .workspace_id()
-            .ok_or_else(|| OpError::store("no workspace id"))?;
-        let approve = req.decision == DecisionKind::Approve;
+        if approve && let Ok(d) = &derived {
+            let scope = Scope {
+                mode: a.mode,
+                duration_ms: duration.saturating_mul(1000),
+                max_uses,
+            };
+            let excess = self.grant_bound(d, now)?.excess(scope);
+            within_policy(
+                &excess,
+                "approving this request would grant",
+                REQUEST_ADVICE,
+            )?;
+        }
         let payload = DecisionPayload {
             domain: DecisionPayload::DOMAIN.into(),
-            workspace_id,
+            workspace_id: self
+                .ws
+                .workspace_id()
+                .ok_or_else(|| OpError::store("no workspace id"))?,
             approval_id: a.id.clone(),
             operation_id: op.id.clone(),
             client: op.client_id.clone(),
@@ -217,7 +212,7 @@ impl OperationRuntime {
             decision: req.decision,
             revision: a.revision + 1,
             decided_at_ms: now,
-            expires_at_ms: approve.then_some(now + duration * 1000),
+            expires_at_ms: approve.then(|| now.saturating_add(duration.saturating_mul(1000))),
             max_uses,
             narrowed_duration_seconds: req.narrowing.duration_seconds,
             narrowed_max_uses: req.narrowing.max_uses,
@@ -235,6 +230,84 @@ impl OperationRuntime {
         })
     }
 
+    /// The pending approval `id` names (or its operation's), at the revision the operator
+    /// looked at, and its operation.
+    fn pending_at(&self, id: &str, revision: u64) -> Result<(st::Approval, Operation), OpError> {
+        let (a, op) = self
+            .ws
+            .read_fresh(|s| {
+                let aid = approval_id_for(&s.operations, id)?;
+                let a = s.operations.approvals.get(&aid)?.clone();
+                let op = s.operations.get(&a.operation_id).cloned();
+                Some((a, op))
+            })
+            .ok_or_else(no_approval)?;
+        let op = op.ok_or_else(OpError::not_found)?;
+        if a.status != ApprovalStatus::Pending {
+            return Err(OpError::new(
+                ErrorKind::Conflict,
+                codes::APPROVAL_NOT_PENDING,
+                format!("the approval is {:?}, not pending", a.status).to_lowercase(),
+            ));
+        }
+        if a.revision != revision {
+            return Err(revision_conflict(a.revision, revision));
+        }
+        Ok((a, op))
+    }
+
+    /// The most the trusted policy lets one approval of this plan grant now, decided from the
+    /// plan text as a submission of it would be (active grants aside).
+    fn grant_bound(&self, d: &Rederived, now: u64) -> Result<GrantBound, OpError> {
+        let scope = self.lane_scope(&d.plan.client_id);
+        let req = PolicyRequest {
+            client: &d.plan.client_id,
+            operation: &d.plan.operation,
+            class: &d.class,
+            lane_scope: scope.as_deref(),
+        };
+        let decision = self.policy().decide(&req, &[], now);
+        let ttl = d.adapter.descriptor().approval_ttl_seconds;
+        GrantBound::of_decision(&decision, ttl).map_err(|e| {
+            OpError::new(
+                ErrorKind::Conflict,
+                codes::EXCEEDS_POLICY,
+                format!("the trusted policy lets no approval of this plan be signed: {e}"),
+            )
+        })
+    }
+
+    /// Whether a decision under `idem` could still be recorded: the request is pending and the
+    /// key new (a replay, or a decision on a closed request, records nothing and is answered
+    /// by the commit).
+    fn would_record(&self, approval_id: &str, idem: &str) -> bool {
+        self.ws.read_fresh(|s| {
+            s.operations.approvals.get(approval_id).is_some_and(|a| {
+                a.status == ApprovalStatus::Pending && !a.decision_keys.contains_key(idem)
+            })
+        })
+    }
+
+    /// A signed approval grants no more than the trusted policy grants for its plan now,
+    /// however its payload was prepared: editors sign what a server prepared, and the policy
+    /// may have changed since.
+    async fn signed_within_policy(&self, p: &DecisionPayload) -> Result<(), OpError> {
+        let op = self
+            .ws
+            .read_fresh(|s| s.operations.get(&p.operation_id).cloned())
+            .ok_or_else(OpError::not_found)?;
+        let now = crate::util::now_ms();
+        let d = self
+            .rederive(&op, now, true)
+            .await
+            .map_err(|(_, m)| unfit_for_approval(&m))?;
+        if d.digest != p.plan_digest {
+            return Err(signature_error("the signed payload is for another plan"));
+        }
+        let excess = self.grant_bound(&d, now)?.excess(Scope::signed(p));
+        within_policy(&excess, "the signed decision grants", "prepare it again")
+    }
+
     /// Records a decision the operator signed. The signature is checked against the public
     /// key, and the payload against the approval and the operation's plan as stored.
     pub async fn decide(
@@ -250,6 +323,9 @@ impl OperationRuntime {
             ));
         }
         let p = self.open::<DecisionPayload>(&sig)?;
+        if p.decision == DecisionKind::Approve && self.would_record(&p.approval_id, &idem) {
+            self.signed_within_policy(&p).await?;
+        }
         let command_digest = crate::util::sha256_hex(sig.payload.as_bytes());
         let now = crate::util::now_ms();
         let aid = p.approval_id.clone();
@@ -392,6 +468,32 @@ impl HasWorkspace for RevokePayload {
     fn workspace_id(&self) -> &str {
         &self.workspace_id
     }
+}
+
+const REQUEST_ADVICE: &str = "an agent can write approval requests into the store: deny it, \
+     or (when only uses or duration differ) approve it narrowed to what the policy grants";
+
+fn unfit_for_approval(why: &str) -> OpError {
+    OpError::new(
+        ErrorKind::Conflict,
+        codes::INVALID_STORED,
+        format!("this plan cannot run, so it cannot be approved: {why}"),
+    )
+}
+
+/// Refuses a scope that reaches past the policy's bound, naming each field that does.
+fn within_policy(excess: &[String], what: &str, advice: &str) -> Result<(), OpError> {
+    if excess.is_empty() {
+        return Ok(());
+    }
+    Err(OpError::new(
+        ErrorKind::Conflict,
+        codes::EXCEEDS_POLICY,
+        format!(
+            "{what} more than the trusted policy grants for this plan: {}; {advice}",
+            excess.join(", ")
+        ),
+    ))
 }
 
 /// Duration and uses after the operator's narrowing, within what was requested.

@@ -319,6 +319,7 @@ impl OperationRuntime {
                 d.digest.clone(),
                 d.class.clone(),
                 d.adapter.descriptor().requires_approval,
+                d.adapter.descriptor().approval_ttl_seconds,
             )),
             Err(e) => Err(e.clone()),
         };
@@ -342,7 +343,7 @@ impl OperationRuntime {
             if let Some(why) = store_refusal.as_deref() {
                 return fail(codes::STORE_ROLLED_BACK, why);
             }
-            let (digest, class, requires_approval) = match &checked {
+            let (digest, class, requires_approval, approval_ttl_seconds) = match &checked {
                 Ok(c) => c,
                 Err((code, msg)) => return fail(code, msg),
             };
@@ -353,6 +354,7 @@ impl OperationRuntime {
                 plan_digest: digest,
                 class,
                 requires_approval: *requires_approval,
+                approval_ttl_seconds: *approval_ttl_seconds,
                 approval: ops.approval_of(op),
                 points_at_approval: op.approval_id.is_some(),
                 policy: &policy,

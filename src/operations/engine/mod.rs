@@ -40,8 +40,7 @@ pub const MAX_VALUE_DEPTH: usize = 32;
 pub const MAX_ARGUMENTS_BYTES: usize = 1 << 20;
 pub const MAX_RESULT_BYTES: usize = 2 << 20;
 pub const MAX_WAIT_SECONDS: u64 = 30;
-/// Most uses a window approval may carry.
-pub const MAX_GRANT_USES: u32 = 25;
+pub use super::grant::MAX_GRANT_USES;
 /// Test-only crash injection: the process exits at the named step.
 pub const FAILPOINT_ENV: &str = "GAFFER_TEST_FAILPOINT";
 
@@ -318,20 +317,24 @@ impl OperationRuntime {
         class: &super::policy::Classification,
     ) -> super::policy::Decision {
         let now = crate::util::now_ms();
-        let grants = self
-            .ws
-            .read(|s| submit::active_grants(&s.operations, client, now));
         let scope = self.lane_scope(client);
-        self.policy().decide(
-            &super::policy::PolicyRequest {
-                client,
-                operation,
-                class,
-                lane_scope: scope.as_deref(),
-            },
-            &grants,
-            now,
-        )
+        let req = super::policy::PolicyRequest {
+            client,
+            operation,
+            class,
+            lane_scope: scope.as_deref(),
+        };
+        let policy = self.policy();
+        // An operation the catalog lacks is never submitted: no window covers it.
+        let grants = match self.registry.lookup(operation) {
+            Some(a) => {
+                let fits = submit::window_fits(&policy, &req, a.descriptor(), now);
+                self.ws
+                    .read(|s| submit::active_grants(&s.operations, client, now, fits))
+            }
+            None => vec![],
+        };
+        policy.decide(&req, &grants, now)
     }
 
     /// How a lane's operation this process executed itself ended, if it did.

@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::super::adapter::{Adapter, AdapterCtx, Presentation, Resolved};
 use super::super::authorize::{Check, authorize};
 use super::super::canonical::{Exact, Member, exact_object_of_sorted};
+use super::super::grant::{GrantBound, Scope, window_covers};
 use super::super::lifecycle::{OpState, codes};
 use super::super::plan::{PLAN_SCHEMA, Plan, PlanAuthorization};
 use super::super::policy::{
@@ -238,6 +239,7 @@ impl OperationRuntime {
         let store_refusal = self.ws.standing().refusal();
         let class = p.class.clone();
         let requires_approval = p.adapter.descriptor().requires_approval;
+        let approval_ttl_seconds = p.adapter.descriptor().approval_ttl_seconds;
         let digest = op.plan_digest.clone().unwrap_or_default();
         self.commit(move |s: &crate::workspace::State| {
             if let Some(existing) = s
@@ -268,6 +270,7 @@ impl OperationRuntime {
                     plan_digest: &digest,
                     class: &class,
                     requires_approval,
+                    approval_ttl_seconds,
                     approval: None,
                     points_at_approval: false,
                     policy: &policy,
@@ -365,17 +368,15 @@ fn decide_policy(
     now: u64,
 ) -> Decision {
     let desc = p.adapter.descriptor();
-    let grants = ws.read(|s| active_grants(&s.operations, client, now));
-    let mut decision = policy.decide(
-        &PolicyRequest {
-            client,
-            operation: &desc.name,
-            class: &p.class,
-            lane_scope: lane_scope.as_deref(),
-        },
-        &grants,
-        now,
-    );
+    let req = PolicyRequest {
+        client,
+        operation: &desc.name,
+        class: &p.class,
+        lane_scope: lane_scope.as_deref(),
+    };
+    let fits = window_fits(policy, &req, desc, now);
+    let grants = ws.read(|s| active_grants(&s.operations, client, now, fits));
+    let mut decision = policy.decide(&req, &grants, now);
     if desc.requires_approval && decision.effect == DecisionEffect::Allow {
         decision.effect = DecisionEffect::Request;
         decision.reason = "approval_required".into();
@@ -590,37 +591,27 @@ fn build(
 }
 
 /// Chosen approval bounds: (duration seconds, uses, pending seconds), or why they break the
-/// rule's own limits.
+/// rule's own limits. The decision is bounded by the same [`GrantBound`] again, from the
+/// policy then, not from what is recorded here.
 pub(super) fn approval_intent(
     gp: &GrantPolicy,
     approval_ttl: u64,
     request_ttl: u64,
 ) -> Result<(u64, u32, u64), String> {
-    if gp.default_minutes > gp.max_minutes {
-        return Err("the request rule's default duration exceeds its maximum".into());
-    }
-    match gp.mode {
-        GrantMode::Execution => {
-            if gp.default_max_uses != 1 || gp.max_uses != Some(1) {
-                return Err("an execution approval authorises exactly one use".into());
-            }
-        }
-        GrantMode::Window => {
-            if gp.max_uses.is_some_and(|m| gp.default_max_uses > m)
-                || gp.default_max_uses > MAX_GRANT_USES
-            {
-                return Err("the request rule's default uses exceed its limit".into());
-            }
-        }
-    }
-    let duration = (u64::from(gp.default_minutes) * 60).min(approval_ttl);
+    let b = GrantBound::of_rule(gp, approval_ttl).map_err(|e| e.to_string())?;
     let pending = (u64::from(gp.request_ttl_minutes) * 60).min(request_ttl);
-    Ok((duration, gp.default_max_uses, pending))
+    Ok((b.duration_seconds, b.max_uses, pending))
 }
 
 /// A client's window approvals that may cover a new submission. The policy uses them only
-/// to route the submission; the claim verifies the signature before anything runs.
-pub(super) fn active_grants(s: &OperationState, client: &str, now: u64) -> Vec<ActiveGrant> {
+/// to route the submission; the claim verifies the signature before anything runs. `fits`
+/// says whether a window's signed scope may still cover the plan (see [`window_fits`]).
+pub(super) fn active_grants(
+    s: &OperationState,
+    client: &str,
+    now: u64,
+    fits: impl Fn(Scope) -> bool,
+) -> Vec<ActiveGrant> {
     // The index holds the client's active window approvals; the rest is checked here.
     s.index
         .windows
@@ -636,6 +627,12 @@ pub(super) fn active_grants(s: &OperationState, client: &str, now: u64) -> Vec<A
         })
         .filter_map(|a| {
             let d = a.decision.as_ref()?;
+            let scope = Scope {
+                mode: a.mode,
+                duration_ms: d.expires_at_ms?.saturating_sub(d.decided_at_ms),
+                max_uses: d.max_uses,
+            };
+            fits(scope).then_some(())?;
             Some(ActiveGrant {
                 id: a.id.clone(),
                 client: a.client_id.clone(),
@@ -647,4 +644,21 @@ pub(super) fn active_grants(s: &OperationState, client: &str, now: u64) -> Vec<A
         })
         .filter(|g| now < g.expires_at_ms)
         .collect()
+}
+
+/// Which window scopes the claim would still accept for a plan the policy decides like `req`
+/// ([`window_covers`]): a submission routed to a window the claim refuses would fail each time
+/// until the window is revoked, where without it the plan asks for an approval under the
+/// policy now. The policy's own verdict is looked up once, and only if the client has windows.
+pub(super) fn window_fits<'a>(
+    policy: &'a Policy,
+    req: &'a PolicyRequest<'a>,
+    desc: &'a super::super::adapter::Descriptor,
+    now: u64,
+) -> impl Fn(Scope) -> bool + 'a {
+    let verdict = std::cell::OnceCell::new();
+    move |s| {
+        let d = verdict.get_or_init(|| policy.decide(req, &[], now));
+        window_covers(d, desc.requires_approval, desc.approval_ttl_seconds, s).is_ok()
+    }
 }
