@@ -245,9 +245,11 @@ fn a_lane_cannot_take_another_lanes_connection_through_proc() {
     let r = launch(&mut s, request, profiles, json!({}), "proc");
     let id = plan_id(&r);
     let until = Instant::now() + Duration::from_secs(60);
+    let mut left = std::collections::HashSet::new();
     let said = loop {
         let p = plan(&mut s.planner, &id);
         let spoof = lane(&p, "lane-3-integrator").clone();
+        leave_lane_pids(&mut s, &p, &mut left);
         if spoof["worker_id"].is_null() {
             assert!(Instant::now() < until, "{p:#}");
             std::thread::sleep(Duration::from_millis(200));
@@ -262,6 +264,28 @@ fn a_lane_cannot_take_another_lanes_connection_through_proc() {
     };
     assert!(!said.contains("TOOK"), "{said}");
     assert!(said.matches("refused /proc/fd/3").count() >= 2, "{said}");
+    // Through its connection a lane finds no other lane's worker.
+    assert!(said.matches("worker_not_found").count() >= 2, "{said}");
     s.planner
         .call("plans/stop", json!({"plan_id": id, "reason": "done"}));
+}
+
+/// The launching agent sees its plan's lane workers (a lane does not see its siblings'): it
+/// leaves each one's pid in the workspace, where the spoofing lane reads them.
+fn leave_lane_pids(s: &mut Setup, p: &Value, done: &mut std::collections::HashSet<String>) {
+    for l in p["lanes"].as_array().into_iter().flatten() {
+        let Some(wid) = l["worker_id"].as_str() else {
+            continue;
+        };
+        if done.contains(wid) {
+            continue;
+        }
+        let w = s.planner.call("workers/get", json!({"worker_id": wid}))["worker"].clone();
+        if let Some(pid) = w["owner"]["child_pid"].as_u64() {
+            let dir = s.env.root().join("spoof-pids");
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(wid), pid.to_string()).unwrap();
+            done.insert(wid.to_string());
+        }
+    }
 }

@@ -3,7 +3,9 @@
 //! A worker's OS process belongs to the gaffer process that created it, so `worker create`
 //! stays attached: it prints the worker, then its output, as JSON lines, until the worker ends
 //! (Ctrl-C stops it). The other commands work from any process on the workspace: input and
-//! stop are journalled and carried out by the owner.
+//! stop are journalled and carried out by the owner. Like every client, a command sees the
+//! workers of its own identity (its credential, else `anonymous`); a user holding the operator
+//! key sees and stops every client's.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -15,6 +17,7 @@ use serde_json::{Value, json};
 
 use super::bundles::{emit, open, print_call, read_bundle_file};
 use crate::methods::{self, App, AppConfig};
+use crate::operator::OperatorSigner;
 use crate::rpc::Role;
 
 #[derive(Debug, Subcommand)]
@@ -138,10 +141,16 @@ pub async fn run(cmd: WorkerCmd, root: &Path, config: AppConfig) -> ExitCode {
                 Some(s) => json!({ "status": s }),
                 None => json!({}),
             };
-            print_call(app, "workers/list", params).await
+            print_as(app, viewer(), "workers/list", params).await
         }
         WorkerCmd::Show { worker_id } => {
-            print_call(app, "workers/get", json!({ "worker_id": worker_id })).await
+            print_as(
+                app,
+                viewer(),
+                "workers/get",
+                json!({ "worker_id": worker_id }),
+            )
+            .await
         }
         WorkerCmd::Logs {
             worker_id,
@@ -149,8 +158,9 @@ pub async fn run(cmd: WorkerCmd, root: &Path, config: AppConfig) -> ExitCode {
             follow: keep,
         } => follow(&app, &worker_id, after, keep).await,
         WorkerCmd::Stop { worker_id, reason } => {
-            print_call(
+            print_as(
                 app,
+                viewer(),
                 "workers/stop",
                 json!({ "worker_id": worker_id, "reason": reason }),
             )
@@ -159,9 +169,40 @@ pub async fn run(cmd: WorkerCmd, root: &Path, config: AppConfig) -> ExitCode {
     }
 }
 
+/// Who reads and stops workers: a user holding the operator key sees every client's.
+fn viewer() -> Role {
+    if OperatorSigner::load().is_ok() {
+        Role::Operator
+    } else {
+        Role::Agent
+    }
+}
+
+async fn print_as(app: Arc<App>, role: Role, method: &str, params: Value) -> ExitCode {
+    match methods::call_local(app, role, method, params).await {
+        Ok(v) => {
+            emit!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            emit!("{}", json!({ "error": e }));
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Calls a method; on error prints it as JSON and yields the exit code.
 async fn call(app: &Arc<App>, method: &str, params: Value) -> Result<Value, ExitCode> {
-    methods::call_local(Arc::clone(app), Role::Agent, method, params)
+    call_as(app, Role::Agent, method, params).await
+}
+
+async fn call_as(
+    app: &Arc<App>,
+    role: Role,
+    method: &str,
+    params: Value,
+) -> Result<Value, ExitCode> {
+    methods::call_local(Arc::clone(app), role, method, params)
         .await
         .map_err(|e| {
             emit!("{}", json!({ "error": e }));
@@ -172,9 +213,11 @@ async fn call(app: &Arc<App>, method: &str, params: Value) -> Result<Value, Exit
 /// Prints transcript entries as JSON lines; with `keep`, until the worker has ended. Ctrl-C
 /// while following stops a worker this process owns rather than orphaning it.
 async fn follow(app: &Arc<App>, id: &str, mut after: u64, keep: bool) -> ExitCode {
+    let role = viewer();
     loop {
-        let page = match call(
+        let page = match call_as(
             app,
+            role,
             "workers/transcript",
             json!({ "worker_id": id, "after_seq": after, "limit": 1000 }),
         )
@@ -190,7 +233,7 @@ async fn follow(app: &Arc<App>, id: &str, mut after: u64, keep: bool) -> ExitCod
         if page["has_more"].as_bool() == Some(true) {
             continue;
         }
-        let worker = match call(app, "workers/get", json!({ "worker_id": id })).await {
+        let worker = match call_as(app, role, "workers/get", json!({ "worker_id": id })).await {
             Ok(v) => v["worker"].clone(),
             Err(code) => return code,
         };
@@ -208,7 +251,7 @@ async fn follow(app: &Arc<App>, id: &str, mut after: u64, keep: bool) -> ExitCod
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             _ = tokio::signal::ctrl_c() => {
-                let _ = call(app, "workers/stop", json!({ "worker_id": id, "reason": "interrupted" })).await;
+                let _ = call_as(app, role, "workers/stop", json!({ "worker_id": id, "reason": "interrupted" })).await;
             }
         }
     }

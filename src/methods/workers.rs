@@ -9,9 +9,10 @@ use serde::{Deserialize, Serialize};
 use super::App;
 use super::bundles::{Checked, bundle_error, field_error};
 use crate::operations::lifecycle::OpState;
-use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Profile, Router, RpcError};
+use crate::rpc::{Access, AppCode, Audience, CallCtx, MethodDef, Role, Router, RpcError};
 use crate::workers::request::{self, CreateRequest, InputShape};
 use crate::workers::{Stream, TranscriptEntry, Worker, WorkerError, WorkerStatus};
+use crate::workspace::State;
 
 /// Maps a worker refusal to its stable error.
 pub fn worker_error(e: &WorkerError) -> RpcError {
@@ -168,7 +169,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "workers/input",
-            doc: "Send text (or segments) to a running worker's input. Returns the transcript `seq` of the input; the worker's answer appears later in `read_worker_transcript` (pass `after_seq` = that seq to read only what came after).",
+            doc: "Send text (or segments) to the input of a running worker you created. Returns the transcript `seq` of the input; the worker's answer appears later in `read_worker_transcript` (pass `after_seq` = that seq to read only what came after).",
             access: Access::Write,
             audience: Audience::Anyone,
             mcp_tool: Some("send_worker_input"),
@@ -188,7 +189,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "workers/list",
-            doc: "List the workers of this workspace in creation order, optionally only one `status`. Use it to find a worker id; then `get_worker` or `read_worker_transcript`.",
+            doc: "List the workers you created (operators: every worker) in creation order, optionally only one `status`. Use it to find a worker id; then `get_worker` or `read_worker_transcript`.",
             access: Access::Read,
             audience: Audience::Anyone,
             mcp_tool: Some("list_workers"),
@@ -208,7 +209,7 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "workers/stop",
-            doc: "Stop a worker you created (give a short `reason`); its process is ended by the gaffer process that runs it. Waits briefly and returns the worker, normally with `status` stopped. Stopping a worker that already ended returns it unchanged. Over MCP, only the worker's creator may stop it.",
+            doc: "Stop a worker you created (give a short `reason`); its process is ended by the gaffer process that runs it. Waits briefly and returns the worker, normally with `status` stopped. Stopping a worker that already ended returns it unchanged. Another client's worker is not found (operators may stop any).",
             access: Access::Write,
             audience: Audience::Anyone,
             mcp_tool: Some("stop_worker"),
@@ -310,11 +311,12 @@ async fn settle(app: &App, client: &str, id: &str, mut revision: u64) {
 
 async fn input(
     app: Arc<App>,
-    _ctx: CallCtx,
+    ctx: CallCtx,
     p: Checked<InputParams>,
 ) -> Result<InputResult, RpcError> {
     let req = request::parse_input_request(&p.value, Some(app.workspace.root()))
         .map_err(|e| field_error("", &e))?;
+    visible_worker(&app, &ctx, &req.worker_id)?;
     let (worker, seq) = app
         .workers
         .input(&req.worker_id, req.input)
@@ -327,26 +329,56 @@ async fn input(
     })
 }
 
+/// Whether the caller may see and drive `w`: the client that created it (the identity its
+/// connection established: an operator-issued credential, a lane connection, or `anonymous`),
+/// the client that launched the plan a lane worker runs for (plans are scoped the same way),
+/// and operators. `created_by` is written only by the creating process's own record, which no
+/// later record changes.
+fn visible(ctx: &CallCtx, s: &State, w: &Worker) -> bool {
+    let me = ctx.client.id.as_str();
+    if ctx.client.role == Role::Operator {
+        return true;
+    }
+    let Some(by) = w.created_by.as_deref() else {
+        return false;
+    };
+    by == me
+        || by
+            .split_once('/')
+            .and_then(|(plan, _)| s.plans.get(plan))
+            .is_some_and(|p| p.client_id == me)
+}
+
+/// The worker, when the caller may see it; another client's worker is as missing as one that
+/// never existed (the same error), so its id tells the caller nothing.
+fn visible_worker(app: &App, ctx: &CallCtx, id: &str) -> Result<Worker, RpcError> {
+    app.workspace
+        .read(|s| s.workers.get(id).filter(|w| visible(ctx, s, w)).cloned())
+        .ok_or_else(|| {
+            worker_error(&WorkerError::NotFound {
+                worker_id: id.to_string(),
+            })
+        })
+}
+
 fn worker_id(raw: &str) -> Result<String, RpcError> {
     request::parse_worker_id("worker_id", &serde_json::Value::String(raw.to_string()))
         .map_err(|e| field_error("", &e))
 }
 
-async fn get(app: Arc<App>, _ctx: CallCtx, p: GetParams) -> Result<WorkerResult, RpcError> {
+async fn get(app: Arc<App>, ctx: CallCtx, p: GetParams) -> Result<WorkerResult, RpcError> {
     let id = worker_id(&p.worker_id)?;
     app.workers.ready().await;
-    app.workspace
-        .read(|s| s.workers.get(&id).cloned())
-        .map(|worker| WorkerResult { worker })
-        .ok_or_else(|| worker_error(&WorkerError::NotFound { worker_id: id }))
+    let worker = visible_worker(&app, &ctx, &id)?;
+    Ok(WorkerResult { worker })
 }
 
-async fn list(app: Arc<App>, _ctx: CallCtx, p: ListParams) -> Result<ListResult, RpcError> {
+async fn list(app: Arc<App>, ctx: CallCtx, p: ListParams) -> Result<ListResult, RpcError> {
     app.workers.ready().await;
     let workers = app.workspace.read(|s| {
         s.workers
             .list()
-            .filter(|w| p.status.is_none_or(|st| w.status == st))
+            .filter(|w| p.status.is_none_or(|st| w.status == st) && visible(&ctx, s, w))
             .cloned()
             .collect()
     });
@@ -355,7 +387,7 @@ async fn list(app: Arc<App>, _ctx: CallCtx, p: ListParams) -> Result<ListResult,
 
 async fn transcript(
     app: Arc<App>,
-    _ctx: CallCtx,
+    ctx: CallCtx,
     p: TranscriptParams,
 ) -> Result<TranscriptResult, RpcError> {
     let id = worker_id(&p.worker_id)?;
@@ -369,6 +401,7 @@ async fn transcript(
     let found = app.workspace.read(|s| {
         s.workers
             .get(&id)
+            .filter(|w| visible(&ctx, s, w))
             .map(|_| s.workers.transcript(&id, p.after_seq, limit))
     });
     let (entries, has_more) = found.ok_or_else(|| {
@@ -390,22 +423,8 @@ async fn stop(app: Arc<App>, ctx: CallCtx, p: StopParams) -> Result<WorkerResult
     if let Some(r) = &p.reason {
         crate::bundles::validate::check_text("reason", r).map_err(|e| field_error("", &e))?;
     }
-    if ctx.client.profile == Profile::Mcp {
-        // The agent surface stops only the agent's own workers.
-        let creator = app
-            .workspace
-            .read(|s| s.workers.get(&id).map(|w| w.created_by.clone()));
-        if let Some(creator) = creator
-            && creator.as_deref() != Some(ctx.client.id.as_str())
-        {
-            return Err(RpcError::app(
-                AppCode::Forbidden,
-                "not_your_worker",
-                format!("worker {id} was not created by this client; only its creator or an operator can stop it"),
-            )
-            .with_data("worker_id", id.as_str()));
-        }
-    }
+    // Every profile alike: a client stops only the workers it may see.
+    visible_worker(&app, &ctx, &id)?;
     let worker = app
         .workers
         .stop(&id, p.reason)

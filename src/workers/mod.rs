@@ -4,7 +4,9 @@
 //! - [`plan`] decides against the current state (idempotency, bundle identity, containment);
 //! - [`state`] is the fold of `worker.*` journal records (workers, transcripts, keys);
 //! - [`backend`] is the execution contract and [`process`] its OS-process implementation;
-//! - [`coalesce`] batches output, [`procinfo`] tells whether a recorded process still exists.
+//! - [`coalesce`] batches output, [`procinfo`] tells whether a recorded process still exists;
+//! - [`spawned`]: the processes this machine started, outside the workspace (what an orphan
+//!   sweep may signal).
 
 pub mod backend;
 pub mod coalesce;
@@ -13,6 +15,7 @@ pub mod process;
 pub mod procinfo;
 pub mod request;
 pub mod runtime;
+pub mod spawned;
 pub mod state;
 pub mod types;
 

@@ -14,9 +14,10 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 }
 
 /// Whether `pid` is alive and, when `ticks` is known, still the process that had that start
-/// time. A zombie counts as gone.
+/// time. A zombie counts as gone. Without `ticks` this answers only "some process has that
+/// pid": good enough to keep a worker's owner counted alive, never a reason to signal it.
 pub fn is_alive(pid: u32, ticks: Option<u64>) -> bool {
-    if pid == 0 {
+    if pid == 0 || pid > i32::MAX as u32 {
         return false;
     }
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -39,12 +40,23 @@ pub fn is_alive(pid: u32, ticks: Option<u64>) -> bool {
     }
 }
 
-/// Sends `sig` to the process group led by `pgid`. Returns whether the group existed.
+/// Sends `sig` to the process group led by `pgid`. Returns whether it was sent: never to a
+/// group gaffer must not signal ([`may_signal_group`]).
 pub fn kill_group(pgid: u32, sig: i32) -> bool {
-    if pgid == 0 {
+    if !may_signal_group(pgid) {
+        tracing::warn!(pgid, sig, "refusing to signal this process group");
         return false;
     }
     signal(-(pgid as i32), sig)
+}
+
+/// Whether `pgid` may be the group of a process gaffer started. `kill(-pgid)` with pgid 1
+/// is `kill(-1)`, every process of the user; a pid past `i32::MAX` wraps negative and `-pgid`
+/// would name one process (or -1); gaffer's own group holds gaffer. None of these is a worker.
+pub fn may_signal_group(pgid: u32) -> bool {
+    // SAFETY: getpgrp and getpid cannot fail.
+    let (own_group, own_pid) = unsafe { (libc::getpgrp(), libc::getpid()) };
+    pgid > 1 && pgid <= i32::MAX as u32 && pgid as i32 != own_group && pgid as i32 != own_pid
 }
 
 fn signal(target: i32, sig: i32) -> bool {
@@ -69,6 +81,36 @@ mod tests {
         if let Some(t) = ticks {
             assert!(!is_alive(pid, Some(t + 1)));
         }
+    }
+
+    #[test]
+    fn init_every_process_wrapped_pids_and_gaffers_own_group_are_never_signalled() {
+        // Signal 0 only asks; without the guard kill(-1, 0) and kill(-own group, 0) succeed.
+        // SAFETY: getpgrp cannot fail.
+        let own_group = unsafe { libc::getpgrp() } as u32;
+        for pgid in [
+            0,
+            1,
+            own_group,
+            std::process::id(),
+            u32::MAX,
+            i32::MAX as u32 + 2,
+        ] {
+            assert!(!may_signal_group(pgid), "{pgid}");
+            assert!(!kill_group(pgid, 0), "{pgid} was signalled");
+        }
+        assert!(!is_alive(u32::MAX, None));
+        let mut child = std::process::Command::new("setsid")
+            .args(["sleep", "5"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            kill_group(child.id(), 0),
+            "a group of its own may be signalled"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -26,6 +26,7 @@ use super::coalesce::OutputBuffer;
 use super::plan::{CreateCheck, WorkerError, check_create, check_input};
 use super::procinfo;
 use super::request::CreateRequest;
+use super::spawned::{SpawnRecords, Unproven};
 use super::state::{CHANGED_NOTIFICATION, StatusChange, records};
 use super::types::{Owner, RunState, Segment, Worker, WorkerStatus};
 use crate::bundles;
@@ -224,12 +225,7 @@ impl WorkerRuntime {
         });
         self.retire_unstartable().await;
         for w in running.into_iter().filter(|w| !self.owner_alive(w)) {
-            if let Some(o) = &w.owner
-                && let Some(child) = o.child_pid
-                && procinfo::is_alive(child, o.child_start_ticks)
-            {
-                procinfo::kill_group(child, libc::SIGKILL);
-            }
+            self.end_orphan_process(&w);
             let pid = w.owner.as_ref().map(|o| o.pid).unwrap_or(0);
             let reason = format!("its gaffer process (pid {pid}) ended; workers are not restarted");
             if let Err(e) = self
@@ -242,6 +238,36 @@ impl WorkerRuntime {
                 tracing::warn!(worker = %w.id, error = %e, "could not record a stopped orphan worker");
             }
         }
+    }
+
+    /// The machine-local record of the processes started for this workspace's workers.
+    pub(super) fn spawn_records(&self) -> SpawnRecords {
+        let dir = self.workspace.anchor().map(|a| a.dir().join("workers"));
+        SpawnRecords::in_dir(dir)
+    }
+
+    /// Ends an orphan's process if it somehow outlived its gaffer (the kernel normally ends it
+    /// with it), but only one this machine proves is that worker's own ([`super::spawned`]):
+    /// the journal's pid is never reason enough to signal anything.
+    fn end_orphan_process(&self, w: &Worker) {
+        let Some((pid, ticks)) = w
+            .owner
+            .as_ref()
+            .and_then(|o| Some((o.child_pid?, o.child_start_ticks)))
+        else {
+            return;
+        };
+        let records = self.spawn_records();
+        match records.prove(&w.id, pid, ticks) {
+            Ok(group) => {
+                procinfo::kill_group(group, libc::SIGKILL);
+            }
+            Err(Unproven::Gone) => {}
+            Err(why) => {
+                tracing::warn!(worker = %w.id, pid, %why, "leaving alone the process the journal names for an orphan worker");
+            }
+        }
+        records.forget(&w.id);
     }
 
     /// Records a final status unless one is already there.
@@ -684,6 +710,10 @@ impl WorkerRuntime {
             // Only now does the worker leave `live`: until its final status is durable this
             // process still answers for it (a sweep must not take it for an orphan).
             Ok(()) => {
+                if !finished.is_empty() {
+                    let records = self.spawn_records();
+                    finished.iter().for_each(|id| records.forget(id));
+                }
                 let mut inner = self.lock();
                 for id in &finished {
                     if let Some(change) = inner.live.remove(id).and_then(|l| l.ended) {

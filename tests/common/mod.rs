@@ -63,6 +63,11 @@ impl Server {
         Self::spawn(cmd, ws, wire, env)
     }
 
+    /// Starts `cmd`, a command that ends up running `gaffer serve` on `ws` (under a wrapper).
+    pub fn start_cmd(cmd: Command, ws: &Path, wire: Wire) -> Server {
+        Self::spawn(cmd, ws, wire, &[])
+    }
+
     fn spawn(mut cmd: Command, ws: &Path, wire: Wire, env: &[(&str, &str)]) -> Server {
         cmd.env_remove("GAFFER_LOG");
         for (k, v) in env {

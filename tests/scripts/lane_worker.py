@@ -117,10 +117,16 @@ elif mode == "spoof":
     for other_lane in got["lanes"]:
         if other_lane["lane_id"] == lane or not other_lane.get("worker_id"):
             continue
+        # Another lane's worker is another client's: not found. The agent that launched the
+        # plan sees it, though, and may leave its pid in the workspace for this lane.
         w = call("workers/get", {"worker_id": other_lane["worker_id"]})
         pid = ((w.get("result") or {}).get("worker") or {}).get("owner", {}).get("child_pid")
-        if not pid:
-            continue
+        left = os.path.join("spoof-pids", other_lane["worker_id"])
+        for _ in range(300):
+            if pid or os.path.exists(left):
+                break
+            time.sleep(0.1)
+        pid = pid or int(open(left).read())
         for what in ("fd/3", "environ"):
             try:
                 fd = os.open("/proc/%d/%s" % (pid, what), os.O_RDWR if what == "fd/3" else os.O_RDONLY)

@@ -84,6 +84,12 @@ impl WorkerRuntime {
             Ok(secrets) => self.spawn_live(&spec, &secrets),
             Err(e) => Err(e.to_string()),
         };
+        if let Ok(s) = &spawned
+            && let Some(pid) = s.child_pid
+        {
+            // Before the start is durable: a sweep that finds it orphaned can then prove it.
+            self.spawn_records().remember(&id, pid, s.child_start_ticks);
+        }
         let record = match &spawned {
             Ok(s) => new_record(records::started(&Started {
                 worker_id: id.clone(),
@@ -121,6 +127,7 @@ impl WorkerRuntime {
             {
                 b.stop(&id, "its start was not recorded");
             }
+            self.spawn_records().forget(&id);
             recorded.map_err(commit_error)?;
             return Err(WorkerError::NotInputCapable {
                 worker_id: id,
