@@ -377,3 +377,92 @@ fn another_clients_worker_is_not_found_on_every_profile_but_its_creator_and_oper
         .clone();
     assert_eq!(stopped["status"], "stopped", "{stopped}");
 }
+
+/// What the worker printed on stdout (its echo of every input it was given).
+fn stdout_text(s: &mut Server, id: &str) -> String {
+    s.call("workers/transcript", json!({"worker_id": id}))["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["stream"] == "stdout")
+        .map(|e| e["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Waits until the worker's stdout holds `want`.
+fn wait_echo(s: &mut Server, id: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !stdout_text(s, id).contains(want) {
+        assert!(Instant::now() < deadline, "{}", stdout_text(s, id));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The agent appends `worker.input` records for another client's running worker with the real
+/// framing and chain: one of its own text (with and without the proof copied from a genuine
+/// input), and a byte-identical copy of a genuine one. The owner writes none of them to the
+/// worker: journalled input is delivered only when a gaffer process holding the worker's key
+/// (kept outside the workspace) signed it, and each signature once.
+#[test]
+fn forged_and_copied_input_records_never_reach_another_clients_worker() {
+    let env = Env::new(Some(CI_ONLY));
+    let mut ci = env.agent("ci");
+    let reference = ci.call("bundles/sync", json!({"bundle": ci_bundle()}))["reference"].clone();
+    let w = ci.call(
+        "workers/create",
+        json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference}),
+    )["worker"]
+        .clone();
+    assert_eq!(w["status"], "running", "{w}");
+    let id = w["id"].as_str().unwrap().to_string();
+    ci.call(
+        "workers/input",
+        json!({"worker_id": id, "input": "genuine one\n"}),
+    );
+    wait_echo(&mut ci, &id, "genuine one");
+
+    let seg = common::forge::the_segment(env.root());
+    let i = seg
+        .recs
+        .iter()
+        .position(|r| r.kind() == "worker.input" && r.payload()["worker_id"] == json!(id))
+        .expect("the genuine input record");
+    let genuine = seg.recs[i].payload();
+    assert!(genuine["auth"]["mac"].is_string(), "{genuine}");
+    let mut forged = genuine.clone();
+    forged["segments"] = json!([{"type": "text", "content": "forged input\n"}]);
+    forged["text"] = json!("forged input\n");
+    let mut bare = forged.clone();
+    bare.as_object_mut().unwrap().remove("auth");
+    let bytes = |v: &Value| serde_json::to_vec(v).unwrap();
+    append_chained(
+        env.root(),
+        &[
+            ("worker.input", bytes(&forged)),
+            ("worker.input", bytes(&bare)),
+            ("worker.input", seg.recs[i].raw_payload()),
+        ],
+    );
+    // Input sent after them through the owner's own connection arrives, in order, after
+    // whatever of theirs would have.
+    ci.call(
+        "workers/input",
+        json!({"worker_id": id, "input": "genuine two\n"}),
+    );
+    wait_echo(&mut ci, &id, "genuine two");
+    let out = stdout_text(&mut ci, &id);
+    assert!(!out.contains("forged input"), "{out}");
+    assert_eq!(
+        out.matches("genuine one").count(),
+        1,
+        "a copy is not input again: {out}"
+    );
+    // Another gaffer process on this machine still gives it input (it signs with the key the
+    // spawning process recorded outside the workspace).
+    let mut second = env.agent("ci");
+    second.call(
+        "workers/input",
+        json!({"worker_id": id, "input": "from the second\n"}),
+    );
+    wait_echo(&mut ci, &id, "from the second");
+}

@@ -26,7 +26,7 @@ use super::coalesce::OutputBuffer;
 use super::plan::{CreateCheck, WorkerError, check_create, check_input};
 use super::procinfo;
 use super::request::CreateRequest;
-use super::spawned::{SpawnRecords, Unproven};
+use super::spawned::{InputKey, SpawnRecords, Unproven};
 use super::state::{CHANGED_NOTIFICATION, StatusChange, records};
 use super::types::{Owner, RunState, Segment, Worker, WorkerStatus};
 use crate::bundles;
@@ -50,6 +50,10 @@ struct LiveWorker {
     buffer: OutputBuffer,
     /// Transcript seq of the last input written to the process.
     delivered_seq: u64,
+    /// Journalled input is written to the process only when it verifies under this key, and
+    /// each nonce once ([`super::spawned::InputKey`]).
+    input_key: Option<InputKey>,
+    delivered_nonces: std::collections::HashSet<String>,
     ended: Option<StatusChange>,
     stop_sent: bool,
     /// Injected secret values never leave in output, reasons or diagnostics.
@@ -59,6 +63,20 @@ struct LiveWorker {
 }
 
 impl LiveWorker {
+    /// Whether a journalled input entry was accepted by a gaffer process holding this worker's
+    /// key, and is not a copy of one already delivered.
+    fn authentic(&mut self, worker_id: &str, entry: &super::types::TranscriptEntry) -> bool {
+        let (Some(key), Some(auth), Some(segments)) =
+            (&self.input_key, &entry.auth, &entry.segments)
+        else {
+            return false;
+        };
+        let Ok(text) = serde_json::to_string(segments) else {
+            return false;
+        };
+        key.verifies(worker_id, &text, auth) && self.delivered_nonces.insert(auth.nonce.clone())
+    }
+
     fn scrub_chunk(&mut self, stream: super::types::Stream, text: &str) -> String {
         match stream {
             super::types::Stream::Stderr => self.stderr.push(&self.scrubber, text),
@@ -421,8 +439,21 @@ impl WorkerRuntime {
         {
             self.restore().await;
         }
+        let key = self
+            .input_key(worker_id)
+            .ok_or_else(|| WorkerError::NotInputCapable {
+                worker_id: worker_id.to_string(),
+                why: "its process was not started on this machine in this boot, so no input \
+                  can be given to it from here"
+                    .to_string(),
+            })?;
+        let text = serde_json::to_string(&segments)
+            .map_err(|e| WorkerError::Store(format!("cannot encode the input: {e}")))?;
+        let auth = key.sign(worker_id, &text).map_err(|e| {
+            WorkerError::Store(format!("no random source for the input nonce: {e}"))
+        })?;
         let id = worker_id.to_string();
-        let record = new_record(records::input(worker_id, &segments));
+        let record = new_record(records::input(worker_id, &segments, &auth));
         let seq = self
             .workspace
             .commit(move |s: &State| {
@@ -441,7 +472,18 @@ impl WorkerRuntime {
         Ok((w, seq))
     }
 
-    /// Writes journalled input this process has not yet given to its worker.
+    /// The key input to `worker_id` is signed with: this process's own worker's, else the one
+    /// the spawning process on this machine recorded.
+    fn input_key(&self, worker_id: &str) -> Option<InputKey> {
+        if let Some(live) = self.lock().live.get(worker_id) {
+            return live.input_key;
+        }
+        self.spawn_records().input_key(worker_id)
+    }
+
+    /// Writes journalled input this process has not yet given to its worker: the initial input
+    /// of its own `worker.created` record, and input records that verify under its key (a
+    /// record the agent appended does not, and a copied one is not delivered twice).
     fn deliver_pending(&self, worker_id: &str) {
         let mut inner = self.lock();
         let Some(live) = inner.live.get_mut(worker_id) else {
@@ -451,15 +493,23 @@ impl WorkerRuntime {
             return;
         }
         let after = live.delivered_seq;
-        let (pending, backend) = self.workspace.read(|s| {
-            let backend = s
-                .workers
-                .get(worker_id)
-                .and_then(|w| self.backend_named(&w.backend));
-            (s.workers.inputs_after(worker_id, after), backend)
+        let (pending, backend, created_seq) = self.workspace.read(|s| {
+            let w = s.workers.get(worker_id);
+            let backend = w.and_then(|w| self.backend_named(&w.backend));
+            let created = w.map(|w| w.created_seq);
+            (s.workers.inputs_after(worker_id, after), backend, created)
         });
         let Some(backend) = backend else { return };
         for entry in pending {
+            if Some(entry.seq) != created_seq && !live.authentic(worker_id, &entry) {
+                tracing::warn!(
+                    worker = worker_id,
+                    seq = entry.seq,
+                    "input record not written to the worker: no process on this machine accepted it"
+                );
+                live.delivered_seq = entry.seq;
+                continue;
+            }
             let segments = entry.segments.clone().unwrap_or_else(|| {
                 vec![Segment::Text {
                     content: entry.text.clone(),

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::procinfo;
+use super::types::InputAuth;
 
 /// What the spawning process wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +27,68 @@ struct Spawn {
     pid: u32,
     start_ticks: u64,
     boot_id: String,
+    /// Hex of the worker's input key ([`InputKey`]).
+    #[serde(default)]
+    input_key: String,
+}
+
+/// The key journalled input to one worker is authenticated with: random per start, held by
+/// the owning process and written only to its spawn record, so a gaffer process on this
+/// machine can send input (`gaffer worker input`, another session) and the agent cannot.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct InputKey([u8; 32]);
+
+impl std::fmt::Debug for InputKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InputKey(..)")
+    }
+}
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+impl InputKey {
+    pub fn new() -> std::io::Result<InputKey> {
+        let bytes = crate::util::random_bytes(32)?;
+        let mut key = [0u8; 32];
+        key.copy_from_slice(&bytes);
+        Ok(InputKey(key))
+    }
+
+    fn mac(&self, worker_id: &str, nonce: &str, segments: &str) -> HmacSha256 {
+        use hmac::Mac;
+        // `new_from_slice` takes keys of any length; 32 bytes never fail.
+        let mut mac = HmacSha256::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
+        for part in ["gaffer worker.input v1", worker_id, nonce, segments] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part.as_bytes());
+        }
+        mac
+    }
+
+    /// Authenticates `segments` (their JSON text) as input for `worker_id`.
+    pub fn sign(&self, worker_id: &str, segments: &str) -> std::io::Result<InputAuth> {
+        use hmac::Mac;
+        let nonce = crate::util::hex(&crate::util::random_bytes(16)?);
+        let mac = crate::util::hex(
+            &self
+                .mac(worker_id, &nonce, segments)
+                .finalize()
+                .into_bytes(),
+        );
+        Ok(InputAuth { nonce, mac })
+    }
+
+    /// Whether `auth` was made with this key for exactly this input (compared in constant
+    /// time).
+    pub fn verifies(&self, worker_id: &str, segments: &str, auth: &InputAuth) -> bool {
+        use hmac::Mac;
+        let Some(tag) = crate::util::unhex32(&auth.mac) else {
+            return false;
+        };
+        self.mac(worker_id, &auth.nonce, segments)
+            .verify_slice(&tag)
+            .is_ok()
+    }
 }
 
 /// Why a process the journal names is not signalled.
@@ -67,7 +130,7 @@ impl SpawnRecords {
 
     /// Records that this process started `pid` for `worker_id`. A failure is logged: the only
     /// loss is that a surviving orphan will not be ended by another process's sweep.
-    pub fn remember(&self, worker_id: &str, pid: u32, start_ticks: Option<u64>) {
+    pub fn remember(&self, worker_id: &str, pid: u32, start_ticks: Option<u64>, key: &InputKey) {
         let (Some(path), Some(start_ticks)) = (self.path(worker_id), start_ticks) else {
             return;
         };
@@ -75,6 +138,7 @@ impl SpawnRecords {
             pid,
             start_ticks,
             boot_id: boot_id(),
+            input_key: crate::util::hex(&key.0),
         };
         if let Err(e) = write_private(&path, &spawn) {
             tracing::warn!(worker = worker_id, error = %e, "could not record a worker's process outside the workspace");
@@ -87,14 +151,25 @@ impl SpawnRecords {
         }
     }
 
+    /// The input key of the worker this machine started for `worker_id` in this boot.
+    pub fn input_key(&self, worker_id: &str) -> Option<InputKey> {
+        let spawn = self.read(worker_id)?;
+        if spawn.boot_id != boot_id() {
+            return None;
+        }
+        crate::util::unhex32(&spawn.input_key).map(InputKey)
+    }
+
+    fn read(&self, worker_id: &str) -> Option<Spawn> {
+        self.path(worker_id)
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice::<Spawn>(&b).ok())
+    }
+
     /// The process group to signal for `worker_id`, when the journal's claim (`pid`, `ticks`)
     /// is the process this machine recorded starting for it and that process still runs.
     pub fn prove(&self, worker_id: &str, pid: u32, ticks: Option<u64>) -> Result<u32, Unproven> {
-        let spawn = self
-            .path(worker_id)
-            .and_then(|p| std::fs::read(p).ok())
-            .and_then(|b| serde_json::from_slice::<Spawn>(&b).ok())
-            .ok_or(Unproven::NotSpawnedHere)?;
+        let spawn = self.read(worker_id).ok_or(Unproven::NotSpawnedHere)?;
         if spawn.pid != pid || Some(spawn.start_ticks) != ticks {
             return Err(Unproven::Mismatch);
         }
@@ -134,6 +209,7 @@ mod tests {
     fn only_the_process_recorded_for_that_worker_is_proven() {
         let dir = tempfile::tempdir().unwrap();
         let spawned = SpawnRecords::in_dir(Some(dir.path().join("workers")));
+        let key = InputKey::new().unwrap();
         let mut child = std::process::Command::new("setsid")
             .args(["sleep", "30"])
             .spawn()
@@ -146,7 +222,7 @@ mod tests {
             spawned.prove("w", pid, ticks),
             Err(Unproven::NotSpawnedHere)
         );
-        spawned.remember("w", pid, ticks);
+        spawned.remember("w", pid, ticks, &key);
         assert_eq!(spawned.prove("w", pid, ticks), Ok(pid));
         // Another worker id, another pid, missing or other ticks: the journal's word only.
         assert_eq!(
@@ -167,7 +243,7 @@ mod tests {
         );
         // A record naming pid 1 (as only a hand-written file could) is never signalled.
         if let Some(init) = procinfo::start_ticks(1) {
-            spawned.remember("init", 1, Some(init));
+            spawned.remember("init", 1, Some(init), &key);
             assert_eq!(
                 spawned.prove("init", 1, Some(init)),
                 Err(Unproven::Forbidden)
@@ -175,7 +251,7 @@ mod tests {
         }
         // No anchor: nothing is ever proven.
         let none = SpawnRecords::in_dir(None);
-        none.remember("w", pid, ticks);
+        none.remember("w", pid, ticks, &key);
         assert_eq!(none.prove("w", pid, ticks), Err(Unproven::NotSpawnedHere));
     }
 }

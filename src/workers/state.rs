@@ -117,10 +117,14 @@ pub mod records {
         )
     }
 
-    pub fn input(worker_id: &str, segments: &[Segment]) -> (&'static str, Value) {
+    pub fn input(
+        worker_id: &str,
+        segments: &[Segment],
+        auth: &super::super::types::InputAuth,
+    ) -> (&'static str, Value) {
         (
             INPUT_KIND,
-            json!({ "worker_id": worker_id, "segments": segments, "text": flatten(segments) }),
+            json!({ "worker_id": worker_id, "segments": segments, "text": flatten(segments), "auth": auth }),
         )
     }
 
@@ -301,6 +305,7 @@ impl WorkerState {
                     stream: Stream::Input,
                     text,
                     segments: Some(segments),
+                    auth: None,
                 },
             );
         }
@@ -314,6 +319,7 @@ impl WorkerState {
                     stream: Stream::System,
                     text: diag,
                     segments: None,
+                    auth: None,
                 },
             );
         }
@@ -333,6 +339,8 @@ impl WorkerState {
         struct Input {
             worker_id: String,
             segments: Vec<Segment>,
+            #[serde(default)]
+            auth: Option<super::types::InputAuth>,
         }
         let rec: Input = payload.decode()?;
         let Some(w) = self.workers.get_mut(&rec.worker_id) else {
@@ -350,6 +358,7 @@ impl WorkerState {
                 stream: Stream::Input,
                 text,
                 segments: Some(rec.segments),
+                auth: rec.auth,
             },
         );
         self.changed(&rec.worker_id, out);
@@ -388,6 +397,7 @@ impl WorkerState {
                 stream: rec.stream,
                 text: rec.text,
                 segments: None,
+                auth: None,
             },
         );
         Ok(())
@@ -445,6 +455,7 @@ impl WorkerState {
                     stream: Stream::System,
                     text: note,
                     segments: None,
+                    auth: None,
                 },
             );
         }

@@ -185,4 +185,19 @@ pub struct TranscriptEntry {
     /// The structured input, for `input` entries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<Vec<Segment>>,
+    /// The accepting process's proof for an `input` entry (see [`InputAuth`]). Only the owner
+    /// reads it, while the worker runs: never sent, never kept in a snapshot.
+    #[serde(default, skip_serializing)]
+    #[schemars(skip)]
+    pub auth: Option<InputAuth>,
+}
+
+/// What makes journalled input deliverable: a MAC under the worker's input key, which the
+/// process that spawned the worker keeps in memory and in its spawn record outside the
+/// workspace ([`super::spawned`]). The agent can append a `worker.input` record, but not one
+/// that verifies, and a nonce is delivered once, so a copied record is not input again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputAuth {
+    pub nonce: String,
+    pub mac: String,
 }

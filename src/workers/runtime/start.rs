@@ -9,6 +9,7 @@ use crate::operations::lifecycle::OpState;
 use crate::secrets::{self, Scrubber};
 use crate::workers::backend::SpawnRequest;
 use crate::workers::plan::WorkerError;
+use crate::workers::spawned::InputKey;
 use crate::workers::state::{Started, StatusChange, records};
 use crate::workers::types::{Owner, Segment, Worker, WorkerStatus};
 use crate::workspace::State;
@@ -80,15 +81,19 @@ impl WorkerRuntime {
             Some(true) => {}
         }
         let secrets = secrets::resolve(&spec.declarations);
-        let spawned = match secrets {
-            Ok(secrets) => self.spawn_live(&spec, &secrets),
-            Err(e) => Err(e.to_string()),
+        let key = InputKey::new().map_err(|e| format!("no random source for the input key: {e}"));
+        let spawned = match (&secrets, &key) {
+            (Ok(found), Ok(key)) => self.spawn_live(&spec, found, *key),
+            (Err(e), _) => Err(e.to_string()),
+            (_, Err(e)) => Err(e.clone()),
         };
-        if let Ok(s) = &spawned
+        if let (Ok(s), Ok(key)) = (&spawned, &key)
             && let Some(pid) = s.child_pid
         {
-            // Before the start is durable: a sweep that finds it orphaned can then prove it.
-            self.spawn_records().remember(&id, pid, s.child_start_ticks);
+            // Before the start is durable: a sweep that finds it orphaned can then prove it, and
+            // another gaffer process on this machine can sign input for it.
+            self.spawn_records()
+                .remember(&id, pid, s.child_start_ticks, key);
         }
         let record = match &spawned {
             Ok(s) => new_record(records::started(&Started {
@@ -158,10 +163,12 @@ impl WorkerRuntime {
         &self,
         spec: &StartSpec,
         secrets: &[secrets::Secret],
+        input_key: InputKey,
     ) -> Result<crate::workers::backend::Spawned, String> {
         let backend = self.backend_for(&spec.profile, &spec.declarations)?;
         let live = LiveWorker {
             scrubber: Scrubber::new(secrets),
+            input_key: Some(input_key),
             ..LiveWorker::default()
         };
         let scrubber = live.scrubber.clone();
