@@ -111,34 +111,54 @@ impl Scrubber {
         if !out.bytes().any(is_wrap) {
             return out;
         }
-        for (p, mark) in &self.patterns {
+        for (p, mark) in self.wrappable() {
             out = replace_wrapped(&out, p, mark);
         }
         out
+    }
+
+    /// Patterns a wrapping encoder may split: those without line breaks of their own, and long
+    /// enough that joining two lines makes one only by design (a value of a few characters
+    /// would be found across any line break).
+    fn wrappable(&self) -> impl Iterator<Item = &(String, String)> {
+        self.patterns
+            .iter()
+            .filter(|(p, _)| p.len() >= MIN_ENCODED && !p.bytes().any(is_wrap))
     }
 
     /// Length of the longest suffix of `text` that could be the start of a pattern, line
     /// breaks inside it included: a stream holds that much back until more output (or its
     /// end) shows what it is.
     pub fn partial_tail(&self, text: &str) -> usize {
+        // As the text is (a pattern may hold line breaks: a PEM key), and with single line
+        // breaks taken out (an encoder's wrapping): the longer hold wins.
+        let raw = longest_prefix_suffix(self.patterns.iter(), text);
         let folded = Folded::of(text);
-        let flat = folded.text.as_str();
-        let mut best = 0;
-        for (p, _) in &self.patterns {
-            let max = p.len().saturating_sub(1).min(flat.len());
-            for n in (best + 1..=max).rev() {
-                let start = flat.len() - n;
-                if flat.is_char_boundary(start) && p.starts_with(&flat[start..]) {
-                    best = n;
-                    break;
-                }
+        let flat = longest_prefix_suffix(self.wrappable(), &folded.text);
+        if flat == 0 {
+            return raw;
+        }
+        raw.max(text.len() - folded.at[folded.text.len() - flat])
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of one of `patterns`.
+fn longest_prefix_suffix<'a>(
+    patterns: impl Iterator<Item = &'a (String, String)>,
+    text: &str,
+) -> usize {
+    let mut best = 0;
+    for (p, _) in patterns {
+        let max = p.len().saturating_sub(1).min(text.len());
+        for n in (best + 1..=max).rev() {
+            let start = text.len() - n;
+            if text.is_char_boundary(start) && p.starts_with(&text[start..]) {
+                best = n;
+                break;
             }
         }
-        if best == 0 {
-            return 0;
-        }
-        text.len() - folded.at[flat.len() - best]
     }
+    best
 }
 
 /// A line break an encoder wraps its output with.
@@ -146,7 +166,9 @@ fn is_wrap(b: u8) -> bool {
     b == b'\n' || b == b'\r'
 }
 
-/// A text without its line breaks, and where each of its bytes was.
+/// A text without its single line breaks (`\n`, `\r\n`, `\r`: how encoders wrap), and where
+/// each of its bytes was. Blank lines stay: no encoder puts one inside a value, so nothing is
+/// joined across them and a stream never holds back a run of them.
 struct Folded {
     text: String,
     at: Vec<usize>,
@@ -154,11 +176,27 @@ struct Folded {
 
 impl Folded {
     fn of(text: &str) -> Folded {
+        let bytes = text.as_bytes();
         let mut flat = Vec::with_capacity(text.len());
         let mut at = Vec::with_capacity(text.len());
-        for (i, b) in text.bytes().enumerate().filter(|(_, b)| !is_wrap(*b)) {
-            flat.push(b);
-            at.push(i);
+        let mut i = 0;
+        while i < bytes.len() {
+            let brk = match (bytes[i], bytes.get(i + 1)) {
+                (b'\r', Some(b'\n')) => 2,
+                (b'\n' | b'\r', _) => 1,
+                _ => 0,
+            };
+            let single = brk > 0
+                && (i == 0 || !is_wrap(bytes[i - 1]))
+                && bytes.get(i + brk).is_none_or(|b| !is_wrap(*b));
+            if single {
+                i += brk;
+                continue;
+            }
+            let n = brk.max(1);
+            flat.extend_from_slice(&bytes[i..i + n]);
+            at.extend(i..i + n);
+            i += n;
         }
         // Only ASCII bytes were taken out, so the rest is still UTF-8.
         let text = String::from_utf8(flat).unwrap_or_default();
@@ -398,6 +436,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A secret of several lines (a PEM key) streamed a line at a time, or cut anywhere, is
+    /// held back until it is whole (a second reader found the wrap-aware hold-back let it out).
+    #[test]
+    fn a_multi_line_secret_streamed_in_pieces_never_leaks() {
+        let v = "-----BEGIN KEY-----\nMIIBVwIBADANBgkqhkiG9w0BAQEFAASCAUEwggE9\n-----END KEY-----";
+        let s = scrubber(v);
+        let text = format!("key:\n{v}\ndone\n");
+        let lines: String = {
+            let mut st = ScrubStream::default();
+            let mut out: String = text.split_inclusive('\n').map(|l| st.push(&s, l)).collect();
+            out.push_str(&st.finish(&s));
+            out
+        };
+        assert_eq!(lines, "key:\n[secret:tok]\ndone\n");
+        for cut in 0..text.len() {
+            let mut st = ScrubStream::default();
+            let mut out = st.push(&s, &text[..cut]);
+            out.push_str(&st.push(&s, &text[cut..]));
+            out.push_str(&st.finish(&s));
+            assert_eq!(out, "key:\n[secret:tok]\ndone\n", "cut at {cut}");
+        }
+    }
+
+    /// What could start a secret followed by blank lines is released, not held back (and
+    /// rescanned) for ever; a short value is never found across a line break.
+    #[test]
+    fn blank_lines_end_a_hold_and_short_values_are_not_joined_across_lines() {
+        let s = scrubber("abcdef0123456789");
+        let mut st = ScrubStream::default();
+        assert_eq!(st.push(&s, "abc"), "");
+        let released = st.push(&s, "\n\n");
+        assert_eq!(released, "abc\n\n");
+        let short = scrubber("yes");
+        assert_eq!(short.scrub("say y\nes"), "say y\nes");
+        assert_eq!(short.scrub("say yes"), "say [secret:tok]");
     }
 
     #[test]

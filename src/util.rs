@@ -110,6 +110,9 @@ pub fn json_deeper_than(text: &[u8], limit: usize) -> bool {
 
 /// Largest configuration file (policy, providers, roster) gaffer reads.
 pub const CONFIG_FILE_LIMIT: u64 = 4 << 20;
+/// Largest snapshot or blob gaffer reads (a snapshot of a million operations is a few hundred
+/// MiB); a bigger one is refused by its size, before anything is read.
+pub const STORE_FILE_LIMIT: u64 = 4 << 30;
 
 /// Reads a file the agent may have planted something else at (anything under the workspace):
 /// a FIFO must not block the reading thread, and a device or an oversized file must not
@@ -144,7 +147,8 @@ pub fn read_regular_file(path: &std::path::Path, limit: Option<u64>) -> std::io:
     if meta.len() > limit {
         return Err(too_large(meta.len(), limit));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // A sparse file may claim any size: reserve no more than a modest start.
+    let mut bytes = Vec::with_capacity(meta.len().min(1 << 24) as usize);
     // The file may grow after the look: never read past the limit.
     file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
@@ -381,6 +385,14 @@ mod tests {
         let linked = dir.path().join("linked");
         std::os::unix::fs::symlink(&big, &linked).unwrap();
         assert_eq!(read_regular_file(&linked, None).unwrap().len(), 11);
+        // A sparse file claiming a terabyte is refused by its size, with nothing reserved.
+        let sparse = dir.path().join("sparse");
+        std::fs::File::create(&sparse)
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let err = read_regular_file(&sparse, Some(STORE_FILE_LIMIT)).unwrap_err();
+        assert!(err.to_string().contains("over the"), "{err}");
         let missing = read_regular_file(&dir.path().join("none"), None).unwrap_err();
         assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
     }

@@ -629,4 +629,32 @@ fn a_public_key_inside_the_workspace_is_never_the_operators() {
         "the policy's trust reads as having no operator key: {status}"
     );
     assert!(!env.root().join("docs/in.md").exists());
+    // Configured outside, but a symlink (then a hard link) to the file inside: the same.
+    let outside = env._cfg.path();
+    let linked = outside.join("linked.pub");
+    std::os::unix::fs::symlink(&inside, &linked).unwrap();
+    let hard = outside.join("hard.pub");
+    for configured in [&linked, &hard] {
+        if configured == &hard {
+            std::fs::hard_link(&inside, &hard).unwrap();
+        }
+        let configured = configured.display().to_string();
+        let mut s = Server::start_env(
+            env.root(),
+            Wire::Ndjson,
+            &[],
+            &[
+                ("GAFFER_OPERATOR_KEY_FILE", missing.as_str()),
+                ("GAFFER_OPERATOR_PUBLIC_KEY_FILE", configured.as_str()),
+                ("GAFFER_CLIENT_TOKEN", token.as_str()),
+            ],
+        );
+        let r = s.request("initialize", json!({}));
+        assert!(
+            r["error"]["message"]
+                .to_string()
+                .contains("no operator public key"),
+            "{configured}: {r}"
+        );
+    }
 }

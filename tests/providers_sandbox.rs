@@ -71,6 +71,9 @@ fn a_provider_gets_only_its_declared_environment_and_stays_in_the_sandbox() {
         "{logs}"
     );
     assert!(!logs.contains("passed-on"), "{logs}");
+    // Its stderr is still read after bytes that are not UTF-8: the next call works.
+    let again = probe(&mut s, &key, "key-again");
+    assert_eq!(again["env"]["KV_PASSED"], "[secret:KV_PASSED]", "{again}");
     assert_eq!(seen["HOME"], "/nonexistent");
     assert_eq!(got["read"]["error"], "PermissionError", "{got}");
     // The control: a file in the workspace reads, and so does the provider's own directory.

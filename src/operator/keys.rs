@@ -33,6 +33,11 @@ pub enum OperatorKeyError {
     PairMismatch { private: PathBuf, public: PathBuf },
     #[error("operator key file {path} must not be inside the workspace {workspace}")]
     InsideWorkspace { path: PathBuf, workspace: PathBuf },
+    #[error(
+        "operator public key {0} has other hard links (one may lie inside a workspace, where \
+         the agent can write it): give it a file of its own"
+    )]
+    HardLinked(PathBuf),
     #[error("operator key file {path}: {source}")]
     Io {
         path: PathBuf,
@@ -196,10 +201,15 @@ pub fn current_public() -> Option<OperatorPublic> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .find_map(|root| refuse_inside(&path, root).err());
+        .find_map(|root| refuse_inside(&path, root).err())
+        .or_else(|| {
+            use std::os::unix::fs::MetadataExt;
+            let linked = std::fs::metadata(&path).is_ok_and(|m| m.nlink() > 1);
+            linked.then(|| OperatorKeyError::HardLinked(path.clone()))
+        });
     let key = match inside.map_or_else(|| OperatorPublic::load_from(&path), Err) {
         Ok(k) => Some(k),
-        Err(e @ OperatorKeyError::InsideWorkspace { .. }) => {
+        Err(e @ (OperatorKeyError::InsideWorkspace { .. } | OperatorKeyError::HardLinked(_))) => {
             tracing::error!(error = %e, "the operator public key is not used: the agent can replace it");
             None
         }
@@ -311,7 +321,9 @@ fn refuse_inside(path: &Path, ws: &Path) -> Result<(), OperatorKeyError> {
         .parent()
         .and_then(|p| p.canonicalize().ok())
         .unwrap_or_else(|| abs(path));
-    if parent_abs.starts_with(&ws_abs) {
+    // The file itself may be a symlink into the workspace (the agent writes its target).
+    let target = path.canonicalize().ok();
+    if parent_abs.starts_with(&ws_abs) || target.is_some_and(|t| t.starts_with(&ws_abs)) {
         return Err(OperatorKeyError::InsideWorkspace {
             path: path.to_path_buf(),
             workspace: ws_abs,

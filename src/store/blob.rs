@@ -30,7 +30,7 @@ pub fn blob_path(dir: &Path, hex: &str) -> Result<PathBuf, StoreError> {
 pub fn put(dir: &Path, bytes: &[u8]) -> Result<String, StoreError> {
     let hex = sha256_hex(bytes);
     let path = blob_path(dir, &hex)?;
-    if let Ok(existing) = crate::util::read_regular_file(&path, None)
+    if let Ok(existing) = crate::util::read_regular_file(&path, Some(crate::util::STORE_FILE_LIMIT))
         && sha256_hex(&existing) == hex
     {
         // A writer that crashed after its rename may not have made the entry durable.
@@ -49,7 +49,7 @@ pub fn put(dir: &Path, bytes: &[u8]) -> Result<String, StoreError> {
 /// Reads a blob and checks that it still hashes to its name.
 pub fn get(dir: &Path, hex: &str) -> Result<Vec<u8>, StoreError> {
     let path = blob_path(dir, hex)?;
-    let bytes = match crate::util::read_regular_file(&path, None) {
+    let bytes = match crate::util::read_regular_file(&path, Some(crate::util::STORE_FILE_LIMIT)) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(StoreError::BlobMissing {

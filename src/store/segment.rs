@@ -72,7 +72,7 @@ pub fn create_segment(journal: &Path, n: u64) -> Result<PathBuf, StoreError> {
 /// Reads and checks only the header of a segment (used by `open` to refuse newer formats).
 /// Returns false when the header is incomplete.
 pub fn check_segment_header(path: &Path, is_last: bool) -> Result<bool, StoreError> {
-    let mut file = File::open(path).map_err(StoreError::io(path))?;
+    let mut file = open_for_reading(path).map_err(StoreError::io(path))?;
     let head = read_up_to(&mut file, HEADER_LEN).map_err(StoreError::io(path))?;
     header_verdict(path, &head, is_last)
 }
@@ -148,16 +148,21 @@ pub fn open_for_writing(path: &Path, read: bool) -> io::Result<File> {
     Ok(file)
 }
 
-/// A segment opened for reading only, not through a symlink put in its place.
+/// A segment opened for reading only: not through a symlink put in its place, and only a
+/// regular file (a FIFO named like a segment must not block the reader holding the lock).
 pub fn open_for_reading(path: &Path) -> io::Result<File> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NOFOLLOW);
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a journal segment must be a regular file",
+        ));
     }
-    options.open(path)
+    Ok(file)
 }
 
 #[cfg(unix)]
@@ -295,7 +300,7 @@ fn scan_serial<E: From<StoreError>>(
     is_last: bool,
     mut on: impl FnMut(Entry, u64, u64) -> Result<(), E>,
 ) -> Result<SegmentEnd, E> {
-    let mut file = match File::open(path) {
+    let mut file = match open_for_reading(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(StoreError::SegmentMissing {

@@ -206,7 +206,7 @@ pub fn decode(path: &Path, bytes: Vec<u8>) -> Result<Loaded, StoreError> {
 /// Loads `<dir>/snapshot.json`; `None` when there is none.
 pub fn load(dir: &Path) -> Result<Option<Loaded>, StoreError> {
     let path = dir.join(FILE_NAME);
-    match crate::util::read_regular_file(&path, None) {
+    match crate::util::read_regular_file(&path, Some(crate::util::STORE_FILE_LIMIT)) {
         Ok(bytes) => decode(&path, bytes).map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(StoreError::Io { path, source }),

@@ -1086,3 +1086,27 @@ fn a_symlink_swapped_in_before_an_append_is_never_written_through() {
         "the file outside is untouched"
     );
 }
+
+/// A FIFO named like the next segment (planted by the agent) never blocks opening the store:
+/// it is refused as not a regular file.
+#[cfg(unix)]
+#[test]
+fn a_fifo_named_like_a_segment_never_blocks_the_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut first = Store::open(tmp.path()).unwrap();
+    append_n(&mut first, 1);
+    drop(first);
+    let fifo = tmp.path().join("journal/000002.log");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let root = tmp.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(Store::open(&root).map(|_| ()).map_err(|e| e.to_string()));
+    });
+    let opened = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("opening the store returned");
+    assert!(opened.is_err(), "a FIFO is no segment");
+}

@@ -384,7 +384,7 @@ fn verify_blobs(dir: &Path, report: &mut VerifyReport) -> Result<(), StoreError>
                 continue;
             }
             report.blobs += 1;
-            match fs::read(&path) {
+            match crate::util::read_regular_file(&path, Some(crate::util::STORE_FILE_LIMIT)) {
                 Ok(bytes) => {
                     let actual = sha256_hex(&bytes);
                     if actual != name {

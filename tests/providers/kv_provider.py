@@ -55,7 +55,10 @@ def probe(path):
             read = {"ok": len(f.read())}
     except OSError as e:
         read = {"error": type(e).__name__}
-    # Also said on stderr, as a careless provider would in a diagnostic.
+    # Also said on stderr, as a careless provider would in a diagnostic, after bytes that are
+    # not UTF-8 (which must not stop gaffer reading its stderr).
+    sys.stderr.buffer.write(b"\xff\xfe not utf-8\n")
+    sys.stderr.flush()
     print("probe env: " + json.dumps(dict(os.environ)), file=sys.stderr, flush=True)
     return {"env": dict(os.environ), "read": read}
 

@@ -284,15 +284,50 @@ impl Conn {
     }
 }
 
-/// The provider's diagnostics, a line at a time, into gaffer's log without its tokens.
+/// Longest stderr line logged as one entry; a longer one is logged in pieces.
+const STDERR_LINE_MAX: usize = 4096;
+
+/// The provider's diagnostics into gaffer's log, a line at a time, without its tokens: scrubbed
+/// as a stream (a token split over writes or lines is held back until it is whole), read as
+/// bytes (output that is not UTF-8 never stops the reading, which would leave the provider
+/// writing into a closed pipe), and bounded per entry.
 async fn log_stderr(
-    stderr: tokio::process::ChildStderr,
+    mut stderr: tokio::process::ChildStderr,
     provider: String,
     scrubber: crate::secrets::Scrubber,
 ) {
-    let mut lines = BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let line = scrubber.scrub(&line);
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 8192];
+    let mut stream = crate::secrets::ScrubStream::default();
+    let mut pending = String::new();
+    while let Ok(n) = stderr.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        pending.push_str(&stream.push(&scrubber, &String::from_utf8_lossy(&buf[..n])));
+        log_lines(&provider, &mut pending, false);
+    }
+    pending.push_str(&stream.finish(&scrubber));
+    log_lines(&provider, &mut pending, true);
+}
+
+/// Logs each whole line of `pending` (and a piece of any line grown past the bound); at the
+/// end, the rest too.
+fn log_lines(provider: &str, pending: &mut String, end: bool) {
+    loop {
+        let cut = match pending.find('\n') {
+            Some(i) if i <= STDERR_LINE_MAX => i,
+            _ if pending.len() > STDERR_LINE_MAX => (0..=STDERR_LINE_MAX)
+                .rev()
+                .find(|&i| pending.is_char_boundary(i))
+                .unwrap_or(0),
+            _ if end && !pending.is_empty() => pending.len(),
+            _ => return,
+        };
+        let line: String = pending.drain(..cut).collect();
+        if pending.starts_with('\n') {
+            pending.remove(0);
+        }
         tracing::warn!(provider = %provider, "{line}");
     }
 }
