@@ -297,6 +297,19 @@ fn mcp_anonymous(env: &Env) -> Server {
     s
 }
 
+/// Client `ci` (by its credential) with a running `cat` worker of its own.
+fn ci_runs_cat(env: &Env) -> (Server, String) {
+    let mut ci = env.agent("ci");
+    let reference = ci.call("bundles/sync", json!({"bundle": ci_bundle()}))["reference"].clone();
+    let w = ci.call(
+        "workers/create",
+        json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference}),
+    )["worker"]
+        .clone();
+    assert_eq!(w["status"], "running", "{w}");
+    (ci, w["id"].as_str().unwrap().to_string())
+}
+
 fn lsp_anonymous(env: &Env) -> Server {
     let key = env.key_file.display().to_string();
     let mut s = Server::start_env(
@@ -316,15 +329,7 @@ fn lsp_anonymous(env: &Env) -> Server {
 #[test]
 fn another_clients_worker_is_not_found_on_every_profile_but_its_creator_and_operators_reach_it() {
     let env = Env::new(Some(CI_ONLY));
-    let mut ci = env.agent("ci");
-    let reference = ci.call("bundles/sync", json!({"bundle": ci_bundle()}))["reference"].clone();
-    let w = ci.call(
-        "workers/create",
-        json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference}),
-    )["worker"]
-        .clone();
-    assert_eq!(w["status"], "running", "{w}");
-    let id = w["id"].as_str().unwrap().to_string();
+    let (mut ci, id) = ci_runs_cat(&env);
 
     // Anonymous over raw JSON-RPC (no handshake), over LSP (naming itself "ci"), and over MCP;
     // and another credentialed client.
@@ -406,15 +411,7 @@ fn wait_echo(s: &mut Server, id: &str, want: &str) {
 #[test]
 fn forged_and_copied_input_records_never_reach_another_clients_worker() {
     let env = Env::new(Some(CI_ONLY));
-    let mut ci = env.agent("ci");
-    let reference = ci.call("bundles/sync", json!({"bundle": ci_bundle()}))["reference"].clone();
-    let w = ci.call(
-        "workers/create",
-        json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference}),
-    )["worker"]
-        .clone();
-    assert_eq!(w["status"], "running", "{w}");
-    let id = w["id"].as_str().unwrap().to_string();
+    let (mut ci, id) = ci_runs_cat(&env);
     ci.call(
         "workers/input",
         json!({"worker_id": id, "input": "genuine one\n"}),

@@ -42,7 +42,12 @@ pub fn open(root: &Path, config: AppConfig) -> Result<Arc<App>, ExitCode> {
 
 /// Calls `method` in process and prints the result (or the error) as JSON.
 pub async fn print_call(app: Arc<App>, method: &str, params: Value) -> ExitCode {
-    match methods::call_local(app, Role::Agent, method, params).await {
+    print_call_as(app, Role::Agent, method, params).await
+}
+
+/// [`print_call`] in the role `role` (the operator's, where its key loads).
+pub async fn print_call_as(app: Arc<App>, role: Role, method: &str, params: Value) -> ExitCode {
+    match methods::call_local(app, role, method, params).await {
         Ok(v) => {
             emit!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             ExitCode::SUCCESS

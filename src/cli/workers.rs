@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::bundles::{emit, open, print_call, read_bundle_file};
+use super::bundles::{emit, open, print_call, print_call_as, read_bundle_file};
 use crate::methods::{self, App, AppConfig};
 use crate::operator::OperatorSigner;
 use crate::rpc::Role;
@@ -141,10 +141,10 @@ pub async fn run(cmd: WorkerCmd, root: &Path, config: AppConfig) -> ExitCode {
                 Some(s) => json!({ "status": s }),
                 None => json!({}),
             };
-            print_as(app, viewer(), "workers/list", params).await
+            print_call_as(app, viewer(), "workers/list", params).await
         }
         WorkerCmd::Show { worker_id } => {
-            print_as(
+            print_call_as(
                 app,
                 viewer(),
                 "workers/get",
@@ -158,7 +158,7 @@ pub async fn run(cmd: WorkerCmd, root: &Path, config: AppConfig) -> ExitCode {
             follow: keep,
         } => follow(&app, &worker_id, after, keep).await,
         WorkerCmd::Stop { worker_id, reason } => {
-            print_as(
+            print_call_as(
                 app,
                 viewer(),
                 "workers/stop",
@@ -175,19 +175,6 @@ fn viewer() -> Role {
         Role::Operator
     } else {
         Role::Agent
-    }
-}
-
-async fn print_as(app: Arc<App>, role: Role, method: &str, params: Value) -> ExitCode {
-    match methods::call_local(app, role, method, params).await {
-        Ok(v) => {
-            emit!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            emit!("{}", json!({ "error": e }));
-            ExitCode::FAILURE
-        }
     }
 }
 

@@ -133,27 +133,18 @@ pub fn nothing_after(file: &File, offset: u64, next: &Path) -> bool {
 /// would make gaffer write or truncate a file outside the store), and only a regular file (a
 /// FIFO there must not block the writer).
 pub fn open_for_writing(path: &Path, read: bool) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(read)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "a journal segment must be a regular file",
-        ));
-    }
-    Ok(file)
+    open_segment(path, std::fs::OpenOptions::new().read(read).write(true))
 }
 
 /// A segment opened for reading only: not through a symlink put in its place, and only a
 /// regular file (a FIFO named like a segment must not block the reader holding the lock).
 pub fn open_for_reading(path: &Path) -> io::Result<File> {
+    open_segment(path, std::fs::OpenOptions::new().read(true))
+}
+
+fn open_segment(path: &Path, options: &mut std::fs::OpenOptions) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
+    let file = options
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
     if !file.metadata()?.is_file() {
