@@ -427,8 +427,10 @@ fn forged_and_copied_input_records_never_reach_another_clients_worker() {
     let genuine = seg.recs[i].payload();
     assert!(genuine["auth"]["mac"].is_string(), "{genuine}");
     let mut forged = genuine.clone();
-    forged["segments"] = json!([{"type": "text", "content": "forged input\n"}]);
+    forged["segments"] = json!([{"kind": "text", "content": "forged input\n"}]);
     forged["text"] = json!("forged input\n");
+    // A nonce never used, so only the MAC (copied from the genuine input) can refuse it.
+    forged["auth"]["nonce"] = json!("00112233445566778899aabbccddeeff");
     let mut bare = forged.clone();
     bare.as_object_mut().unwrap().remove("auth");
     let bytes = |v: &Value| serde_json::to_vec(v).unwrap();
@@ -449,6 +451,9 @@ fn forged_and_copied_input_records_never_reach_another_clients_worker() {
     wait_echo(&mut ci, &id, "genuine two");
     let out = stdout_text(&mut ci, &id);
     assert!(!out.contains("forged input"), "{out}");
+    // The forged records were folded (they are in the transcript as input), and not written.
+    let all = transcript_text(&mut ci, &id);
+    assert_eq!(all.matches("forged input").count(), 2, "{all}");
     assert_eq!(
         out.matches("genuine one").count(),
         1,
@@ -462,4 +467,68 @@ fn forged_and_copied_input_records_never_reach_another_clients_worker() {
         json!({"worker_id": id, "input": "from the second\n"}),
     );
     wait_echo(&mut ci, &id, "from the second");
+}
+
+/// The agent squats client `ci`'s idempotency key: a forged pending `worker.created` carrying
+/// that key, the fingerprint of ci's (predictable) request, itself as creator and an initial
+/// input of its own. ci's create with that key gets no such worker back (the record's own
+/// input does not make ci's request, and it is not ci's), so nothing ci's policy starts ever
+/// runs the agent's input or becomes the agent's to drive.
+#[test]
+fn a_squatted_idempotency_key_never_hands_the_agent_a_worker_ci_starts() {
+    let env = Env::new(Some(CI_ONLY));
+    let mut ci = env.agent("ci");
+    let reference = ci.call("bundles/sync", json!({"bundle": ci_bundle()}))["reference"].clone();
+    let request = gaffer::workers::request::CreateRequest {
+        profile: serde_json::from_value(json!({"kind": "named", "value": "cat"})).unwrap(),
+        config_bundle: serde_json::from_value(reference.clone()).unwrap(),
+        initial_input: Some(vec![gaffer::workers::types::Segment::Text {
+            content: "hello from ci\n".into(),
+        }]),
+        display_name: None,
+        idempotency_key: None,
+        created_by: None,
+    };
+    let forged = [
+        (
+            "anonymous",
+            "0197a000-0000-7000-8000-00000000abcd",
+            "nightly",
+        ),
+        ("ci", "0197a000-0000-7000-8000-00000000abce", "weekly"),
+    ];
+    for (created_by, forged_id, key) in forged {
+        let worker = json!({
+            "backend": "process", "config_bundle": reference, "created_by": created_by,
+            "created_ms": 0, "created_seq": 0, "id": forged_id, "input_capable": false,
+            "input_count": 0, "input_mode": "stdin_text", "last_seq": 0, "output_bytes": 0,
+            "owner": {"pid": 1, "process_id": "p-agent"},
+            "profile": {"kind": "named", "value": "cat"},
+            "request_fingerprint": request.fingerprint(), "idempotency_key": key,
+            "run_state": "stopped", "status": "pending_approval", "stop_requested": false,
+            "updated_ms": 0
+        });
+        let payload = json!({"worker": worker, "initial_input": [{"kind": "text", "content": "AGENT-CHOSEN\n"}]});
+        append_chained(
+            env.root(),
+            &[("worker.created", serde_json::to_vec(&payload).unwrap())],
+        );
+        let r = ci.request(
+            "workers/create",
+            json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference,
+                   "idempotency_key": key, "initial_input": "hello from ci\n"}),
+        );
+        let got = &r["result"]["worker"]["id"];
+        assert_ne!(
+            got,
+            &json!(forged_id),
+            "{created_by}: ci got the forged worker: {r}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let mut op = env.operator();
+    for (_, forged_id, _) in forged {
+        let w = op.call("workers/get", json!({"worker_id": forged_id}))["worker"].clone();
+        assert_eq!(w["status"], "pending_approval", "never started: {w}");
+    }
 }

@@ -57,7 +57,20 @@ pub fn check_create(
     if let Some(key) = &req.idempotency_key
         && let Some(existing) = workers.by_idempotency_key(key)
     {
-        if existing.request_fingerprint == fingerprint {
+        // A replay answers with the worker only when it is this caller's and its own record
+        // holds this request: the fingerprint is worked out again from what the record says
+        // (profile, bundle, initial input, name), never taken from its `request_fingerprint`,
+        // which the agent could write to squat another client's key with its own input.
+        let stored = CreateRequest {
+            profile: existing.profile.clone(),
+            config_bundle: existing.config_bundle.clone(),
+            initial_input: workers.initial_input(&existing.id),
+            display_name: existing.display_name.clone(),
+            idempotency_key: None,
+            created_by: None,
+        }
+        .fingerprint();
+        if stored == fingerprint && existing.created_by == req.created_by {
             return Ok(CreateCheck::Replay(Box::new(existing.clone())));
         }
         return Err(WorkerError::IdempotencyConflict {

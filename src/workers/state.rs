@@ -174,6 +174,17 @@ impl WorkerState {
         self.workers.values()
     }
 
+    /// The initial input `id`'s own `worker.created` record carried (while its transcript
+    /// still holds it).
+    pub fn initial_input(&self, id: &str) -> Option<Vec<Segment>> {
+        let w = self.workers.get(id)?;
+        let t = self.transcripts.get(id)?;
+        t.entries
+            .iter()
+            .find(|e| e.seq == w.created_seq && e.stream == Stream::Input)
+            .and_then(|e| e.segments.clone())
+    }
+
     pub fn by_idempotency_key(&self, key: &str) -> Option<&Worker> {
         self.idempotency
             .get(key)
