@@ -15,7 +15,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::forge::{anchor_outside_the_workspace, append_chained};
-use common::gate::Env;
+use common::gate::{Env, unread};
 use common::{BIN, Server, Wire};
 use serde_json::{Value, json};
 
@@ -530,5 +530,50 @@ fn a_squatted_idempotency_key_never_hands_the_agent_a_worker_ci_starts() {
     for (_, forged_id, _) in forged {
         let w = op.call("workers/get", json!({"worker_id": forged_id}))["worker"].clone();
         assert_eq!(w["status"], "pending_approval", "never started: {w}");
+    }
+}
+
+/// Notifications follow the same rule as requests: a connection that is not the worker's
+/// creator (anonymous over raw JSON-RPC, or another credentialed client) is sent neither
+/// `workers/changed` nor `workers/output` about it, nor `operations/changed` about ci's
+/// operations, while ci's own connection and an operator's get them.
+#[test]
+fn another_clients_worker_and_operations_send_it_no_notifications() {
+    let env = Env::new(Some(CI_ONLY));
+    let mut raw = env.start(&[]);
+    raw.call("initialize", json!({}));
+    let mut other = env.agent("other");
+    let mut op = env.operator();
+    let (mut ci, id) = ci_runs_cat(&env);
+    ci.call(
+        "workers/input",
+        json!({"worker_id": id, "input": "CI-PRIVATE-OUTPUT\n"}),
+    );
+    wait_echo(&mut ci, &id, "CI-PRIVATE-OUTPUT");
+    let submitted = common::gate::submit(
+        &mut ci,
+        "kv.set",
+        json!({"key": "ci-private-key"}),
+        json!({"value": 1}),
+        "ci-op",
+    );
+    let op_id = submitted["result"]["id"]
+        .as_str()
+        .expect("an operation")
+        .to_string();
+    let seen_by_op = op
+        .wait_for(Duration::from_secs(10), |v| {
+            v["method"] == "workers/output" && v["params"]["worker_id"] == json!(id)
+        })
+        .is_some();
+    assert!(seen_by_op, "the operator is sent the worker's output");
+    for (who, s) in [("anonymous", &mut raw), ("other", &mut other)] {
+        let got = unread(s);
+        assert!(!got.contains(&id), "{who} was told of ci's worker: {got}");
+        assert!(!got.contains("CI-PRIVATE-OUTPUT"), "{who}: {got}");
+        assert!(
+            !got.contains(&op_id),
+            "{who} was told of ci's operation: {got}"
+        );
     }
 }

@@ -250,6 +250,10 @@ impl Host for Server {
         state.workspace.subscribe()
     }
 
+    fn visible(&self, state: &App, client: Option<&str>, notice: &Notice) -> bool {
+        notice_visible(state, client, notice)
+    }
+
     fn push(n: Notice) -> Push {
         Push {
             method: n.method.into_owned(),
@@ -278,6 +282,28 @@ impl Host for Server {
          cause a side effect: operation_catalog, then submit_operation; it may wait for a human \
          operator, so call wait_operation (it waits for the next change) until the state is \
          terminal rather than resubmitting."
+    }
+}
+
+/// Whether an agent connection established as `client` (`None`: anonymous) receives `n`:
+/// exactly what its requests would show it. Another client's operation, worker or plan is
+/// as absent from its notifications as from `get` and `list`.
+pub(crate) fn notice_visible(app: &App, client: Option<&str>, n: &Notice) -> bool {
+    let me = client.unwrap_or(crate::clients::ANONYMOUS);
+    match &*n.method {
+        "operations/changed" => n.params.str_field("client_id") == Some(me),
+        "workers/changed" | "workers/output" => n.params.str_field("worker_id").is_some_and(|id| {
+            app.workspace.read(|s| {
+                s.workers
+                    .get(id)
+                    .is_some_and(|w| workers::seen_by(me, s, w))
+            })
+        }),
+        "plans/changed" => n.params.str_field("plan_id").is_some_and(|id| {
+            app.workspace
+                .read(|s| s.plans.get(id).is_some_and(|p| plans::seen_by(me, p)))
+        }),
+        _ => true,
     }
 }
 

@@ -440,9 +440,12 @@ async fn view_one(app: &Arc<App>, plan_id: &str) -> Result<Option<PlanView>, Rpc
 
 /// Agents see the plans they launched and the plan they are a lane of; operators see all.
 fn visible(ctx: &CallCtx, p: &PlanEntry) -> bool {
-    let me = &ctx.client.id;
-    ctx.client.role == Role::Operator
-        || p.client_id == *me
+    ctx.client.role == Role::Operator || seen_by(&ctx.client.id, p)
+}
+
+/// [`visible`] for an agent identity `me` (requests and notifications alike).
+pub(crate) fn seen_by(me: &str, p: &PlanEntry) -> bool {
+    p.client_id == *me
         || me
             .split_once('/')
             .is_some_and(|(plan, _)| plan == p.plan_id)
@@ -767,6 +770,10 @@ impl Host for LaneHost {
 
     fn subscribe(&self, state: &App) -> crate::fanout::Subscription<Notice> {
         state.workspace.subscribe()
+    }
+
+    fn visible(&self, state: &App, client: Option<&str>, notice: &Notice) -> bool {
+        super::notice_visible(state, client, notice)
     }
 
     fn push(n: Notice) -> Push {

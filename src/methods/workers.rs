@@ -335,10 +335,11 @@ async fn input(
 /// and operators. `created_by` is written only by the creating process's own record, which no
 /// later record changes.
 fn visible(ctx: &CallCtx, s: &State, w: &Worker) -> bool {
-    let me = ctx.client.id.as_str();
-    if ctx.client.role == Role::Operator {
-        return true;
-    }
+    ctx.client.role == Role::Operator || seen_by(ctx.client.id.as_str(), s, w)
+}
+
+/// [`visible`] for an agent identity `me` (requests and notifications alike).
+pub(crate) fn seen_by(me: &str, s: &State, w: &Worker) -> bool {
     let Some(by) = w.created_by.as_deref() else {
         return false;
     };

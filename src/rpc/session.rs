@@ -84,6 +84,10 @@ pub trait Host: Send + Sync + 'static {
     ) -> Result<(), RpcError>;
     /// Notifications for clients of `state` (from this process and from other processes).
     fn subscribe(&self, state: &Self::State) -> crate::fanout::Subscription<Self::Notice>;
+    /// Whether a connection established as `client` (`None`: not yet identified, so
+    /// anonymous) may receive `notice`: what its own requests would be shown. Operators get
+    /// every notice.
+    fn visible(&self, state: &Self::State, client: Option<&str>, notice: &Self::Notice) -> bool;
     fn push(notice: Self::Notice) -> Push;
     /// Server name and version for `serverInfo`.
     fn server_info(&self) -> (&'static str, &'static str);
@@ -149,6 +153,8 @@ struct Conn<H: Host> {
     framing: Framing,
     profile: Option<Profile>,
     client: Option<Arc<ClientInfo>>,
+    /// The identity the notification forwarder filters by, kept equal to `client`.
+    viewer: Arc<Mutex<Option<String>>>,
     /// Set once the connection proved the operator key; read by the notification forwarder.
     operator: Arc<std::sync::atomic::AtomicBool>,
     /// The login challenge this connection was last given.
@@ -236,6 +242,7 @@ where
             _ => None,
         },
         client: None,
+        viewer: Arc::new(Mutex::new(None)),
         state: None,
         deferred_init: None,
         attach_after_reply: false,
@@ -552,6 +559,9 @@ impl<H: Host> Conn<H> {
         let mut rx = self.shared.host.subscribe(&state);
         let out = self.shared.out.clone();
         let operator = Arc::clone(&self.operator);
+        let viewer = Arc::clone(&self.viewer);
+        let shared = Arc::clone(&self.shared);
+        let seen_from = Arc::clone(&state);
         let profile = self.profile;
         let closing = self.shared.closing.clone();
         self.forwarder = Some(tokio::spawn(async move {
@@ -574,11 +584,20 @@ impl<H: Host> Conn<H> {
                 };
                 match next {
                     Ok(notice) => {
-                        let push = H::push(notice);
                         if profile == Some(Profile::Mcp) {
                             continue;
                         }
                         let operator = operator.load(std::sync::atomic::Ordering::Acquire);
+                        if !operator {
+                            let me = viewer
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .clone();
+                            if !shared.host.visible(&seen_from, me.as_deref(), &notice) {
+                                continue;
+                            }
+                        }
+                        let push = H::push(notice);
                         if push.operators_only && !operator {
                             continue;
                         }
@@ -596,6 +615,15 @@ impl<H: Host> Conn<H> {
         Ok(state)
     }
 
+    /// The connection's identity, also for the notification forwarder.
+    fn set_client(&mut self, c: Arc<ClientInfo>) {
+        *self
+            .viewer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(c.id.clone());
+        self.client = Some(c);
+    }
+
     fn client_info(&mut self, profile: Profile) -> Result<Arc<ClientInfo>, RpcError> {
         if let Some(c) = self.client.as_ref().or(self.stateless_client.as_ref()) {
             return Ok(Arc::clone(c));
@@ -611,7 +639,7 @@ impl<H: Host> Conn<H> {
         if profile == Profile::Mcp {
             self.stateless_client = Some(Arc::clone(&c));
         } else {
-            self.client = Some(Arc::clone(&c));
+            self.set_client(Arc::clone(&c));
         }
         Ok(c)
     }
@@ -655,7 +683,7 @@ impl<H: Host> Conn<H> {
         self.shared.host.login_verify(&state, &issued, signature)?;
         self.operator
             .store(true, std::sync::atomic::Ordering::Release);
-        self.client = Some(Arc::new(ClientInfo {
+        self.set_client(Arc::new(ClientInfo {
             id: client.id.clone(),
             role: Role::Operator,
             profile,
@@ -962,7 +990,7 @@ impl<H: Host> Conn<H> {
                 (id, Some(state))
             }
         };
-        self.client = Some(Arc::new(ClientInfo {
+        self.set_client(Arc::new(ClientInfo {
             id: id.clone(),
             role: Role::Agent,
             profile,
