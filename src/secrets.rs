@@ -111,8 +111,13 @@ impl Scrubber {
         if !out.bytes().any(is_wrap) {
             return out;
         }
+        // Folded once, and again only after a replacement changed the text.
+        let mut folded = Folded::of(&out);
         for (p, mark) in self.wrappable() {
-            out = replace_wrapped(&out, p, mark);
+            if folded.text.contains(p.as_str()) {
+                out = replace_wrapped(&out, &folded, p, mark);
+                folded = Folded::of(&out);
+            }
         }
         out
     }
@@ -206,19 +211,14 @@ impl Folded {
 
 /// Replaces every occurrence of `pattern` that line breaks split; the breaks stay after the
 /// mark, so the text keeps its lines.
-fn replace_wrapped(text: &str, pattern: &str, mark: &str) -> String {
-    let folded = Folded::of(text);
+fn replace_wrapped(text: &str, folded: &Folded, pattern: &str, mark: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut copied = 0;
     for (start, _) in folded.text.match_indices(pattern) {
         let (from, to) = (folded.at[start], folded.at[start + pattern.len() - 1] + 1);
         out.push_str(&text[copied..from]);
         out.push_str(mark);
-        out.extend(
-            text[from..to]
-                .chars()
-                .filter(|c| is_wrap(*c as u8) && c.is_ascii()),
-        );
+        out.extend(text[from..to].chars().filter(|c| matches!(c, '\n' | '\r')));
         copied = to;
     }
     if copied == 0 {
