@@ -303,7 +303,8 @@ pub(crate) fn notice_visible(app: &App, client: Option<&str>, n: &Notice) -> boo
             app.workspace
                 .read(|s| s.plans.get(id).is_some_and(|p| plans::seen_by(me, p)))
         }),
-        _ => true,
+        // `approvals/requested` is the operators' (and so is anything not scoped here yet).
+        _ => false,
     }
 }
 

@@ -55,7 +55,7 @@ pub fn check_create(
     fingerprint: &str,
 ) -> Result<CreateCheck, WorkerError> {
     if let Some(key) = &req.idempotency_key
-        && let Some(existing) = workers.by_idempotency_key(key)
+        && let Some(existing) = workers.by_idempotency_key(req.created_by.as_deref(), key)
     {
         // A replay answers with the worker only when it is this caller's and its own record
         // holds this request: the fingerprint is worked out again from what the record says

@@ -57,8 +57,6 @@ pub struct Transcript {
 pub struct WorkerState {
     pub workers: BTreeMap<String, Worker>,
     pub transcripts: BTreeMap<String, Transcript>,
-    /// Idempotency key → worker id.
-    pub idempotency: BTreeMap<String, String>,
 }
 
 /// A status change to record.
@@ -185,10 +183,15 @@ impl WorkerState {
             .and_then(|e| e.segments.clone())
     }
 
-    pub fn by_idempotency_key(&self, key: &str) -> Option<&Worker> {
-        self.idempotency
-            .get(key)
-            .and_then(|id| self.workers.get(id))
+    /// The first worker `created_by` created under `key`: keys are each client's own (another
+    /// client's key tells a caller nothing and blocks nothing), and a later record reusing one
+    /// does not take it over.
+    pub fn by_idempotency_key(&self, created_by: Option<&str>, key: &str) -> Option<&Worker> {
+        self.workers
+            .values()
+            .filter(|w| w.idempotency_key.as_deref() == Some(key))
+            .filter(|w| w.created_by.as_deref() == created_by)
+            .min_by_key(|w| w.created_seq)
     }
 
     /// Transcript entries with `seq > after`, at most `limit`; plus whether more follow.
@@ -265,13 +268,24 @@ impl WorkerState {
     }
 
     fn push_entry(&mut self, id: &str, entry: TranscriptEntry) {
+        // The initial input (its `worker.created` record's own entry) is never trimmed: a
+        // create's replay is judged against it, and the worker starts with it.
+        let created_seq = self.workers.get(id).map(|w| w.created_seq);
         let t = self.transcripts.entry(id.to_string()).or_default();
         t.bytes += entry.text.len();
         t.entries.push_back(entry);
         while t.entries.len() > TRANSCRIPT_MAX_ENTRIES
             || (t.bytes > TRANSCRIPT_MAX_BYTES && t.entries.len() > 1)
         {
-            if let Some(old) = t.entries.pop_front() {
+            let kept_first = t
+                .entries
+                .front()
+                .is_some_and(|e| Some(e.seq) == created_seq && e.stream == Stream::Input);
+            let oldest = usize::from(kept_first);
+            if oldest + 1 >= t.entries.len() {
+                break;
+            }
+            if let Some(old) = t.entries.remove(oldest) {
                 t.bytes -= old.text.len();
                 t.trimmed += 1;
             }
@@ -300,9 +314,6 @@ impl WorkerState {
         w.created_seq = seq;
         w.created_ms = time_ms;
         w.updated_ms = time_ms;
-        if let Some(key) = &w.idempotency_key {
-            self.idempotency.insert(key.clone(), w.id.clone());
-        }
         let id = w.id.clone();
         if let Some(segments) = rec.initial_input {
             w.input_count = 1;

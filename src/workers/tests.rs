@@ -1,6 +1,6 @@
 use super::plan::{check_create, check_input};
 use super::request::{parse_create, parse_input_request};
-use super::state::records;
+use super::state::{TRANSCRIPT_MAX_ENTRIES, records};
 use super::*;
 use crate::bundles::{self, BundleRef, BundleState, InputMode, ProfileSelector, SyncOutcome};
 use proptest::prelude::*;
@@ -283,6 +283,40 @@ fn create_checks_bundle_identity_containment_and_idempotency() {
     assert!(matches!(
         check_create(&workers, &bundles, &changed, &fp2),
         Err(WorkerError::IdempotencyConflict { .. })
+    ));
+    // Keys are each creator's own: another client using this key is neither refused nor told
+    // of this worker; it gets a fresh worker of its own.
+    let mut theirs = req.clone();
+    theirs.created_by = Some("someone-else".into());
+    assert!(matches!(
+        check_create(&workers, &bundles, &theirs, &fp),
+        Ok(CreateCheck::Fresh)
+    ));
+}
+
+/// A worker's output trims its transcript's front but never its initial input: a replay of
+/// its create still matches after any amount of output.
+#[test]
+fn the_initial_input_outlives_transcript_trimming_and_replays_still_match() {
+    let bundles = synced_bundles();
+    let req = parse_create(&create_params(), None).unwrap();
+    let fp = req.fingerprint();
+    let mut s = WorkerState::default();
+    let id = new_worker_id();
+    let (kind, payload) = records::created(&worker_for(&req, &id), req.initial_input.as_deref());
+    s.apply_record(kind, 1, 1, &payload);
+    let last = TRANSCRIPT_MAX_ENTRIES as u64 + 50;
+    for seq in 2..=last {
+        let (k, p) = records::output(&id, Stream::Stdout, "x");
+        s.apply_record(k, seq, seq, &p);
+    }
+    let (page, _) = s.transcript(&id, 0, 2);
+    assert_eq!(page[0].seq, 1, "the initial input stays first");
+    assert!(page[1].seq > 2, "older output was trimmed");
+    assert!(s.transcript(&id, 0, usize::MAX).0.len() <= TRANSCRIPT_MAX_ENTRIES);
+    assert!(matches!(
+        check_create(&s, &bundles, &req, &fp),
+        Ok(CreateCheck::Replay(_))
     ));
 }
 
