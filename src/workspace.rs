@@ -214,7 +214,7 @@ impl State {
             "operation" | "approval" => self.operations.apply(rec, out),
             "trust" => self.trust.apply(rec, out),
             "client" => self.clients.apply(rec, out),
-            "plan" => self.plans.apply(rec, out),
+            "plan" => self.plans.apply(rec, &self.operations, out),
             // `store.created`: the id lives in the store's chain view, not in the state.
             "gaffer" | "store" => {}
             _ => tracing::warn!(kind = %rec.kind, seq = rec.seq, "unknown record kind skipped"),

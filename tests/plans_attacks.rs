@@ -289,3 +289,59 @@ fn leave_lane_pids(s: &mut Setup, p: &Value, done: &mut std::collections::HashSe
         }
     }
 }
+
+#[test]
+fn a_forged_creation_record_never_makes_the_agent_the_owner_of_anothers_plan() {
+    // `other` submits a launch straight to `operations/submit`: it waits for the operator and
+    // has no `plan.created` record. The agent, which reads and writes the journal, forges one
+    // for that operation's plan naming itself as the launcher.
+    let mut s = setup();
+    let mut other = s.env.agent("other");
+    other.call("bundles/sync", json!({"bundle": bundle()}));
+    let profiles = json!({"builder": "sleep", "integrator": "sleep", "reviewer": "sleep"});
+    let target = json!({"request": swarm(), "config_bundle": s.bundle, "lane_profiles": profiles});
+    let sub = other.call(
+        "operations/submit",
+        json!({"operation": "plan.launch", "target": target, "arguments": {},
+               "reason": "mine", "idempotency_key": "victim"}),
+    );
+    assert_eq!(sub["state"], "pending", "{sub:#}");
+    let op_id = sub["id"].as_str().unwrap().to_string();
+    let id = format!("pl_{}", op_id.trim_start_matches("op_"));
+    let dry = launch(&mut s, swarm(), profiles, json!({"dry_run": true}), "dry");
+    let mut spec = dry["result"]["launch"].clone();
+    spec["plan_id"] = json!(id);
+    append_as_agent(
+        s.env.root(),
+        vec![(
+            "plan.created",
+            json!({"plan_id": id, "operation_id": op_id, "client_id": "mallory",
+                   "request": swarm(), "spec": spec}),
+        )],
+    );
+    let mut mallory = s.env.agent("mallory");
+    let mut op = s.env.operator();
+    common::gate::approve(&s.env, &mut op, &op_id);
+    let p = wait_running(&mut op, &id, 2);
+    assert_eq!(p["operation_id"], op_id.as_str(), "{p:#}");
+    // The plan is other's, as its operation says: the agent finds neither it nor its lanes.
+    let r = mallory.request("plans/get", json!({"plan_id": id}));
+    assert_eq!(r["error"]["data"]["code"], "plan_not_found", "{r:#}");
+    let listed = mallory.call("plans/list", json!({}));
+    assert!(!listed.to_string().contains(&id), "{listed:#}");
+    for l in p["lanes"].as_array().unwrap() {
+        let Some(wid) = l["worker_id"].as_str() else {
+            continue;
+        };
+        let r = mallory.request("workers/transcript", json!({"worker_id": wid}));
+        assert_eq!(r["error"]["data"]["code"], "worker_not_found", "{r:#}");
+        let r = mallory.request(
+            "workers/input",
+            json!({"worker_id": wid, "input": "exfiltrate"}),
+        );
+        assert_eq!(r["error"]["data"]["code"], "worker_not_found", "{r:#}");
+        other.call("workers/transcript", json!({"worker_id": wid}));
+    }
+    assert_eq!(plan(&mut other, &id)["status"], "running");
+    other.call("plans/stop", json!({"plan_id": id, "reason": "done"}));
+}

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::spec::LaunchSpec;
+use crate::operations::OperationState;
 use crate::operator::signed::OperatorSignature;
 use crate::workspace::{Notice, Record};
 
@@ -191,10 +192,17 @@ impl PlanState {
         self.list().find(|p| p.spec.selection_digest == digest)
     }
 
-    pub fn apply(&mut self, rec: &Record, out: &mut Vec<Notice>) {
+    /// Folds one `plan.*` record. Who launched a plan is never taken from a plan record: it is
+    /// the client of the `plan.launch` operation the plan id derives from, whose record (first
+    /// for its random id) was written before anyone could know the id.
+    pub fn apply(&mut self, rec: &Record, ops: &OperationState, out: &mut Vec<Notice>) {
         let changed = match rec.kind.as_str() {
-            kinds::CREATED => decode::<Created>(rec).and_then(|c| self.create(rec, c)),
-            kinds::STARTED => decode::<Started>(rec).and_then(|s| self.start(rec, s)),
+            kinds::CREATED => decode::<Created>(rec)
+                .and_then(|c| launched_by(ops, &c.plan_id, &c.operation_id).map(|by| (c, by)))
+                .and_then(|(c, by)| self.create(rec, Created { client_id: by, ..c })),
+            kinds::STARTED => decode::<Started>(rec)
+                .and_then(|s| launched_by(ops, &s.plan_id, &s.operation_id).map(|by| (s, by)))
+                .and_then(|(s, by)| self.start(rec, Started { client_id: by, ..s })),
             kinds::LANE => decode::<LaneChange>(rec).and_then(|c| {
                 let p = self.plans.get_mut(&c.plan_id)?;
                 p.spec
@@ -298,6 +306,17 @@ impl PlanState {
         p.spec = s.spec;
         Some(id)
     }
+}
+
+/// The client that submitted the `plan.launch` operation `plan_id` belongs to; none when the
+/// id is not that operation's plan, or the operation is unknown or launches no plan.
+fn launched_by(ops: &OperationState, plan_id: &str, operation_id: &str) -> Option<String> {
+    if plan_id != super::spec::plan_id(operation_id) {
+        return None;
+    }
+    ops.get(operation_id)
+        .filter(|op| op.operation == crate::operations::adapters::plan::OPERATION)
+        .map(|op| op.client_id.clone())
 }
 
 fn entry(rec: &Record, c: Created) -> PlanEntry {
