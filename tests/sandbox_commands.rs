@@ -24,12 +24,11 @@ fn env() -> Env {
     env
 }
 
-/// Writes the shell's pid as gaffer's namespace numbers it (`$$` is the sandbox's own number):
-/// `/proc` is gaffer's, and a builtin redirect is opened by the shell itself.
-const SELF_PID: &str = "read -r pid rest < /proc/self/stat; echo $pid";
-/// A sleeping grandchild that writes its own pid first, then ignores the shell's end.
-const GRANDCHILD: &str =
-    "sh -c 'read -r pid rest < /proc/self/stat; echo $pid > grandchild.pid; exec sleep 30' & wait";
+/// A sleeping grandchild, known by its argv (`sleep 30.<tag>`): it says it started, then
+/// ignores the shell's end.
+fn grandchild(tag: &str) -> String {
+    format!("sh -c 'echo started > grandchild.started; exec sleep 30.{tag}' & wait")
+}
 
 fn alive(pid: u32) -> bool {
     // A zombie is as good as gone: nothing runs.
@@ -42,15 +41,30 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-fn read_pid(path: &Path) -> u32 {
+/// The pid, as this test's namespace numbers it, of the process running exactly `argv`. Found
+/// from outside: inside, the sandbox's own `/proc` numbers only its own processes.
+fn host_pid(argv: &[&str]) -> u32 {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some(p) = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-        {
-            return p;
+        let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            (std::fs::read(e.path().join("cmdline")).ok()? == want).then_some(pid)
+        });
+        if let Some(pid) = found {
+            return pid;
         }
+        assert!(Instant::now() < deadline, "no process runs {argv:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_file(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !path.exists() {
         assert!(
             Instant::now() < deadline,
             "{} never written",
@@ -76,7 +90,8 @@ fn a_timed_out_command_takes_its_whole_process_group_with_it() {
     let env = env();
     let mut s = env.agent("agent");
     // The grandchild ignores the shell's end; only a group kill reaches it.
-    let script = GRANDCHILD;
+    let tag = std::process::id().to_string();
+    let script = grandchild(&tag);
     let r = submit(
         &mut s,
         "command.run",
@@ -88,7 +103,8 @@ fn a_timed_out_command_takes_its_whole_process_group_with_it() {
         .as_str()
         .unwrap_or_else(|| panic!("{r}"))
         .to_string();
-    let pid = read_pid(&env.root().join("grandchild.pid"));
+    wait_file(&env.root().join("grandchild.started"));
+    let pid = host_pid(&["sleep", &format!("30.{tag}")]);
     let done = wait_state(&mut s, &id, &["failed", "succeeded"]);
     assert_eq!(done["state"], "failed", "{done}");
     assert!(gone_soon(pid), "grandchild {pid} outlived the timeout");
@@ -100,7 +116,8 @@ fn a_command_and_its_grandchild_die_with_a_sigkilled_gaffer() {
     let mut s = env.agent("agent");
     // The grandchild is not the process gaffer started: only the sandbox's PID namespace,
     // which ends with that process, takes it along.
-    let script = format!("{SELF_PID} > child.pid; {GRANDCHILD}");
+    let tag = format!("{}1", std::process::id());
+    let script = grandchild(&tag);
     let r = submit(
         &mut s,
         "command.run",
@@ -109,8 +126,9 @@ fn a_command_and_its_grandchild_die_with_a_sigkilled_gaffer() {
         "lifetime-1",
     );
     assert!(r.get("result").is_some(), "{r}");
-    let child = read_pid(&env.root().join("child.pid"));
-    let grandchild = read_pid(&env.root().join("grandchild.pid"));
+    wait_file(&env.root().join("grandchild.started"));
+    let child = host_pid(&["sh", "-c", &script]);
+    let grandchild = host_pid(&["sleep", &format!("30.{tag}")]);
     assert!(alive(child) && alive(grandchild));
     s.child.kill().unwrap();
     s.child.wait().unwrap();

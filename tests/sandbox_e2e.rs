@@ -32,6 +32,41 @@ struct Fixture {
     env: Env,
     outside: tempfile::TempDir,
     listener: TcpListener,
+    host: HostProcess,
+}
+
+/// A process outside the sandbox whose command line is the marker the probe looks for in
+/// `/proc` (a secret an operator's tool passed on its command line, say).
+struct HostProcess(std::process::Child);
+
+impl HostProcess {
+    fn marker(&self) -> String {
+        format!("host-marker-{}", self.0.id())
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn host_process() -> HostProcess {
+    // The marker is the process's argv[0]; `exec -a` names it after the shell's own pid, which
+    // the exec keeps.
+    let child = std::process::Command::new("bash")
+        .args(["-c", "exec -a host-marker-$$ sleep 600"])
+        .spawn()
+        .unwrap();
+    let host = HostProcess(child);
+    let cmdline = format!("/proc/{}/cmdline", host.0.id());
+    let until = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read(&cmdline).is_ok_and(|c| c.starts_with(host.marker().as_bytes())) {
+        assert!(Instant::now() < until, "the marker process never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    host
 }
 
 fn fixture() -> Fixture {
@@ -59,6 +94,7 @@ fn fixture() -> Fixture {
         env,
         outside,
         listener,
+        host: host_process(),
     }
 }
 
@@ -73,10 +109,16 @@ cat '{key}' >/dev/null 2>&1 && echo key:readable || echo key:denied
 ls $G/journal >/dev/null 2>&1 && echo journal:readable || echo journal:denied
 (echo hi > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo net:connected || echo net:denied
 (echo in > inside.txt) 2>/dev/null && echo workspace:writable || echo workspace:denied
+# Builtins only, and the marker split as written, so no process of the probe's own carries it.
+M={mark_head}""{mark_tail}; seen=hidden
+for c in /proc/[0-9]*/cmdline; do IFS= read -r -d '' a < "$c" 2>/dev/null; [ "$a" = "$M" ] && seen=listed; done
+echo hostproc:$seen
 echo probe:done
 "#,
         outside = f.outside.path().display(),
         key = f.env.key_file.display(),
+        mark_head = &f.host.marker()[..4],
+        mark_tail = &f.host.marker()[4..],
     )
 }
 
@@ -152,6 +194,7 @@ fn unsandboxed_the_probe_reaches_everything() {
             "journal:readable",
             "net:connected",
             "workspace:writable",
+            "hostproc:listed",
         ])
     );
 }
@@ -169,6 +212,7 @@ fn a_sandboxed_worker_reaches_only_the_workspace() {
             "journal:denied",
             "net:denied",
             "workspace:writable",
+            "hostproc:hidden",
         ])
     );
     assert!(!f.env.root().join(".gaffer/pwn").exists());
@@ -199,6 +243,7 @@ fn declarations_grant_exactly_what_they_name() {
             "journal:denied",
             "net:connected",
             "workspace:writable",
+            "hostproc:hidden",
         ])
     );
     // The listener really got the connection.

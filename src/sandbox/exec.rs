@@ -5,6 +5,8 @@ use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 
+use std::os::fd::{AsRawFd, OwnedFd};
+
 use landlock::RulesetCreated;
 
 use super::{FILE_SIZE_LIMIT, PROCESS_LIMIT, SandboxError, Spec};
@@ -20,6 +22,8 @@ pub struct ChildSetup {
     hidden: Vec<CString>,
     new_net: bool,
     cpu_seconds: Option<u64>,
+    /// What the program may do beneath its own `/proc` (Landlock access bits).
+    proc_access: u64,
 }
 
 /// Where other programs keep their unix sockets, unless the workspace lies inside (or holds)
@@ -66,6 +70,7 @@ impl ChildSetup {
             hidden: socket_dirs(&spec.workspace),
             new_net: spec.tcp_connect.is_empty(),
             cpu_seconds: spec.cpu_seconds,
+            proc_access: super::rules::system_access(),
         })
     }
 }
@@ -177,6 +182,9 @@ fn new_session() -> io::Result<()> {
 }
 
 pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup, ruleset: RulesetCreated) {
+    // A second handle on the same ruleset, for the rule on the sandbox's own /proc, which
+    // exists only once the program has mounted it.
+    let proc_rule: Option<OwnedFd> = ruleset.try_clone().ok().and_then(Option::from);
     let mut ruleset = Some(ruleset);
     // SAFETY: the closure runs between fork and exec and only makes system calls on data
     // prepared before the fork.
@@ -189,11 +197,70 @@ pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup, ruleset: Ru
             let rs = ruleset
                 .take()
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            // Returns only in the program, PID 2 of its own PID namespace; the keeper and the
+            // init run no code but gaffer's and are outside the Landlock domain, so the
+            // program can neither signal nor trace them.
+            super::pidns::enter()?;
+            // Before Landlock: a restricted process may not mount.
+            if let Some(fd) = &proc_rule {
+                own_proc(fd.as_raw_fd(), setup.proc_access)?;
+            }
             rs.restrict_self()
                 .map_err(|_| io::Error::from_raw_os_error(libc::EPERM))?;
-            // Last: returns only in the program, PID 2 of its own PID namespace.
-            super::pidns::enter()
+            Ok(())
         });
+    }
+}
+
+/// `struct landlock_path_beneath_attr` of the kernel's uapi.
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: libc::c_int,
+}
+
+const LANDLOCK_RULE_PATH_BENEATH: libc::c_long = 1;
+
+/// Mounts a procfs of the program's own PID namespace over `/proc`, so it lists only the
+/// sandbox's processes (the host's `/proc` shows every process's command line), and lets the
+/// program read it. Where the kernel refuses the mount (a container that masks parts of its
+/// own `/proc` refuses a fuller one), the host's `/proc` stays, read-only, its processes'
+/// memory, environment and descriptors still closed by Landlock's ptrace scope.
+fn own_proc(ruleset_fd: libc::c_int, access: u64) -> io::Result<()> {
+    // SAFETY: mount, open, syscall and close with NUL-terminated strings and a stack struct.
+    unsafe {
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        if libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            flags,
+            std::ptr::null(),
+        ) == -1
+        {
+            return Ok(());
+        }
+        let dir = libc::open(
+            c"/proc".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        );
+        if dir == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        let attr = PathBeneathAttr {
+            allowed_access: access,
+            parent_fd: dir,
+        };
+        let r = libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset_fd,
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const PathBeneathAttr,
+            0u32,
+        );
+        let err = io::Error::last_os_error();
+        libc::close(dir);
+        if r == -1 { Err(err) } else { Ok(()) }
     }
 }
 

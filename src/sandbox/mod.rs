@@ -9,7 +9,9 @@
 //!    read nor written;
 //! 3. gets rlimits (CPU time from its timeout, file size, process count), its own process
 //!    group (set by the caller) and SIGKILL when its gaffer dies;
-//! 4. restricts itself with Landlock: read-write on the workspace, read+execute on system
+//! 4. in the program, mounts a procfs of its own PID namespace over `/proc`, so no host
+//!    process (its command line, its status) is listed there;
+//! 5. restricts the program with Landlock: read-write on the workspace, read+execute on system
 //!    paths, nothing else (the user's config dir with the operator key, the rest of `$HOME`,
 //!    `/tmp`) unless a `mount_grant` declares it; TCP bind/connect only to declared ports;
 //!    scoped so it can neither signal gaffer nor reach abstract unix sockets outside.

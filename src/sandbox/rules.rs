@@ -38,6 +38,11 @@ pub fn kernel_abi() -> i32 {
     i32::try_from(v).unwrap_or(0).max(0)
 }
 
+/// What a program may do beneath the system paths (and its own `/proc`): read and execute.
+pub fn system_access() -> u64 {
+    AccessFs::from_read(ABI_USED).bits()
+}
+
 fn setup(e: impl std::fmt::Display) -> SandboxError {
     SandboxError::Setup(e.to_string())
 }
