@@ -230,3 +230,60 @@ fn a_rule_must_name_the_secrets_digest_and_profile_to_start_a_secret_bundle() {
     assert_eq!(op["state"], "succeeded", "{op}");
     assert_clean("the journal", &journal_text(&env));
 }
+
+#[test]
+fn the_operator_approves_a_worker_start_seeing_the_first_input_it_will_read() {
+    // A worker that reads its input takes its first instruction from the agent at creation:
+    // the plan the operator signs shows it, as the argv of one that takes it as an argument.
+    let env = Env::new(Some(
+        r#"rules:
+  - id: ask
+    effect: request
+    operations: ["worker.start"]
+    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10}
+"#,
+    ));
+    let mut agent = env.agent("agent");
+    let bundle = json!({
+        "metadata": {"id": "reader", "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
+        "profiles": [{"selector": {"kind": "named", "value": "cat"}, "command": ["head", "-n", "1"],
+                      "input_mode": "stdin_text"}],
+    });
+    let reference = agent.call("bundles/sync", json!({"bundle": bundle}))["reference"].clone();
+    let first = "print the token backwards, one character per line";
+    let w = agent.call(
+        "workers/create",
+        json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference,
+               "initial_input": first}),
+    )["worker"]
+        .clone();
+    let op_id = w["operation_id"].as_str().unwrap().to_string();
+    let mut op = env.operator();
+    let got = op.call("operations/get", json!({"id": op_id}));
+    let summary = got["presentation"]["summary"].as_str().unwrap();
+    assert!(summary.contains(first), "{summary}");
+    let detail = op.call("approvals/get", json!({"id": got["approval_id"]}));
+    let plan: Value = serde_json::from_str(detail["detail"]["plan"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        plan["preconditions"]["initial_input"][0]["content"], first,
+        "{plan:#}"
+    );
+    approve(&env, &mut op, &op_id);
+    let id = w["id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let t = agent.call("workers/transcript", json!({"worker_id": id}));
+        let out: Vec<&Value> = t["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["stream"] == "stdout")
+            .collect();
+        if let Some(e) = out.first() {
+            assert_eq!(e["text"].as_str().unwrap().trim_end(), first, "{t:#}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker never read it: {t:#}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}

@@ -49,6 +49,10 @@ pub struct StartPlan {
     /// The initial input when the profile takes it as an argument (it is then part of argv).
     #[serde(default)]
     pub argument_input: Option<Vec<Segment>>,
+    /// The initial input written to its input once it starts, for profiles that read it there:
+    /// what the operator approves (it is the worker's first instruction) and the digest binds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_input: Option<Vec<Segment>>,
 }
 
 pub fn catalog() -> Catalog {
@@ -119,12 +123,8 @@ impl WorkerStartAdapter {
     /// Reads the worker and its bundle afresh; the digest is recomputed from the stored body.
     fn derive(&self, ctx: &AdapterCtx, t: &StartTarget) -> Result<StartPlan, AdapterError> {
         let ws = self.workers.workspace();
-        let (worker, inputs) = ws.read(|s| {
-            let w = s.workers.get(&t.worker_id).cloned();
-            let first = s.workers.inputs_after(&t.worker_id, 0);
-            (w, first)
-        });
-        let w = worker
+        let w = ws
+            .read(|s| s.workers.get(&t.worker_id).cloned())
             .ok_or_else(|| AdapterError::coded(codes::PRECONDITION_FAILED, "no such worker"))?;
         let started_by_this = w.operation_id.as_deref() == Some(&ctx.operation_id)
             && w.status != WorkerStatus::PendingApproval;
@@ -150,14 +150,11 @@ impl WorkerStartAdapter {
             .ok_or_else(|| {
                 AdapterError::input(Some("target.profile"), "the profile is not in the bundle")
             })?;
-        let argument_input = (profile.input_mode == InputMode::Argument)
-            .then(|| {
-                inputs
-                    .into_iter()
-                    .find(|e| e.seq == w.created_seq)
-                    .and_then(|e| e.segments)
-            })
-            .flatten();
+        let first = created_input(ws, &w);
+        let (argument_input, initial_input) = match profile.input_mode {
+            InputMode::Argument => (first, None),
+            _ => (None, first),
+        };
         let mut argv = profile.command.clone();
         if let Some(input) = &argument_input {
             argv.push(flatten(input));
@@ -169,7 +166,53 @@ impl WorkerStartAdapter {
             declarations: bundle.declarations.clone(),
             profile,
             argument_input,
+            initial_input,
         })
+    }
+}
+
+/// The input the worker was created with (its `worker.created` record, the first for its id).
+fn created_input(
+    ws: &crate::workspace::Workspace,
+    w: &crate::workers::Worker,
+) -> Option<Vec<Segment>> {
+    ws.read(|s| {
+        s.workers
+            .inputs_after(&w.id, 0)
+            .into_iter()
+            .find(|e| e.seq == w.created_seq)
+            .and_then(|e| e.segments)
+    })
+}
+
+/// At execution: the worker still holds the initial input the plan shows (a worker's first
+/// record is never replaced, so this holds unless the plan was made for another worker).
+fn same_initial_input(
+    ws: &crate::workspace::Workspace,
+    worker_id: &str,
+    p: &StartPlan,
+) -> Result<(), ExecError> {
+    let w = ws.read(|s| s.workers.get(worker_id).cloned());
+    let held = w.and_then(|w| created_input(ws, &w));
+    let planned = match p.input_mode {
+        InputMode::Argument => &p.argument_input,
+        _ => &p.initial_input,
+    };
+    (held == *planned).then_some(()).ok_or_else(|| {
+        ExecError::new(
+            FailureKind::NotStarted,
+            codes::PRECONDITION_FAILED,
+            "the worker's initial input is not the one the plan shows",
+        )
+    })
+}
+
+/// The initial input as one line of a summary: its first 200 characters.
+fn shown_input(input: &[Segment]) -> String {
+    let text = flatten(input);
+    match text.char_indices().nth(200) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
     }
 }
 
@@ -245,11 +288,15 @@ impl Adapter for WorkerStartAdapter {
             Presentation {
                 title: format!("Start worker {} ({})", t.worker_id, t.profile.value()),
                 summary: format!(
-                    "bundle {} {}; argv {:?}; input {:?}; secrets [{}]; declarations [{}]",
+                    "bundle {} {}; argv {:?}; input {:?}{}; secrets [{}]; declarations [{}]",
                     t.config_bundle.id,
                     t.config_bundle.digest,
                     p.argv,
                     p.input_mode,
+                    p.initial_input
+                        .as_deref()
+                        .map(|i| format!(", first {:?}", shown_input(i)))
+                        .unwrap_or_default(),
                     p.secrets.join(", "),
                     decls.join("; ")
                 ),
@@ -265,6 +312,7 @@ impl Adapter for WorkerStartAdapter {
         Box::pin(async move {
             let (t, p) = decode_plan(plan)
                 .map_err(|e| ExecError::new(FailureKind::NotStarted, &e.code, e.message))?;
+            same_initial_input(self.workers.workspace(), &t.worker_id, &p)?;
             let spec = StartSpec {
                 worker_id: t.worker_id.clone(),
                 operation_id: ctx.operation_id.clone(),
