@@ -258,6 +258,13 @@ pub fn new_id(prefix: &str) -> std::io::Result<String> {
     Ok(id)
 }
 
+/// Whether `s` is an id [`new_id`] makes with `prefix`: the prefix, then 24 base64url
+/// characters (18 random bytes), nothing else.
+pub fn is_id(prefix: &str, s: &str) -> bool {
+    s.strip_prefix(prefix)
+        .is_some_and(|rest| rest.len() == 24 && rest.bytes().all(|b| B64URL.contains(&b)))
+}
+
 const B64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 /// Unpadded base64url (RFC 4648 §5).
@@ -364,6 +371,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn is_id_accepts_what_new_id_makes_and_nothing_that_aliases_it() {
+        let id = new_id("op_").unwrap();
+        assert!(is_id("op_", &id));
+        let bare = &id[3..];
+        for alias in [
+            bare.to_string(),
+            format!("op_{id}"),
+            format!("{id}x"),
+            id[..26].into(),
+        ] {
+            assert!(!is_id("op_", &alias), "{alias}");
+        }
+        assert!(!is_id("op_", "op_AAAAAAAAAAAAAAAAAAAAAA/+"));
+    }
 
     #[test]
     fn read_regular_file_refuses_what_could_block_or_flood_the_reader() {

@@ -290,11 +290,14 @@ fn leave_lane_pids(s: &mut Setup, p: &Value, done: &mut std::collections::HashSe
     }
 }
 
-#[test]
-fn a_forged_creation_record_never_makes_the_agent_the_owner_of_anothers_plan() {
-    // `other` submits a launch straight to `operations/submit`: it waits for the operator and
-    // has no `plan.created` record. The agent, which reads and writes the journal, forges one
-    // for that operation's plan naming itself as the launcher.
+/// `other` submits a launch straight to `operations/submit`: it waits for the operator and has
+/// no `plan.created` record yet. The agent, which reads and writes the journal, then writes
+/// what `forge` makes of (setup, operation id, plan id, a valid launch spec for that plan).
+/// After the operator approves, the plan and its lane workers are other's: the agent finds
+/// neither.
+fn forged_records_never_hand_the_agent_anothers_plan(
+    forge: impl FnOnce(&Setup, &str, &str, Value) -> Vec<(&'static str, Value)>,
+) {
     let mut s = setup();
     let mut other = s.env.agent("other");
     other.call("bundles/sync", json!({"bundle": bundle()}));
@@ -311,20 +314,15 @@ fn a_forged_creation_record_never_makes_the_agent_the_owner_of_anothers_plan() {
     let dry = launch(&mut s, swarm(), profiles, json!({"dry_run": true}), "dry");
     let mut spec = dry["result"]["launch"].clone();
     spec["plan_id"] = json!(id);
-    append_as_agent(
-        s.env.root(),
-        vec![(
-            "plan.created",
-            json!({"plan_id": id, "operation_id": op_id, "client_id": "mallory",
-                   "request": swarm(), "spec": spec}),
-        )],
-    );
+    let records = forge(&s, &op_id, &id, spec);
+    append_as_agent(s.env.root(), records);
     let mut mallory = s.env.agent("mallory");
+    let r = mallory.request("plans/get", json!({"plan_id": id}));
+    assert_eq!(r["error"]["data"]["code"], "plan_not_found", "{r:#}");
     let mut op = s.env.operator();
     common::gate::approve(&s.env, &mut op, &op_id);
     let p = wait_running(&mut op, &id, 2);
     assert_eq!(p["operation_id"], op_id.as_str(), "{p:#}");
-    // The plan is other's, as its operation says: the agent finds neither it nor its lanes.
     let r = mallory.request("plans/get", json!({"plan_id": id}));
     assert_eq!(r["error"]["data"]["code"], "plan_not_found", "{r:#}");
     let listed = mallory.call("plans/list", json!({}));
@@ -344,4 +342,47 @@ fn a_forged_creation_record_never_makes_the_agent_the_owner_of_anothers_plan() {
     }
     assert_eq!(plan(&mut other, &id)["status"], "running");
     other.call("plans/stop", json!({"plan_id": id, "reason": "done"}));
+}
+
+#[test]
+fn a_forged_creation_record_never_makes_the_agent_the_owner_of_anothers_plan() {
+    // A `plan.created` for the pending launch's plan naming the agent as its launcher.
+    forged_records_never_hand_the_agent_anothers_plan(|_, op_id, id, spec| {
+        vec![(
+            "plan.created",
+            json!({"plan_id": id, "operation_id": op_id, "client_id": "mallory",
+                   "request": swarm(), "spec": spec}),
+        )]
+    });
+}
+
+#[test]
+fn an_operation_id_aliasing_the_plans_never_makes_the_agent_its_owner() {
+    // `X` and `op_X` would both name the plan `pl_X`: the agent copies the victim's
+    // `operation.created` under the bare id `X`, as its own and already ended, and creates the
+    // plan from that operation (a second reader's finding).
+    forged_records_never_hand_the_agent_anothers_plan(|s, op_id, id, spec| {
+        let seg = common::forge::the_segment(s.env.root());
+        let i = seg.find("the victim's operation", |k, p| {
+            k == "operation.created" && p["operation"]["id"] == op_id
+        });
+        let mut forged = seg.recs[i].payload();
+        let bare = op_id.trim_start_matches("op_");
+        let o = &mut forged["operation"];
+        o["id"] = json!(bare);
+        o["client_id"] = json!("mallory");
+        o["idempotency_key"] = json!("alias");
+        o["state"] = json!("failed");
+        o["approval_id"] = Value::Null;
+        o["terminal_at_ms"] = json!(gaffer::util::now_ms());
+        forged["approval"] = Value::Null;
+        vec![
+            ("operation.created", forged),
+            (
+                "plan.created",
+                json!({"plan_id": id, "operation_id": bare, "client_id": "mallory",
+                       "request": swarm(), "spec": spec}),
+            ),
+        ]
+    });
 }

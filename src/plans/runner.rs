@@ -215,11 +215,17 @@ impl PlanRuntime {
             spec: spec.clone(),
         };
         let plan_id = spec.plan_id.clone();
+        let op = operation_id.to_string();
         let rec = record(kinds::STARTED, &started);
         let fresh = self
             .ws
             .commit(move |s: &State| {
-                let fresh = s.plans.get(&plan_id).is_none_or(|p| p.executor.is_none());
+                // The folded plan, if any, must be this operation's: lanes run for whoever the
+                // fold says launched it.
+                let fresh = s
+                    .plans
+                    .get(&plan_id)
+                    .is_none_or(|p| p.executor.is_none() && p.operation_id == op);
                 Ok::<_, PlanError>((if fresh { vec![rec] } else { vec![] }, fresh))
             })
             .await;
@@ -228,6 +234,18 @@ impl PlanRuntime {
             fresh?;
             return Err(PlanError::Refused(
                 "the plan was already started by another gaffer process".into(),
+            ));
+        }
+        // The fold took the record as this process's run of this operation's plan.
+        let taken = self.ws.read(|s| {
+            s.plans.get(&spec.plan_id).is_some_and(|p| {
+                p.operation_id == operation_id && p.executor.as_deref() == Some(&self.executor)
+            })
+        });
+        if !taken {
+            self.runs().remove(&spec.plan_id);
+            return Err(PlanError::Refused(
+                "the plan's records name another operation or executor".into(),
             ));
         }
         let me = Arc::clone(self);

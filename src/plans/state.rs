@@ -309,9 +309,11 @@ impl PlanState {
 }
 
 /// The client that submitted the `plan.launch` operation `plan_id` belongs to; none when the
-/// id is not that operation's plan, or the operation is unknown or launches no plan.
+/// id is not that operation's plan, or the operation is unknown or launches no plan. Only an
+/// id gaffer makes counts: `X`, `op_X` and `op_op_X` would all name the plan `pl_X`, and a
+/// forged `X` would take over the plan of the genuine `op_X`.
 fn launched_by(ops: &OperationState, plan_id: &str, operation_id: &str) -> Option<String> {
-    if plan_id != super::spec::plan_id(operation_id) {
+    if !crate::util::is_id("op_", operation_id) || plan_id != super::spec::plan_id(operation_id) {
         return None;
     }
     ops.get(operation_id)
