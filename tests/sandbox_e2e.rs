@@ -135,28 +135,81 @@ fn results(text: &str) -> Vec<String> {
 /// Runs the probe as a worker with `declarations`; returns its stdout lines, sorted.
 fn run_worker(f: &Fixture, id: &str, declarations: Value) -> Vec<String> {
     let data = f.outside.path().display().to_string();
-    let mut s: Server = f.env.start(&[("E2E_DATA_DIR", &data)]);
+    let s: Server = f.env.start(&[("E2E_DATA_DIR", &data)]);
+    let (w, out) = worker_ended(s, f, id, declarations);
+    assert_eq!(w["status"], "stopped", "{w}");
+    out
+}
+
+/// `gaffer serve` where the kernel refuses a sandbox a `/proc` of its own, as in a container
+/// that masks parts of its `/proc`: in a user and mount namespace of its own, a tmpfs covers
+/// `/proc/sys`.
+fn served_with_proc_masked(f: &Fixture) -> Server {
+    Server::start_cmd(
+        with_proc_masked(f, "serve"),
+        f.env.root(),
+        common::Wire::Ndjson,
+    )
+}
+
+fn with_proc_masked(f: &Fixture, command: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["-Urm", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs tmpfs /proc/sys && exec "$0" "$@""#)
+        .arg(common::BIN)
+        .arg("--workspace")
+        .arg(f.env.root())
+        .arg(command)
+        .envs(f.env.env());
+    cmd
+}
+
+/// `gaffer doctor`'s sandbox check where the kernel refuses a sandbox its own `/proc`.
+fn doctor_with_proc_masked(f: &Fixture) -> Value {
+    let out = with_proc_masked(f, "doctor").output().unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("doctor: {}", String::from_utf8_lossy(&out.stdout)));
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "sandbox")
+        .cloned()
+        .unwrap()
+}
+
+/// Creates the probe worker on `s` and waits for it to end: (the worker, its stdout lines),
+/// or (the create's error, nothing).
+fn worker_ended(mut s: Server, f: &Fixture, id: &str, declarations: Value) -> (Value, Vec<String>) {
     let bundle = json!({
         "metadata": {"id": id, "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
         "profiles": [{"selector": {"kind": "named", "value": "probe"}, "command": ["bash", "-c", probe_script(f)]}],
         "declarations": declarations,
     });
     let reference = s.call("bundles/sync", json!({"bundle": bundle}))["reference"].clone();
-    let w = s.call(
+    let created = s.request(
         "workers/create",
         json!({"profile": {"kind": "named", "value": "probe"}, "config_bundle": reference}),
-    )["worker"]
-        .clone();
-    let wid = w["id"].as_str().unwrap().to_string();
+    );
+    if !created["error"].is_null() {
+        // An allowed start runs within the create: a refusal is its error.
+        return (created["error"].clone(), Vec::new());
+    }
+    let wid = created["result"]["worker"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let w = loop {
         let w = s.call("workers/get", json!({"worker_id": wid}))["worker"].clone();
         if w["status"] == "stopped" || w["status"] == "failed" {
-            assert_eq!(w["status"], "stopped", "{w}");
-            break;
+            break w;
         }
         assert!(Instant::now() < deadline, "worker never ended: {w}");
         std::thread::sleep(Duration::from_millis(25));
+    };
+    if w["status"] == "failed" {
+        return (w, Vec::new());
     }
     let t = s.call("workers/transcript", json!({"worker_id": wid}));
     let out: String = t["entries"]
@@ -167,7 +220,7 @@ fn run_worker(f: &Fixture, id: &str, declarations: Value) -> Vec<String> {
         .map(|e| e["text"].as_str().unwrap().to_string())
         .collect();
     assert!(out.contains("probe:done"), "{t}");
-    results(&out)
+    (w, results(&out))
 }
 
 fn expect(pairs: &[&str]) -> Vec<String> {
@@ -252,4 +305,58 @@ fn declarations_grant_exactly_what_they_name() {
     let mut buf = String::new();
     conn.read_to_string(&mut buf).unwrap();
     assert_eq!(buf, "hi\n");
+}
+
+#[test]
+fn where_the_kernel_refuses_a_proc_of_its_own_nothing_starts_unless_the_operator_accepts_the_hosts()
+{
+    let f = fixture();
+    // Required (the default): the worker fails to start, saying why and what would accept it.
+    let (e, out) = worker_ended(served_with_proc_masked(&f), &f, "masked", json!([]));
+    assert_eq!(e["data"]["code"], "worker_spawn_failed", "{e}");
+    assert!(out.is_empty(), "{out:?}");
+    let why = e["data"]["diagnostic"].to_string();
+    assert!(
+        why.contains("/proc of its own") && why.contains("shared_proc"),
+        "{why}"
+    );
+    assert!(!f.env.root().join("inside.txt").exists(), "the probe ran");
+    let check = doctor_with_proc_masked(&f);
+    assert_eq!(check["ok"], false, "{check}");
+    assert!(
+        check["detail"].to_string().contains("refuses to start"),
+        "{check}"
+    );
+    // The operator accepts the host's /proc in the trusted policy: the worker runs sandboxed,
+    // and sees the host's processes' command lines, as the policy said it would.
+    let policy = f.env.root().join(".gaffer/policy.yaml");
+    let text = std::fs::read_to_string(&policy).unwrap();
+    std::fs::write(&policy, format!("sandbox: shared_proc\n{text}")).unwrap();
+    let (code, out, err) = f.env.cli(&["trust"]);
+    assert_eq!(code, 0, "{out} {err}");
+    let check = doctor_with_proc_masked(&f);
+    assert_eq!(check["ok"], false, "{check}");
+    assert!(
+        check["detail"]
+            .to_string()
+            .contains("see every host process"),
+        "{check}"
+    );
+    let (w, out) = worker_ended(served_with_proc_masked(&f), &f, "shared", json!([]));
+    assert_eq!(w["status"], "stopped", "{w}");
+    assert_eq!(
+        out,
+        expect(&[
+            "outside:denied",
+            "key:denied",
+            "gaffer:denied",
+            "journal:denied",
+            "net:denied",
+            "workspace:writable",
+            "hostproc:listed",
+        ])
+    );
+    // Where the kernel gives it one, a sandbox under `shared_proc` still gets its own.
+    let got = run_worker(&f, "unmasked", json!([]));
+    assert!(got.contains(&"hostproc:hidden".to_string()), "{got:?}");
 }

@@ -123,7 +123,7 @@ fn command_rules_check(root: &Path) -> Check {
 /// Whether processes are started sandboxed here: what the kernel offers and what the trusted
 /// policy says (`sandbox: off`; an untrusted file saying so is ignored).
 fn sandbox_check(root: &Path) -> Check {
-    use crate::sandbox::Setting;
+    use crate::sandbox::{Confinement, Setting};
     let s = crate::sandbox::probe();
     let trusted = crate::workspace::Workspace::open(root)
         .map(|ws| {
@@ -134,34 +134,42 @@ fn sandbox_check(root: &Path) -> Check {
     let disk = crate::operations::policy::Policy::load(&root.join(".gaffer"))
         .map(|p| p.sandbox)
         .unwrap_or_default();
-    let ignored = if disk == Setting::Off && trusted == Setting::Required {
-        " (policy.yaml says `sandbox: off`, but that is not what the operator trusted: ignored)"
+    let ignored = if disk != trusted && trusted == Setting::Required {
+        " (policy.yaml loosens the sandbox, but that is not what the operator trusted: ignored)"
     } else {
         ""
     };
-    let (ok, detail) = match (s.problem(), trusted) {
-        (None, Setting::Required) => (
+    let kernel = format!(
+        "Landlock ABI {}, user namespaces{}",
+        s.landlock_abi,
+        if s.own_proc {
+            " and a /proc of its own"
+        } else {
+            ""
+        }
+    );
+    let (ok, detail) = match crate::sandbox::decide(trusted, &s) {
+        Ok(Confinement::Sandboxed { own_proc: true }) => (
             true,
-            format!(
-                "Landlock ABI {} and user namespaces: every process gaffer starts is sandboxed{ignored}",
-                s.landlock_abi
-            ),
+            format!("{kernel}: every process gaffer starts is sandboxed{ignored}"),
         ),
-        (Some(p), Setting::Required) => (
+        Ok(Confinement::Sandboxed { own_proc: false }) => (
             false,
             format!(
-                "{p}: gaffer refuses to start workers, commands and providers (a trusted policy with `sandbox: off` would start them unconfined){ignored}"
+                "{kernel}: every process gaffer starts is sandboxed, but {}, and the trusted policy says `sandbox: shared_proc`: they see every host process's command line in /proc",
+                crate::sandbox::NO_OWN_PROC
             ),
         ),
-        (problem, Setting::Off) => (
+        Ok(Confinement::Unconfined) => (
             false,
             format!(
                 "the trusted policy says `sandbox: off`: workers, commands and providers start unconfined (kernel: {})",
-                problem.unwrap_or_else(|| format!(
-                    "Landlock ABI {} and user namespaces available",
-                    s.landlock_abi
-                ))
+                s.problem().unwrap_or(kernel)
             ),
+        ),
+        Err(e) => (
+            false,
+            format!("{e}: gaffer refuses to start workers, commands and providers{ignored}"),
         ),
     };
     Check {

@@ -262,13 +262,15 @@ struct PolicyFile {
     sandbox: SandboxSwitch,
 }
 
-/// `sandbox: on` (the default) or `sandbox: off`: start processes unconfined, for kernels
-/// without Landlock or user namespaces (`gaffer doctor` says which).
+/// `sandbox: on` (the default); `sandbox: shared_proc`: sandboxed, the host's `/proc` accepted
+/// where the kernel refuses a sandbox its own (containers); `sandbox: off`: start processes
+/// unconfined, for kernels without Landlock or user namespaces (`gaffer doctor` says which).
 #[derive(Deserialize, Default, Clone, Copy)]
 #[serde(rename_all = "snake_case")]
 enum SandboxSwitch {
     #[default]
     On,
+    SharedProc,
     Off,
 }
 
@@ -380,6 +382,7 @@ impl Policy {
             refuse_all: None,
             sandbox: match parsed.sandbox {
                 SandboxSwitch::On => crate::sandbox::Setting::Required,
+                SandboxSwitch::SharedProc => crate::sandbox::Setting::SharedProc,
                 SandboxSwitch::Off => crate::sandbox::Setting::Off,
             },
         })
@@ -949,6 +952,9 @@ rules:
         let off = parse("sandbox: off\nrules: []\n").unwrap();
         assert_eq!(off.sandbox, Setting::Off);
         assert_eq!(off.into_untrusted().sandbox, Setting::Required);
+        let shared = parse("sandbox: shared_proc\nrules: []\n").unwrap();
+        assert_eq!(shared.sandbox, Setting::SharedProc);
+        assert_eq!(shared.into_untrusted().sandbox, Setting::Required);
         let e = parse("sandbox: maybe\n").unwrap_err();
         assert_eq!(e.key, "sandbox", "{e}");
     }

@@ -24,6 +24,8 @@ pub struct ChildSetup {
     cpu_seconds: Option<u64>,
     /// What the program may do beneath its own `/proc` (Landlock access bits).
     proc_access: u64,
+    /// Whether the program must get a `/proc` of its own (else the host's may stay).
+    own_proc: bool,
 }
 
 /// Where other programs keep their unix sockets, unless the workspace lies inside (or holds)
@@ -50,7 +52,7 @@ fn socket_dirs(workspace: &std::path::Path) -> Vec<CString> {
 }
 
 impl ChildSetup {
-    pub fn new(spec: &Spec) -> Result<ChildSetup, SandboxError> {
+    pub fn new(spec: &Spec, own_proc: bool) -> Result<ChildSetup, SandboxError> {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let dir = spec.workspace.join(".gaffer");
@@ -71,6 +73,7 @@ impl ChildSetup {
             new_net: spec.tcp_connect.is_empty(),
             cpu_seconds: spec.cpu_seconds,
             proc_access: super::rules::system_access(),
+            own_proc,
         })
     }
 }
@@ -202,13 +205,98 @@ pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup, ruleset: Ru
             // program can neither signal nor trace them.
             super::pidns::enter()?;
             // Before Landlock: a restricted process may not mount.
-            if let Some(fd) = &proc_rule {
-                own_proc(fd.as_raw_fd(), setup.proc_access)?;
+            let fd = proc_rule.as_ref().map_or(-1, |fd| fd.as_raw_fd());
+            match own_proc(fd, setup.proc_access) {
+                Ok(()) => {}
+                // Only `sandbox: shared_proc` lets the host's /proc stay.
+                Err(_) if !setup.own_proc => {}
+                Err(e) => return Err(e),
             }
             rs.restrict_self()
                 .map_err(|_| io::Error::from_raw_os_error(libc::EPERM))?;
             Ok(())
         });
+    }
+}
+
+/// A procfs of the caller's PID namespace over `/proc`.
+///
+/// # Safety
+/// mount(2) with constant NUL-terminated strings: fork-safe.
+unsafe fn mount_proc() -> libc::c_int {
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: as the function says.
+    unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            flags,
+            std::ptr::null(),
+        )
+    }
+}
+
+/// Whether a sandbox can mount a `/proc` of its own here: tried once per process, in a child
+/// that enters new user, mount and PID namespaces as a sandbox does (its mounts die with it).
+pub fn own_proc_works() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(try_own_proc)
+}
+
+fn try_own_proc() -> bool {
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let uid_map = format!("{uid} {uid} 1");
+    let gid_map = format!("{gid} {gid} 1");
+    // SAFETY: between fork and _exit the child makes system calls only, on data prepared
+    // before the fork; the parent waits for it.
+    unsafe {
+        let child = libc::fork();
+        if child == 0 {
+            let ok = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID)
+                == 0
+                && write_proc(c"/proc/self/setgroups", b"deny").is_ok()
+                && write_proc(c"/proc/self/uid_map", uid_map.as_bytes()).is_ok()
+                && write_proc(c"/proc/self/gid_map", gid_map.as_bytes()).is_ok()
+                && libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) == 0;
+            if !ok {
+                libc::_exit(1);
+            }
+            // The mount needs a process inside the new PID namespace.
+            let inner = libc::fork();
+            if inner == 0 {
+                libc::_exit(if mount_proc() == 0 { 0 } else { 1 });
+            }
+            let mut status = 0;
+            let done = inner > 0 && libc::waitpid(inner, &mut status, 0) == inner;
+            libc::_exit(
+                if done && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                    0
+                } else {
+                    1
+                },
+            );
+        }
+        if child < 0 {
+            return false;
+        }
+        let mut status = 0;
+        loop {
+            let r = libc::waitpid(child, &mut status, 0);
+            if r == child {
+                return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+            }
+            if r == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return false;
+            }
+        }
     }
 }
 
@@ -223,23 +311,16 @@ const LANDLOCK_RULE_PATH_BENEATH: libc::c_long = 1;
 
 /// Mounts a procfs of the program's own PID namespace over `/proc`, so it lists only the
 /// sandbox's processes (the host's `/proc` shows every process's command line), and lets the
-/// program read it. Where the kernel refuses the mount (a container that masks parts of its
-/// own `/proc` refuses a fuller one), the host's `/proc` stays, read-only, its processes'
-/// memory, environment and descriptors still closed by Landlock's ptrace scope.
+/// program read it. A kernel refuses the mount where the current `/proc` has parts masked (a
+/// container): then the host's `/proc` stays, read-only, its processes' memory, environment
+/// and descriptors still closed by Landlock's ptrace scope, if the caller accepts that.
 fn own_proc(ruleset_fd: libc::c_int, access: u64) -> io::Result<()> {
+    if ruleset_fd < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
     // SAFETY: mount, open, syscall and close with NUL-terminated strings and a stack struct.
     unsafe {
-        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-        if libc::mount(
-            c"proc".as_ptr(),
-            c"/proc".as_ptr(),
-            c"proc".as_ptr(),
-            flags,
-            std::ptr::null(),
-        ) == -1
-        {
-            return Ok(());
-        }
+        check(mount_proc())?;
         let dir = libc::open(
             c"/proc".as_ptr(),
             libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,

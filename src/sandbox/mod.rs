@@ -81,6 +81,8 @@ impl Spec {
 pub struct Support {
     pub landlock_abi: i32,
     pub user_namespaces: bool,
+    /// A sandbox can mount a procfs of its own PID namespace over `/proc`.
+    pub own_proc: bool,
 }
 
 impl Support {
@@ -98,20 +100,28 @@ impl Support {
     }
 }
 
-/// Asks the kernel (once per call; cheap) what it supports.
+/// Asks the kernel what it supports (cheap, but for whether a sandbox can mount a `/proc` of
+/// its own: that is tried once per process, in a throwaway child).
 pub fn probe() -> Support {
+    let landlock_abi = rules::kernel_abi();
+    let user_namespaces = exec::user_namespaces_work();
     Support {
-        landlock_abi: rules::kernel_abi(),
-        user_namespaces: exec::user_namespaces_work(),
+        landlock_abi,
+        user_namespaces,
+        own_proc: user_namespaces && exec::own_proc_works(),
     }
 }
 
-/// What the operator's trusted policy says about the sandbox (`sandbox: off`); an untrusted
-/// policy never turns it off.
+/// What the operator's trusted policy says about the sandbox (`sandbox: off`, or
+/// `shared_proc`); an untrusted policy never loosens it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Setting {
     #[default]
     Required,
+    /// `sandbox: shared_proc`: sandboxed, but where the kernel refuses the sandbox a `/proc` of
+    /// its own (a container that masks parts of its `/proc`), the host's stays visible (every
+    /// process's command line and status; never their memory, environment or descriptors).
+    SharedProc,
     /// The operator's trusted policy says `sandbox: off`.
     Off,
 }
@@ -119,7 +129,9 @@ pub enum Setting {
 /// How a process is started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Confinement {
-    Sandboxed,
+    /// `own_proc`: the program gets a `/proc` of its own PID namespace, and fails to start
+    /// without it; false only under `sandbox: shared_proc` on a kernel that refuses one.
+    Sandboxed { own_proc: bool },
     /// Only its own process group and death with gaffer: the trusted policy turned it off.
     Unconfined,
 }
@@ -127,14 +139,26 @@ pub enum Confinement {
 /// Whether a process may start and how, given what the kernel offers: sandboxed unless the
 /// trusted policy turned the sandbox off; refused when it is required and cannot be had.
 pub fn decide(setting: Setting, support: &Support) -> Result<Confinement, SandboxError> {
+    let refused = |p: String| {
+        Err(SandboxError::Unavailable(format!(
+            "{p}; gaffer starts no process without it unless the operator's trusted policy says `sandbox: off`"
+        )))
+    };
     match (setting, support.problem()) {
         (Setting::Off, _) => Ok(Confinement::Unconfined),
-        (Setting::Required, None) => Ok(Confinement::Sandboxed),
-        (Setting::Required, Some(p)) => Err(SandboxError::Unavailable(format!(
-            "{p}; gaffer starts no process without it unless the operator's trusted policy says `sandbox: off`"
-        ))),
+        (_, Some(p)) => refused(p),
+        (Setting::Required, None) if !support.own_proc => refused(format!(
+            "{NO_OWN_PROC} (`sandbox: shared_proc` in the trusted policy accepts the host's, command lines of every process included)"
+        )),
+        (Setting::Required, None) => Ok(Confinement::Sandboxed { own_proc: true }),
+        (Setting::SharedProc, None) => Ok(Confinement::Sandboxed {
+            own_proc: support.own_proc,
+        }),
     }
 }
+
+/// Why a sandbox would see the host's `/proc`.
+pub const NO_OWN_PROC: &str = "the kernel refuses a sandbox a /proc of its own (a container that masks parts of its /proc does)";
 
 /// Confines `cmd` to `spec` as [`decide`] says for this kernel. Fails (and the caller starts
 /// nothing) when the sandbox is required and the kernel lacks what it needs.
@@ -145,9 +169,9 @@ pub fn confine(
 ) -> Result<Confinement, SandboxError> {
     let how = decide(setting, &probe())?;
     match how {
-        Confinement::Sandboxed => {
+        Confinement::Sandboxed { own_proc } => {
             let ruleset = rules::build(spec)?;
-            let child = exec::ChildSetup::new(spec)?;
+            let child = exec::ChildSetup::new(spec, own_proc)?;
             exec::install(cmd, child, ruleset);
         }
         Confinement::Unconfined => exec::install_lifetime_only(cmd),
@@ -159,29 +183,57 @@ pub fn confine(
 mod tests {
     use super::*;
 
-    fn kernel(landlock_abi: i32, user_namespaces: bool) -> Support {
+    fn kernel(landlock_abi: i32, user_namespaces: bool, own_proc: bool) -> Support {
         Support {
             landlock_abi,
             user_namespaces,
+            own_proc,
         }
     }
 
     #[test]
     fn without_the_sandbox_nothing_starts_unless_the_trusted_policy_turned_it_off() {
-        let full = kernel(MIN_ABI, true);
-        assert_eq!(decide(Setting::Required, &full), Ok(Confinement::Sandboxed));
+        let full = kernel(MIN_ABI, true, true);
+        let own = Ok(Confinement::Sandboxed { own_proc: true });
+        assert_eq!(decide(Setting::Required, &full), own);
+        assert_eq!(decide(Setting::SharedProc, &full), own);
         for lacking in [
-            kernel(0, true),
-            kernel(MIN_ABI - 1, true),
-            kernel(MIN_ABI, false),
+            kernel(0, true, true),
+            kernel(MIN_ABI - 1, true, true),
+            kernel(MIN_ABI, false, false),
         ] {
-            let refused = decide(Setting::Required, &lacking);
-            let Err(SandboxError::Unavailable(why)) = refused else {
-                panic!("{lacking:?} started a process: {refused:?}");
-            };
-            assert!(why.contains("sandbox: off"), "{why}");
+            for setting in [Setting::Required, Setting::SharedProc] {
+                let refused = decide(setting, &lacking);
+                let Err(SandboxError::Unavailable(why)) = refused else {
+                    panic!("{lacking:?} started a process: {refused:?}");
+                };
+                assert!(why.contains("sandbox: off"), "{why}");
+            }
             assert_eq!(decide(Setting::Off, &lacking), Ok(Confinement::Unconfined));
         }
         assert_eq!(decide(Setting::Off, &full), Ok(Confinement::Unconfined));
+    }
+
+    #[test]
+    fn the_hosts_proc_is_shown_to_a_sandbox_only_where_the_trusted_policy_accepts_it() {
+        let masked = kernel(MIN_ABI, true, false);
+        let refused = decide(Setting::Required, &masked);
+        let Err(SandboxError::Unavailable(why)) = refused else {
+            panic!("started with the host's /proc: {refused:?}");
+        };
+        assert!(why.contains("sandbox: shared_proc"), "{why}");
+        assert_eq!(
+            decide(Setting::SharedProc, &masked),
+            Ok(Confinement::Sandboxed { own_proc: false })
+        );
+        assert_eq!(decide(Setting::Off, &masked), Ok(Confinement::Unconfined));
+    }
+
+    #[test]
+    fn this_kernel_gives_a_sandbox_a_proc_of_its_own() {
+        // The machines gaffer is tested on can; a container masking /proc cannot (and the
+        // sandbox e2e tests would say so too).
+        let s = probe();
+        assert!(s.problem().is_some() || s.own_proc, "{s:?}");
     }
 }
