@@ -72,13 +72,7 @@ fn host_process() -> HostProcess {
 fn fixture() -> Fixture {
     let (code, out, _) = common::run_cli(Path::new("/"), &["doctor"]);
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("doctor: {out}"));
-    let sandbox = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "sandbox")
-        .cloned()
-        .unwrap();
+    let sandbox = sandbox_check(&report);
     assert_eq!(
         sandbox["ok"], true,
         "this kernel cannot sandbox (exit {code}): {sandbox}"
@@ -169,6 +163,10 @@ fn doctor_with_proc_masked(f: &Fixture) -> Value {
     let out = with_proc_masked(f, "doctor").output().unwrap();
     let report: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("doctor: {}", String::from_utf8_lossy(&out.stdout)));
+    sandbox_check(&report)
+}
+
+fn sandbox_check(report: &Value) -> Value {
     report["checks"]
         .as_array()
         .unwrap()
@@ -223,6 +221,19 @@ fn worker_ended(mut s: Server, f: &Fixture, id: &str, declarations: Value) -> (V
     (w, results(&out))
 }
 
+/// What a sandboxed probe without declarations reports, with what it saw in `/proc`.
+fn confined(hostproc: &str) -> Vec<String> {
+    expect(&[
+        "outside:denied",
+        "key:denied",
+        "gaffer:denied",
+        "journal:denied",
+        "net:denied",
+        "workspace:writable",
+        hostproc,
+    ])
+}
+
 fn expect(pairs: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = pairs.iter().map(|s| s.to_string()).collect();
     v.push("probe:done".into());
@@ -256,18 +267,7 @@ fn unsandboxed_the_probe_reaches_everything() {
 fn a_sandboxed_worker_reaches_only_the_workspace() {
     let f = fixture();
     let got = run_worker(&f, "confined", json!([]));
-    assert_eq!(
-        got,
-        expect(&[
-            "outside:denied",
-            "key:denied",
-            "gaffer:denied",
-            "journal:denied",
-            "net:denied",
-            "workspace:writable",
-            "hostproc:hidden",
-        ])
-    );
+    assert_eq!(got, confined("hostproc:hidden"));
     assert!(!f.env.root().join(".gaffer/pwn").exists());
     assert_eq!(
         std::fs::read_to_string(f.env.root().join("inside.txt")).unwrap(),
@@ -344,18 +344,7 @@ fn where_the_kernel_refuses_a_proc_of_its_own_nothing_starts_unless_the_operator
     );
     let (w, out) = worker_ended(served_with_proc_masked(&f), &f, "shared", json!([]));
     assert_eq!(w["status"], "stopped", "{w}");
-    assert_eq!(
-        out,
-        expect(&[
-            "outside:denied",
-            "key:denied",
-            "gaffer:denied",
-            "journal:denied",
-            "net:denied",
-            "workspace:writable",
-            "hostproc:listed",
-        ])
-    );
+    assert_eq!(out, confined("hostproc:listed"));
     // Where the kernel gives it one, a sandbox under `shared_proc` still gets its own.
     let got = run_worker(&f, "unmasked", json!([]));
     assert!(got.contains(&"hostproc:hidden".to_string()), "{got:?}");
