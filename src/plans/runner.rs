@@ -236,10 +236,13 @@ impl PlanRuntime {
                 "the plan was already started by another gaffer process".into(),
             ));
         }
-        // The fold took the record as this process's run of this operation's plan.
+        // The fold took the record as this process's run of this operation's plan, launched by
+        // the client whose operation executes.
         let taken = self.ws.read(|s| {
             s.plans.get(&spec.plan_id).is_some_and(|p| {
-                p.operation_id == operation_id && p.executor.as_deref() == Some(&self.executor)
+                p.operation_id == operation_id
+                    && p.client_id == client_id
+                    && p.executor.as_deref() == Some(&self.executor)
             })
         });
         if !taken {

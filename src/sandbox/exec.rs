@@ -237,14 +237,27 @@ unsafe fn mount_proc() -> libc::c_int {
     }
 }
 
-/// Whether a sandbox can mount a `/proc` of its own here: tried once per process, in a child
-/// that enters new user, mount and PID namespaces as a sandbox does (its mounts die with it).
+/// Whether a sandbox can mount a `/proc` of its own here: tried in a child that enters new
+/// user, mount and PID namespaces as a sandbox does (its mounts die with it). Only the kernel's
+/// answer is kept; a probe that could not ask (no process or namespace to spare just then,
+/// which the agent's own processes may cause) says no this time and asks again next time.
 pub fn own_proc_works() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WORKS.get_or_init(try_own_proc)
+    if let Some(known) = WORKS.get() {
+        return *known;
+    }
+    match try_own_proc() {
+        Some(answer) => *WORKS.get_or_init(|| answer),
+        None => false,
+    }
 }
 
-fn try_own_proc() -> bool {
+/// Exit statuses of the probe's children: mounted, or refused by the kernel; anything else
+/// means the probe could not ask.
+const PROC_MOUNTED: libc::c_int = 0;
+const PROC_REFUSED: libc::c_int = 3;
+
+fn try_own_proc() -> Option<bool> {
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let uid_map = format!("{uid} {uid} 1");
@@ -272,29 +285,41 @@ fn try_own_proc() -> bool {
             // The mount needs a process inside the new PID namespace.
             let inner = libc::fork();
             if inner == 0 {
-                libc::_exit(if mount_proc() == 0 { 0 } else { 1 });
+                let status = if mount_proc() == 0 {
+                    PROC_MOUNTED
+                } else if matches!(
+                    io::Error::last_os_error().raw_os_error(),
+                    Some(libc::EPERM | libc::EACCES)
+                ) {
+                    PROC_REFUSED
+                } else {
+                    1
+                };
+                libc::_exit(status);
             }
             let mut status = 0;
             let done = inner > 0 && libc::waitpid(inner, &mut status, 0) == inner;
-            libc::_exit(
-                if done && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                    0
-                } else {
-                    1
-                },
-            );
+            libc::_exit(if done && libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                1
+            });
         }
         if child < 0 {
-            return false;
+            return None;
         }
         let mut status = 0;
         loop {
             let r = libc::waitpid(child, &mut status, 0);
             if r == child {
-                return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+                return match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
+                    (true, PROC_MOUNTED) => Some(true),
+                    (true, PROC_REFUSED) => Some(false),
+                    _ => None,
+                };
             }
             if r == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                return false;
+                return None;
             }
         }
     }
