@@ -150,7 +150,7 @@ impl WorkerStartAdapter {
             .ok_or_else(|| {
                 AdapterError::input(Some("target.profile"), "the profile is not in the bundle")
             })?;
-        let first = created_input(ws, &w);
+        let first = created_input(ws, &w.id);
         let (argument_input, initial_input) = match profile.input_mode {
             InputMode::Argument => (first, None),
             _ => (None, first),
@@ -171,16 +171,15 @@ impl WorkerStartAdapter {
     }
 }
 
-/// The input the worker was created with (its `worker.created` record, the first for its id).
-fn created_input(
-    ws: &crate::workspace::Workspace,
-    w: &crate::workers::Worker,
-) -> Option<Vec<Segment>> {
+/// The input the worker was created with (its `worker.created` record, the first for its id),
+/// read with the worker in one look at the state.
+fn created_input(ws: &crate::workspace::Workspace, worker_id: &str) -> Option<Vec<Segment>> {
     ws.read(|s| {
+        let created_seq = s.workers.get(worker_id)?.created_seq;
         s.workers
-            .inputs_after(&w.id, 0)
+            .inputs_after(worker_id, 0)
             .into_iter()
-            .find(|e| e.seq == w.created_seq)
+            .find(|e| e.seq == created_seq)
             .and_then(|e| e.segments)
     })
 }
@@ -192,8 +191,7 @@ fn same_initial_input(
     worker_id: &str,
     p: &StartPlan,
 ) -> Result<(), ExecError> {
-    let w = ws.read(|s| s.workers.get(worker_id).cloned());
-    let held = w.and_then(|w| created_input(ws, &w));
+    let held = created_input(ws, worker_id);
     let planned = match p.input_mode {
         InputMode::Argument => &p.argument_input,
         _ => &p.initial_input,
