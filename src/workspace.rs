@@ -322,7 +322,44 @@ struct Guard {
 /// A subscriber woken only by the notices it keeps.
 struct Watcher {
     keep: Box<dyn Fn(&Notice) -> bool + Send + Sync>,
-    tx: tokio::sync::mpsc::UnboundedSender<Notice>,
+    to: WatcherSink,
+}
+
+/// Where a kept notice goes: the notice itself, or only a wake-up (a waiter that reads the
+/// state again needs no copy, and a `Notify` costs no channel per wait).
+enum WatcherSink {
+    Notices(tokio::sync::mpsc::UnboundedSender<Notice>),
+    Wake(Arc<tokio::sync::Notify>),
+}
+
+impl WatcherSink {
+    /// The receiving side is gone.
+    fn closed(&self) -> bool {
+        match self {
+            WatcherSink::Notices(tx) => tx.is_closed(),
+            WatcherSink::Wake(n) => Arc::strong_count(n) == 1,
+        }
+    }
+
+    fn deliver(&self, n: &Notice) {
+        match self {
+            WatcherSink::Notices(tx) => {
+                let _ = tx.send(n.clone());
+            }
+            WatcherSink::Wake(w) => w.notify_one(),
+        }
+    }
+}
+
+/// A wake-up for every notice a [`Workspace::wake_on`] filter keeps. One that arrives while
+/// nobody awaits [`Wake::notified`] is kept for the next await, so none between a look at the
+/// state and the await is lost. Dropping it unsubscribes.
+pub struct Wake(Arc<tokio::sync::Notify>);
+
+impl Wake {
+    pub async fn notified(&self) {
+        self.0.notified().await;
+    }
 }
 
 /// The records a batch has staged so far, and the state they produce.
@@ -987,9 +1024,20 @@ impl Workspace {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         lock(&self.shared.watchers).push(Watcher {
             keep: Box::new(keep),
-            tx,
+            to: WatcherSink::Notices(tx),
         });
         rx
+    }
+
+    /// Like [`watch`](Self::watch), for a waiter that reads the state again when woken: only
+    /// the wake-up is delivered, with no queue of notices behind it.
+    pub fn wake_on(&self, keep: impl Fn(&Notice) -> bool + Send + Sync + 'static) -> Wake {
+        let wake = Arc::new(tokio::sync::Notify::new());
+        lock(&self.shared.watchers).push(Watcher {
+            keep: Box::new(keep),
+            to: WatcherSink::Wake(Arc::clone(&wake)),
+        });
+        Wake(wake)
     }
 
     pub fn put_blob(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
@@ -1046,10 +1094,10 @@ fn broadcast_all(shared: &Shared, notices: Vec<Notice>) {
         return;
     }
     let mut watchers = lock(&shared.watchers);
-    watchers.retain(|w| !w.tx.is_closed());
+    watchers.retain(|w| !w.to.closed());
     for n in &notices {
         for w in watchers.iter().filter(|w| (w.keep)(n)) {
-            let _ = w.tx.send(n.clone());
+            w.to.deliver(n);
         }
     }
     drop(watchers);
@@ -1680,6 +1728,31 @@ mod tests {
             .filter_map(|n| n.params.to_value()["n"].as_u64())
             .collect();
         assert_eq!(got, vec![1, 3]);
+    }
+
+    /// A wake-up watcher is woken by a kept notice even when it arrives before the await (so
+    /// one between a look at the state and the await is not lost), not by others, and is
+    /// forgotten once dropped.
+    #[tokio::test]
+    async fn a_wake_keeps_a_kept_notice_for_the_next_await_and_ends_when_dropped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = Workspace::open(dir.path()).expect("open");
+        let wake = ws.wake_on(|n| n.params.to_value()["n"] == json!(7));
+        let some = |n: u64| vec![Notice::everyone("test", json!({ "n": n }))];
+        broadcast_all(&ws.shared, some(1));
+        let quiet = tokio::time::timeout(Duration::from_millis(20), wake.notified()).await;
+        assert!(quiet.is_err(), "a notice it does not keep wakes nothing");
+        broadcast_all(&ws.shared, some(7));
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("the kept notice, sent before the await, wakes it");
+        drop(wake);
+        broadcast_all(&ws.shared, some(7));
+        assert_eq!(
+            lock(&ws.shared.watchers).len(),
+            0,
+            "the dropped wake is gone"
+        );
     }
 
     /// A batch takes everything queued, and its wait for the last batch's callers ends (at

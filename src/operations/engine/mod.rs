@@ -500,7 +500,7 @@ impl OperationRuntime {
             ));
         }
         let watched = id.to_string();
-        let mut rx = self.ws.watch(move |n| {
+        let wake = self.ws.wake_on(move |n| {
             &*n.method == NOTICE_CHANGED && n.params.str_field("id") == Some(watched.as_str())
         });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds);
@@ -520,12 +520,7 @@ impl OperationRuntime {
             }
             tokio::select! {
                 biased;
-                notice = rx.recv() => {
-                    if notice.is_none() {
-                        self.deadlines.until(deadline).await;
-                        return self.get(client, id);
-                    }
-                }
+                () = wake.notified() => {}
                 () = self.deadlines.until(deadline) => return self.get(client, id),
             }
         }
