@@ -351,9 +351,10 @@ impl WatcherSink {
     }
 }
 
-/// A wake-up for every notice a [`Workspace::wake_on`] filter keeps. One that arrives while
-/// nobody awaits [`Wake::notified`] is kept for the next await, so none between a look at the
-/// state and the await is lost. Dropping it unsubscribes.
+/// Woken (at least once) after any notice a [`Workspace::wake_on`] filter keeps; several
+/// before an await give one wake-up. One that arrives while nobody awaits [`Wake::notified`]
+/// is kept for the next await, so none between a look at the state and the await is lost.
+/// Dropping it unsubscribes (at the next broadcast, as a dropped channel receiver does).
 pub struct Wake(Arc<tokio::sync::Notify>);
 
 impl Wake {
