@@ -55,7 +55,7 @@ impl InputKey {
     }
 
     fn mac(&self, worker_id: &str, nonce: &str, segments: &str) -> HmacSha256 {
-        use hmac::Mac;
+        use hmac::{KeyInit, Mac};
         // `new_from_slice` takes keys of any length; 32 bytes never fail.
         let mut mac = HmacSha256::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
         for part in ["gaffer worker.input v1", worker_id, nonce, segments] {

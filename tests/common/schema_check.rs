@@ -77,7 +77,7 @@ impl Schemas {
         let v = self.validator(rel);
         let errors: Vec<String> = v
             .iter_errors(instance)
-            .map(|e| format!("{} at {}", e, e.instance_path))
+            .map(|e| format!("{} at {}", e, e.instance_path()))
             .collect();
         assert!(
             errors.is_empty(),
