@@ -123,8 +123,12 @@ impl WorkerStartAdapter {
     /// Reads the worker and its bundle afresh; the digest is recomputed from the stored body.
     fn derive(&self, ctx: &AdapterCtx, t: &StartTarget) -> Result<StartPlan, AdapterError> {
         let ws = self.workers.workspace();
-        let w = ws
-            .read(|s| s.workers.get(&t.worker_id).cloned())
+        let (w, first) = ws
+            .read(|s| {
+                let w = s.workers.get(&t.worker_id)?.clone();
+                let first = created_input_in(s, &w.id);
+                Some((w, first))
+            })
             .ok_or_else(|| AdapterError::coded(codes::PRECONDITION_FAILED, "no such worker"))?;
         let started_by_this = w.operation_id.as_deref() == Some(&ctx.operation_id)
             && w.status != WorkerStatus::PendingApproval;
@@ -150,7 +154,6 @@ impl WorkerStartAdapter {
             .ok_or_else(|| {
                 AdapterError::input(Some("target.profile"), "the profile is not in the bundle")
             })?;
-        let first = created_input(ws, &w.id);
         let (argument_input, initial_input) = match profile.input_mode {
             InputMode::Argument => (first, None),
             _ => (None, first),
@@ -172,16 +175,14 @@ impl WorkerStartAdapter {
 }
 
 /// The input the worker was created with (its `worker.created` record, the first for its id),
-/// read with the worker in one look at the state.
-fn created_input(ws: &crate::workspace::Workspace, worker_id: &str) -> Option<Vec<Segment>> {
-    ws.read(|s| {
-        let created_seq = s.workers.get(worker_id)?.created_seq;
-        s.workers
-            .inputs_after(worker_id, 0)
-            .into_iter()
-            .find(|e| e.seq == created_seq)
-            .and_then(|e| e.segments)
-    })
+/// read with the worker in the same look at the state.
+fn created_input_in(s: &crate::workspace::State, worker_id: &str) -> Option<Vec<Segment>> {
+    let created_seq = s.workers.get(worker_id)?.created_seq;
+    s.workers
+        .inputs_after(worker_id, 0)
+        .into_iter()
+        .find(|e| e.seq == created_seq)
+        .and_then(|e| e.segments)
 }
 
 /// At execution: the worker still holds the initial input the plan shows (a worker's first
@@ -191,7 +192,7 @@ fn same_initial_input(
     worker_id: &str,
     p: &StartPlan,
 ) -> Result<(), ExecError> {
-    let held = created_input(ws, worker_id);
+    let held = ws.read(|s| created_input_in(s, worker_id));
     let planned = match p.input_mode {
         InputMode::Argument => &p.argument_input,
         _ => &p.initial_input,
