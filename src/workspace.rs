@@ -271,12 +271,18 @@ struct Io {
     since_snapshot: u64,
     /// The journal directory has been seen to exist.
     journal_exists: bool,
+    /// Runs once, between a look at the journal and folding what it found (a test stands in
+    /// for a thread descheduled there).
+    #[cfg(test)]
+    after_poll: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// The CPU side: the folded state. Held only to fold, stage or read, never across I/O.
 struct Folded {
     state: State,
-    /// When the journal was last checked for other processes' appends.
+    /// When the last look at the journal for other processes' appends began: everything
+    /// appended before it is folded. Taken before the look, not after: a look that read the
+    /// journal and then waited (descheduled, or for this lock) must not pass for a fresh one.
     last_poll: Instant,
 }
 
@@ -698,6 +704,7 @@ impl Workspace {
         crate::operator::keys::refuse_keys_under(&root);
         let gaffer_dir = root.join(".gaffer");
         let chain = ChainView::default();
+        let looked = Instant::now();
         let Loaded {
             store,
             state,
@@ -711,10 +718,12 @@ impl Workspace {
                 before_write: None,
                 since_snapshot: replayed,
                 journal_exists: false,
+                #[cfg(test)]
+                after_poll: None,
             }),
             folded: Mutex::new(Folded {
                 state,
-                last_poll: Instant::now(),
+                last_poll: looked,
             }),
             events: Fanout::default(),
             watchers: Mutex::new(Vec::new()),
@@ -1174,9 +1183,14 @@ fn tail_loop(shared: &Shared, gaffer_dir: &Path, stop: &tail::TailStop) {
 /// Folds records other processes appended since we last looked; true when there were any.
 /// The journal is read with only `io` held; the state lock is taken just to fold.
 fn fold_new(io: &mut Io, shared: &Shared) -> bool {
+    let looked = Instant::now();
     let polled = io.store.poll();
+    #[cfg(test)]
+    if let Some(hook) = io.after_poll.take() {
+        hook();
+    }
     let mut folded = lock(&shared.folded);
-    folded.last_poll = Instant::now();
+    folded.last_poll = looked;
     match polled {
         Ok(records) if records.is_empty() => false,
         Ok(records) => {
@@ -2326,6 +2340,44 @@ mod tests {
         assert!(c.hash_at(5).is_some());
         assert_eq!(c.journal_head().seq, 5);
         assert_eq!(c.chain_status().broken_at, None);
+    }
+
+    /// A look at the journal that read it, then waited before folding (a descheduled tailer),
+    /// counts as fresh from when it read, not from when it folded: a later read looks again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_look_that_waited_before_folding_is_not_taken_for_a_fresh_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Workspace::open(dir.path()).expect("open a");
+        a.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 1)], ())))
+            .await
+            .expect("commit a");
+        let b = Workspace::open(dir.path()).expect("open b");
+        assert_eq!(b.seq(), 2);
+        // Only the looks this test makes: no tailer folds a's next record behind its back.
+        b.stop_tailer.stop();
+        let (looked_tx, looked_rx) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        lock(&b.shared.io).after_poll = Some(Box::new(move || {
+            let _ = looked_tx.send(());
+            let _ = go_rx.recv();
+        }));
+        let looker = {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || b.read_fresh(|s| s.last_seq))
+        };
+        looked_rx.recv().expect("b looked at the journal");
+        a.commit(|_s: &State| Ok::<_, ()>((vec![rec("gaffer.test", 2)], ())))
+            .await
+            .expect("commit a again");
+        // b's held look read the journal before a's append, longer ago than READ_FRESHNESS.
+        std::thread::sleep(READ_FRESHNESS * 2);
+        go_tx.send(()).expect("release the look");
+        looker.join().expect("looker");
+        assert_eq!(
+            b.seq(),
+            3,
+            "a read looks again: the held look ended just now but began before a's append"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
