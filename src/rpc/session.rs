@@ -21,6 +21,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 
 use crate::fanout::{RecvError, TryRecvError};
+use crate::json_out::Raw;
 
 use super::framing::{Codec, Frame, FrameError, Framing};
 use super::outbox::{Message, Outbox, OutboxReceiver, outbox};
@@ -188,152 +189,49 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    // Sniff: read until the first non-blank byte decides the framing.
-    let mut head = Vec::new();
-    let framing = loop {
-        let forced = match choice {
-            ProfileChoice::Lsp => Some(Framing::ContentLength),
-            ProfileChoice::Jsonl | ProfileChoice::Mcp => Some(Framing::Ndjson),
-            ProfileChoice::Auto => None,
-        };
-        if let Some(f) = forced {
-            break f;
-        }
-        let mut buf = [0u8; 4096];
-        let n = input.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(SessionEnd { exit_code: 0 });
-        }
-        head.extend_from_slice(&buf[..n]);
-        if let Some(b) = head.iter().find(|b| !b.is_ascii_whitespace()) {
-            break Framing::sniff(*b);
-        }
+    let Some((framing, head)) = sniff_framing(choice, &mut input).await? else {
+        return Ok(SessionEnd { exit_code: 0 });
     };
     tracing::debug!(?framing, "framing chosen");
 
     let (out_tx, out_rx) = outbox();
     let writer = tokio::spawn(write_loop(output, framing, out_rx));
-
     // The sniffed bytes go back in front of the stream.
-    let mut reader = FramedRead::new(std::io::Cursor::new(head).chain(input), Codec::new(framing));
-
-    let (writes_done, _) = watch::channel(0u64);
-    let mut conn = Conn {
-        shared: Arc::new(Shared {
-            host,
-            router,
-            out: out_tx,
-            pending: Mutex::new(HashMap::new()),
-            writes_done,
-            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
-            closing: CancellationToken::new(),
-            tools: std::sync::OnceLock::new(),
-        }),
-        choice,
-        framing,
-        operator: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        challenge: None,
-        connection_id: crate::util::new_id("conn_")
-            .unwrap_or_else(|_| format!("conn_{}", crate::util::now_ms())),
-        stateless_client: None,
-        profile: match choice {
-            ProfileChoice::Lsp => Some(Profile::Lsp),
-            ProfileChoice::Mcp => Some(Profile::Mcp),
-            _ => None,
-        },
-        client: None,
-        viewer: Arc::new(Mutex::new(None)),
-        state: None,
-        deferred_init: None,
-        attach_after_reply: false,
-        shutdown: false,
-        writes_issued: 0,
-        tasks: JoinSet::new(),
-        forwarder: None,
-    };
-    let mut exit_requested = false;
-    loop {
-        // Backpressure: while the client leaves replies unread, stop reading its requests.
-        conn.shared.out.wait_below(MAX_QUEUED_BYTES).await;
-        let Some(frame) = reader.next().await else {
-            break;
-        };
-        let frame = match frame {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(error = %e, "read failed; ending session");
-                break;
-            }
-        };
-        match frame {
-            Frame::Bad(err) => conn.frame_error(err),
-            Frame::Body(body) => {
-                if conn.shared.in_flight.available_permits() == 0 {
-                    // Wait for some request to finish before reading more.
-                    let _ = conn.shared.in_flight.acquire().await;
-                }
-                if conn.on_body(body) {
-                    exit_requested = true;
-                    break;
-                }
-                if conn.attach_after_reply {
-                    conn.attach_after_reply = false;
-                    // Let the writer send the `initialize` reply (on the current-thread runtime
-                    // it runs before this task resumes), then open the workspace.
-                    tokio::task::yield_now().await;
-                    if let Err(e) = conn.ensure_attached(None) {
-                        tracing::error!(error = %e.message, "opening the workspace after initialize failed; the next request retries");
-                    }
-                }
-            }
-        }
-        // Reap finished tasks so the set does not grow without bound.
-        while conn.tasks.try_join_next().is_some() {}
-    }
-    // Input is gone. After an LSP `exit` pending reads are cancelled; at a plain end of input
-    // (a scripted session) every request already read is still answered. Running writes
-    // always finish. Then flush and close.
-    if exit_requested {
-        let tokens: Vec<CancellationToken> = {
-            let pending = conn
-                .shared
-                .pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            pending.values().cloned().collect()
-        };
-        for t in tokens {
-            t.cancel();
-        }
-    }
-    let drain = async { while conn.tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(30), drain)
-        .await
-        .is_err()
-    {
-        tracing::warn!("in-flight requests did not finish within 30 s of end of input");
-    }
-    let exit_code =
-        if conn.profile == Some(Profile::Lsp) && (exit_requested || conn.client.is_some()) {
-            if conn.shutdown { 0 } else { 1 }
-        } else {
-            0
-        };
-    // Wind down first (a worker's last output and final status are journalled), then stop
-    // forwarding: the forwarder passes on what is queued before it lets go.
-    if let Some(state) = conn.state.take() {
-        conn.shared.host.detach(state).await;
-    }
-    conn.shared.closing.cancel();
-    if let Some(forwarder) = conn.forwarder.take() {
-        let _ = tokio::time::timeout(Duration::from_secs(5), forwarder).await;
-    }
-    drop(conn);
+    let reader = FramedRead::new(std::io::Cursor::new(head).chain(input), Codec::new(framing));
+    let mut conn = Conn::new(host, router, choice, framing, out_tx);
+    let exit_requested = conn.read_requests(reader).await;
+    let exit_code = conn.wind_down(exit_requested).await;
     match writer.await {
         Ok(result) => result?,
         Err(e) => tracing::error!(error = %e, "writer task failed"),
     }
     Ok(SessionEnd { exit_code })
+}
+
+/// The framing a connection speaks: forced by the profile choice, else read from its first
+/// non-blank byte. Returns the bytes read to decide (they are the stream's start), or `None`
+/// when input ended first.
+async fn sniff_framing<R: AsyncRead + Unpin>(
+    choice: ProfileChoice,
+    input: &mut R,
+) -> std::io::Result<Option<(Framing, Vec<u8>)>> {
+    let mut head = Vec::new();
+    match choice {
+        ProfileChoice::Lsp => return Ok(Some((Framing::ContentLength, head))),
+        ProfileChoice::Jsonl | ProfileChoice::Mcp => return Ok(Some((Framing::Ndjson, head))),
+        ProfileChoice::Auto => {}
+    }
+    loop {
+        let mut buf = [0u8; 4096];
+        let n = input.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(b) = head.iter().find(|b| !b.is_ascii_whitespace()) {
+            return Ok(Some((Framing::sniff(*b), head)));
+        }
+    }
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(
@@ -357,6 +255,132 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 }
 
 impl<H: Host> Conn<H> {
+    fn new(
+        host: Arc<H>,
+        router: Arc<Router<H::State>>,
+        choice: ProfileChoice,
+        framing: Framing,
+        out: Outbox,
+    ) -> Self {
+        let (writes_done, _) = watch::channel(0u64);
+        Conn {
+            shared: Arc::new(Shared {
+                host,
+                router,
+                out,
+                pending: Mutex::new(HashMap::new()),
+                writes_done,
+                in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+                closing: CancellationToken::new(),
+                tools: std::sync::OnceLock::new(),
+            }),
+            choice,
+            framing,
+            operator: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            challenge: None,
+            connection_id: crate::util::new_id("conn_")
+                .unwrap_or_else(|_| format!("conn_{}", crate::util::now_ms())),
+            stateless_client: None,
+            profile: match choice {
+                ProfileChoice::Lsp => Some(Profile::Lsp),
+                ProfileChoice::Mcp => Some(Profile::Mcp),
+                _ => None,
+            },
+            client: None,
+            viewer: Arc::new(Mutex::new(None)),
+            state: None,
+            deferred_init: None,
+            attach_after_reply: false,
+            shutdown: false,
+            writes_issued: 0,
+            tasks: JoinSet::new(),
+            forwarder: None,
+        }
+    }
+
+    /// Reads and dispatches frames until input ends (`false`) or LSP `exit` (`true`).
+    async fn read_requests<S>(&mut self, mut reader: S) -> bool
+    where
+        S: futures_util::Stream<Item = std::io::Result<Frame>> + Unpin,
+    {
+        loop {
+            // Backpressure: while the client leaves replies unread, stop reading its requests.
+            self.shared.out.wait_below(MAX_QUEUED_BYTES).await;
+            let Some(frame) = reader.next().await else {
+                return false;
+            };
+            match frame {
+                Err(e) => {
+                    tracing::warn!(error = %e, "read failed; ending session");
+                    return false;
+                }
+                Ok(Frame::Bad(err)) => self.frame_error(err),
+                Ok(Frame::Body(body)) => {
+                    if self.shared.in_flight.available_permits() == 0 {
+                        // Wait for some request to finish before reading more.
+                        let _ = self.shared.in_flight.acquire().await;
+                    }
+                    if self.on_body(body) {
+                        return true;
+                    }
+                    if self.attach_after_reply {
+                        self.attach_after_reply = false;
+                        // Let the writer send the `initialize` reply (on the current-thread
+                        // runtime it runs before this task resumes), then open the workspace.
+                        tokio::task::yield_now().await;
+                        if let Err(e) = self.ensure_attached(None) {
+                            tracing::error!(error = %e.message, "opening the workspace after initialize failed; the next request retries");
+                        }
+                    }
+                }
+            }
+            // Reap finished tasks so the set does not grow without bound.
+            while self.tasks.try_join_next().is_some() {}
+        }
+    }
+
+    /// Input is gone. After an LSP `exit` pending reads are cancelled; at a plain end of input
+    /// (a scripted session) every request already read is still answered. Running writes
+    /// always finish. Then the state is detached and forwarding stops. Returns the exit code.
+    async fn wind_down(mut self, exit_requested: bool) -> i32 {
+        if exit_requested {
+            let tokens: Vec<CancellationToken> = {
+                let pending = self
+                    .shared
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                pending.values().cloned().collect()
+            };
+            for t in tokens {
+                t.cancel();
+            }
+        }
+        let drain = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(30), drain)
+            .await
+            .is_err()
+        {
+            tracing::warn!("in-flight requests did not finish within 30 s of end of input");
+        }
+        let exit_code =
+            if self.profile == Some(Profile::Lsp) && (exit_requested || self.client.is_some()) {
+                if self.shutdown { 0 } else { 1 }
+            } else {
+                0
+            };
+        // Wind down first (a worker's last output and final status are journalled), then stop
+        // forwarding: the forwarder passes on what is queued before it lets go.
+        if let Some(state) = self.state.take() {
+            self.shared.host.detach(state).await;
+        }
+        self.shared.closing.cancel();
+        if let Some(forwarder) = self.forwarder.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), forwarder).await;
+        }
+        exit_code
+    }
+
     fn send(&self, v: Value) {
         let _ = self.shared.out.send(encode(&v));
     }
@@ -556,62 +580,18 @@ impl<H: Host> Conn<H> {
         };
         self.state = Some(Arc::clone(&state));
         // Forward domain notifications to this client for the life of the session.
-        let mut rx = self.shared.host.subscribe(&state);
-        let out = self.shared.out.clone();
-        let operator = Arc::clone(&self.operator);
-        let viewer = Arc::clone(&self.viewer);
-        let shared = Arc::clone(&self.shared);
-        let seen_from = Arc::clone(&state);
-        let profile = self.profile;
-        let closing = self.shared.closing.clone();
-        self.forwarder = Some(tokio::spawn(async move {
-            let mut draining = false;
-            loop {
-                let next = if draining {
-                    match rx.try_recv() {
-                        Ok(n) => Ok(n),
-                        Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
-                        Err(_) => break,
-                    }
-                } else {
-                    tokio::select! {
-                        n = rx.recv() => n,
-                        _ = closing.cancelled() => {
-                            draining = true;
-                            continue;
-                        }
-                    }
-                };
-                match next {
-                    Ok(notice) => {
-                        if profile == Some(Profile::Mcp) {
-                            continue;
-                        }
-                        let operator = operator.load(std::sync::atomic::Ordering::Acquire);
-                        if !operator {
-                            let me = viewer
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .clone();
-                            if !shared.host.visible(&seen_from, me.as_deref(), &notice) {
-                                continue;
-                            }
-                        }
-                        let push = H::push(notice);
-                        if push.operators_only && !operator {
-                            continue;
-                        }
-                        if !out.send(encode(&notification(&push.method, push.params))) {
-                            break;
-                        }
-                    }
-                    Err(RecvError::Lagged(n)) => {
-                        tracing::warn!(skipped = n, "client fell behind; notifications dropped");
-                    }
-                    Err(RecvError::Closed) => break,
-                }
-            }
-        }));
+        let rx = self.shared.host.subscribe(&state);
+        let listener = Listener {
+            profile: self.profile,
+            operator: Arc::clone(&self.operator),
+            viewer: Arc::clone(&self.viewer),
+        };
+        self.forwarder = Some(tokio::spawn(forward_notices(
+            Arc::clone(&self.shared),
+            Arc::clone(&state),
+            rx,
+            listener,
+        )));
         Ok(state)
     }
 
@@ -702,61 +682,111 @@ impl<H: Host> Conn<H> {
         if self.shutdown && method != "shutdown" {
             return Err(RpcError::invalid_request("server is shutting down"));
         }
-        match method {
-            "initialize" => {
-                let result = self.initialize(profile, &params)?;
-                self.reply(batch, reply_ok(&id, result));
+        if let Some(result) = self.session_method(profile, method, &params)? {
+            self.reply(batch, reply_ok(&id, result));
+            return Ok(());
+        }
+        let stateless = self.admit(profile, &params)?;
+        let progress = self.take_progress(&mut params);
+        let client = self.client_info(profile)?;
+        let state = self.ensure_attached(None)?;
+        let (target, args, mcp) = match self.route(profile, method, params, stateless.is_some())? {
+            Routed::Answered(encoded) => {
+                self.reply_encoded(batch, reply_ok_raw(&id, encoded.get()));
                 return Ok(());
             }
+            Routed::Call { target, args, mcp } => (target, args, mcp),
+        };
+        let m = self
+            .shared
+            .router
+            .get(&target)
+            .ok_or_else(|| RpcError::method_not_found(&target))?;
+        super::router::check_audience(&m.def, &client)?;
+        let access = m.def.access;
+        let cancel = self.register_pending(&id)?;
+        let (ticket, wait_for) = match access {
+            Access::Write => {
+                self.writes_issued += 1;
+                (Some(self.writes_issued), self.writes_issued - 1)
+            }
+            Access::Read => (None, self.writes_issued),
+        };
+        let call = Call {
+            id,
+            target,
+            args,
+            ctx: CallCtx {
+                client,
+                cancel,
+                progress,
+            },
+            ticket,
+            wait_for,
+            mcp,
+            stateless: stateless.is_some(),
+            reply_to: batch.clone(),
+        };
+        let permit = Arc::clone(&self.shared.in_flight).try_acquire_owned().ok();
+        let shared = Arc::clone(&self.shared);
+        self.tasks.spawn(async move {
+            let _permit = permit;
+            run_call(shared, state, call).await;
+        });
+        Ok(())
+    }
+
+    /// Methods the session answers itself, before any gate that needs the workspace:
+    /// `Some(result)` when `method` is one of them.
+    fn session_method(
+        &mut self,
+        profile: Profile,
+        method: &str,
+        params: &Value,
+    ) -> Result<Option<Value>, RpcError> {
+        let result = match method {
+            "initialize" => self.initialize(profile, params)?,
             "shutdown" => {
                 self.shutdown = true;
-                self.reply(batch, reply_ok(&id, Value::Null));
-                return Ok(());
+                Value::Null
             }
             "ping" => {
                 let mut result = json!({});
-                if meta_version(&params).is_some() {
+                if meta_version(params).is_some() {
                     result["resultType"] = json!("complete");
                 }
-                self.reply(batch, reply_ok(&id, result));
-                return Ok(());
+                result
             }
             "operator/challenge" | "operator/login" => {
                 if profile == Profile::Lsp && self.client.is_none() {
-                    return Err(RpcError::new(
-                        codes::SERVER_NOT_INITIALIZED,
-                        "server_not_initialized",
-                        "send `initialize` first",
-                    ));
+                    return Err(not_initialized("send `initialize` first"));
                 }
-                let result = self.operator_login(profile, method, &params)?;
-                self.reply(batch, reply_ok(&id, result));
-                return Ok(());
+                self.operator_login(profile, method, params)?
             }
             "server/discover" => {
                 let (name, version) = self.shared.host.server_info();
                 let mut versions = vec![MCP_STATELESS_VERSION];
                 versions.extend_from_slice(MCP_HANDSHAKE_VERSIONS);
-                self.reply(
-                    batch,
-                    reply_ok(
-                        &id,
-                        json!({
-                            "resultType": "complete",
-                            "ttlMs": 0,
-                            "cacheScope": "private",
-                            "supportedVersions": versions,
-                            "capabilities": {"tools": {"listChanged": false}},
-                            "serverInfo": {"name": name, "version": version},
-                            "instructions": self.shared.host.instructions(),
-                        }),
-                    ),
-                );
-                return Ok(());
+                json!({
+                    "resultType": "complete",
+                    "ttlMs": 0,
+                    "cacheScope": "private",
+                    "supportedVersions": versions,
+                    "capabilities": {"tools": {"listChanged": false}},
+                    "serverInfo": {"name": name, "version": version},
+                    "instructions": self.shared.host.instructions(),
+                })
             }
-            _ => {}
-        }
-        let stateless = meta_version(&params);
+            _ => return Ok(None),
+        };
+        Ok(Some(result))
+    }
+
+    /// Whether a request may be served on this connection now: a protocol version in `_meta`
+    /// must be one gaffer speaks, and a connection must have initialized unless it is
+    /// stateless MCP. Returns the request's stateless MCP version, if it names one.
+    fn admit(&self, profile: Profile, params: &Value) -> Result<Option<String>, RpcError> {
+        let stateless = meta_version(params);
         if let Some(v) = &stateless
             && v != MCP_STATELESS_VERSION
             && !MCP_HANDSHAKE_VERSIONS.contains(&v.as_str())
@@ -768,23 +798,21 @@ impl<H: Host> Conn<H> {
             .with_data("supported", json!([MCP_STATELESS_VERSION])));
         }
         if profile == Profile::Lsp && self.client.is_none() {
-            return Err(RpcError::new(
-                codes::SERVER_NOT_INITIALIZED,
-                "server_not_initialized",
-                "send `initialize` first",
-            ));
+            return Err(not_initialized("send `initialize` first"));
         }
         if profile == Profile::Mcp && self.client.is_none() && stateless.is_none() {
-            return Err(RpcError::new(
-                codes::SERVER_NOT_INITIALIZED,
-                "server_not_initialized",
+            return Err(not_initialized(
                 "send `initialize` first, or `_meta` with a protocol version on every request",
             ));
         }
-        // LSP work-done progress and MCP progress tokens ride in params; strip them before
-        // typed decoding.
+        Ok(stateless)
+    }
+
+    /// LSP work-done progress and MCP progress tokens ride in params: taken out before typed
+    /// decoding.
+    fn take_progress(&self, params: &mut Value) -> Progress {
         let mut progress = Progress::default();
-        if let Value::Object(map) = &mut params {
+        if let Value::Object(map) = params {
             if let Some(token) = map.remove("workDoneToken") {
                 progress = Progress::new(token, ProgressStyle::Lsp, self.shared.out.clone());
             }
@@ -795,26 +823,39 @@ impl<H: Host> Conn<H> {
                     Progress::new(token.clone(), ProgressStyle::Mcp, self.shared.out.clone());
             }
         }
-        let client = self.client_info(profile)?;
-        let state = self.ensure_attached(None)?;
-        let (target, args, mcp) = match method {
-            "tools/list" if profile == Profile::Mcp => {
+        progress
+    }
+
+    /// Which router method a request calls, with what arguments. MCP offers tools only:
+    /// `tools/list` is answered here and `tools/call` names the method.
+    fn route(
+        &self,
+        profile: Profile,
+        method: &str,
+        mut params: Value,
+        stateless: bool,
+    ) -> Result<Routed<'_>, RpcError> {
+        if profile != Profile::Mcp {
+            return Ok(Routed::Call {
+                target: method.to_string(),
+                args: params,
+                mcp: None,
+            });
+        }
+        match method {
+            "tools/list" => {
                 let tools = self.tools();
-                let result = if stateless.is_some() {
+                Ok(Routed::Answered(if stateless {
                     &tools.stateless_result
                 } else {
                     &tools.result
-                };
-                self.reply_encoded(batch, reply_ok_raw(&id, result.get()));
-                return Ok(());
+                }))
             }
-            "tools/call" if profile == Profile::Mcp => {
-                let name = params
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| RpcError::invalid_params("name", "`name` must be a tool name"))?
-                    .to_string();
-                let m = self.shared.router.by_tool(&name).ok_or_else(|| {
+            "tools/call" => {
+                let name = params.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    RpcError::invalid_params("name", "`name` must be a tool name")
+                })?;
+                let m = self.shared.router.by_tool(name).ok_or_else(|| {
                     let known = self.tools().names.clone();
                     RpcError::invalid_params(
                         "name",
@@ -822,6 +863,7 @@ impl<H: Host> Conn<H> {
                     )
                     .with_data("known_tools", known)
                 })?;
+                let name = m.def.name;
                 let args = match params.get_mut("arguments").map(Value::take) {
                     None | Some(Value::Null) => Value::Object(Map::new()),
                     Some(v @ Value::Object(_)) => v,
@@ -832,125 +874,33 @@ impl<H: Host> Conn<H> {
                         ));
                     }
                 };
-                let wrap = self.tools().wrapped.contains(m.def.name);
-                (m.def.name.to_string(), args, Some(wrap))
+                let wrap = self.tools().wrapped.contains(name);
+                Ok(Routed::Call {
+                    target: name.to_string(),
+                    args,
+                    mcp: Some(wrap),
+                })
             }
-            _ if profile == Profile::Mcp => {
-                // The agent surface offers tools only: gaffer methods are reached via tools/call.
-                return Err(RpcError::method_not_found(method));
-            }
-            other => (other.to_string(), params, None),
-        };
-        let m = self
-            .shared
-            .router
-            .get(&target)
-            .ok_or_else(|| RpcError::method_not_found(&target))?;
-        super::router::check_audience(&m.def, &client)?;
-        let access = m.def.access;
-
-        let token = CancellationToken::new();
-        {
-            let mut pending = self
-                .shared
-                .pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if pending.contains_key(&id) {
-                return Err(RpcError::invalid_request(format!(
-                    "request id {id} is already in use"
-                )));
-            }
-            pending.insert(id.clone(), token.clone());
+            // The agent surface offers tools only: gaffer methods are reached via tools/call.
+            _ => Err(RpcError::method_not_found(method)),
         }
-        let ctx = CallCtx {
-            client,
-            cancel: token.clone(),
-            progress,
-        };
-        let shared = Arc::clone(&self.shared);
-        let reply_to = batch.clone();
-        let stateless_result = stateless.is_some();
-        let (ticket, wait_for) = match access {
-            Access::Write => {
-                self.writes_issued += 1;
-                (Some(self.writes_issued), self.writes_issued - 1)
-            }
-            Access::Read => (None, self.writes_issued),
-        };
-        let permit = Arc::clone(&self.shared.in_flight).try_acquire_owned().ok();
-        self.tasks.spawn(async move {
-            let _permit = permit;
-            let mut done_rx = shared.writes_done.subscribe();
-            // Wait for earlier writes (a cancelled request still takes its turn, so later
-            // writes keep their order).
-            let waited = tokio::select! {
-                r = done_rx.wait_for(|d| *d >= wait_for) => r.is_ok(),
-                _ = token.cancelled(), if ticket.is_none() => false,
-            };
-            let finish_write = |shared: &Shared<H>| {
-                if let Some(t) = ticket {
-                    shared.writes_done.send_modify(|d| *d = (*d).max(t));
-                }
-            };
-            if !waited || token.is_cancelled() {
-                finish_write(&shared);
-                return;
-            }
-            let call = shared.router.call(state, ctx, &target, args);
-            let result = match ticket {
-                // A started write runs to completion even if cancelled meanwhile.
-                Some(_) => Some(call.await),
-                None => tokio::select! {
-                    r = call => Some(r),
-                    _ = token.cancelled() => None,
-                },
-            };
-            finish_write(&shared);
-            let Some(result) = result else { return };
-            let still_pending = {
-                let mut pending = shared.pending.lock().unwrap_or_else(|p| p.into_inner());
-                pending.remove(&id).is_some()
-            };
-            if !still_pending {
-                return; // cancelled: -32800 was already sent
-            }
-            let reply: Message = if let Some(wrap) = mcp {
-                let text = match result {
-                    Ok(raw) => {
-                        let text = raw.get();
-                        // The text twice, once escaped (JSON text grows by about a tenth:
-                        // its quotes), so that the reply is written without a reallocation.
-                        let size = 2 * text.len() + text.len() / 4 + 112;
-                        reply_ok_writing(&id, size, |out| {
-                            write_tool_result(out, text, wrap, stateless_result)
-                        })
-                    }
-                    Err(e) => match tool_error_result(e, stateless_result) {
-                        Ok(raw) => reply_ok_raw(&id, raw.get()),
-                        Err(_) => encode(&reply_err(
-                            Some(&id),
-                            &RpcError::internal("encoding the tool result"),
-                        )),
-                    },
-                };
-                text.into()
-            } else {
-                match result {
-                    Ok(raw) => reply_ok_spliced(&id, raw.into_string()),
-                    Err(e) => encode(&reply_err(Some(&id), &e)).into(),
-                }
-            };
-            match reply_to {
-                Some(tx) => {
-                    let _ = tx.send(reply.into_string());
-                }
-                None => {
-                    let _ = shared.out.send(reply);
-                }
-            }
-        });
-        Ok(())
+    }
+
+    /// Records `id` as in flight (so it can be cancelled); an id already in flight is refused.
+    fn register_pending(&self, id: &Id) -> Result<CancellationToken, RpcError> {
+        let token = CancellationToken::new();
+        let mut pending = self
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if pending.contains_key(id) {
+            return Err(RpcError::invalid_request(format!(
+                "request id {id} is already in use"
+            )));
+        }
+        pending.insert(id.clone(), token.clone());
+        Ok(token)
     }
 
     fn initialize(&mut self, profile: Profile, params: &Value) -> Result<Value, RpcError> {
@@ -1091,6 +1041,215 @@ impl<H: Host> Conn<H> {
 }
 
 /// `v` as encoded JSON (a `Value` always encodes).
+/// Who the notification forwarder passes notices on to, as the connection learns it.
+struct Listener {
+    profile: Option<Profile>,
+    /// Set once the connection proved the operator key.
+    operator: Arc<std::sync::atomic::AtomicBool>,
+    /// The connection's identity, once it has one.
+    viewer: Arc<Mutex<Option<String>>>,
+}
+
+impl Listener {
+    /// Whether this connection is shown `notice`: MCP connections get none; operators every
+    /// one; others what their own requests would be shown.
+    fn shown<H: Host>(&self, host: &H, state: &H::State, notice: H::Notice) -> Option<Push> {
+        if self.profile == Some(Profile::Mcp) {
+            return None;
+        }
+        let operator = self.operator.load(std::sync::atomic::Ordering::Acquire);
+        if !operator {
+            let me = self
+                .viewer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            if !host.visible(state, me.as_deref(), &notice) {
+                return None;
+            }
+        }
+        let push = H::push(notice);
+        (operator || !push.operators_only).then_some(push)
+    }
+}
+
+/// Passes `state`'s notifications on to the connection until the subscription closes or the
+/// client stops reading; once the session is closing, it passes on what is already queued.
+async fn forward_notices<H: Host>(
+    shared: Arc<Shared<H>>,
+    state: Arc<H::State>,
+    mut rx: crate::fanout::Subscription<H::Notice>,
+    listener: Listener,
+) {
+    let mut draining = false;
+    loop {
+        let next = if draining {
+            match rx.try_recv() {
+                Ok(n) => Ok(n),
+                Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+                Err(_) => break,
+            }
+        } else {
+            tokio::select! {
+                n = rx.recv() => n,
+                _ = shared.closing.cancelled() => {
+                    draining = true;
+                    continue;
+                }
+            }
+        };
+        match next {
+            Ok(notice) => {
+                let Some(push) = listener.shown(&*shared.host, &state, notice) else {
+                    continue;
+                };
+                if !shared
+                    .out
+                    .send(encode(&notification(&push.method, push.params)))
+                {
+                    break;
+                }
+            }
+            Err(RecvError::Lagged(n)) => {
+                tracing::warn!(skipped = n, "client fell behind; notifications dropped");
+            }
+            Err(RecvError::Closed) => break,
+        }
+    }
+}
+
+/// What `route` made of a request.
+enum Routed<'a> {
+    /// Answered from what the session keeps (the encoded `tools/list` result).
+    Answered(&'a RawValue),
+    /// A router method to call; `mcp` is set for `tools/call` (whether a non-object result
+    /// is wrapped as `{"result": …}`).
+    Call {
+        target: String,
+        args: Value,
+        mcp: Option<bool>,
+    },
+}
+
+/// One admitted request, as its task runs it.
+struct Call {
+    id: Id,
+    target: String,
+    args: Value,
+    ctx: CallCtx,
+    /// This write's number in arrival order (`None` for a read).
+    ticket: Option<u64>,
+    /// How many writes must have finished before this request runs.
+    wait_for: u64,
+    /// Set for MCP `tools/call`: whether a non-object result is wrapped.
+    mcp: Option<bool>,
+    /// A stateless MCP request (its result carries the 2026-07-28 fields).
+    stateless: bool,
+    /// The batch this request came in, if any.
+    reply_to: Option<mpsc::UnboundedSender<String>>,
+}
+
+/// Runs an admitted request in its turn and sends its reply, unless it was cancelled.
+async fn run_call<H: Host>(shared: Arc<Shared<H>>, state: Arc<H::State>, call: Call) {
+    let Call {
+        id,
+        target,
+        args,
+        ctx,
+        ticket,
+        wait_for,
+        mcp,
+        stateless,
+        reply_to,
+    } = call;
+    let token = ctx.cancel.clone();
+    let mut done_rx = shared.writes_done.subscribe();
+    // Wait for earlier writes (a cancelled request still takes its turn, so later writes keep
+    // their order).
+    let waited = tokio::select! {
+        r = done_rx.wait_for(|d| *d >= wait_for) => r.is_ok(),
+        _ = token.cancelled(), if ticket.is_none() => false,
+    };
+    let finish_write = |shared: &Shared<H>| {
+        if let Some(t) = ticket {
+            shared.writes_done.send_modify(|d| *d = (*d).max(t));
+        }
+    };
+    if !waited || token.is_cancelled() {
+        finish_write(&shared);
+        return;
+    }
+    let call = shared.router.call(state, ctx, &target, args);
+    let result = match ticket {
+        // A started write runs to completion even if cancelled meanwhile.
+        Some(_) => Some(call.await),
+        None => tokio::select! {
+            r = call => Some(r),
+            _ = token.cancelled() => None,
+        },
+    };
+    finish_write(&shared);
+    let Some(result) = result else { return };
+    let still_pending = {
+        let mut pending = shared.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.remove(&id).is_some()
+    };
+    if !still_pending {
+        return; // cancelled: -32800 was already sent
+    }
+    let reply = encode_call_reply(&id, result, mcp, stateless);
+    match reply_to {
+        Some(tx) => {
+            let _ = tx.send(reply.into_string());
+        }
+        None => {
+            let _ = shared.out.send(reply);
+        }
+    }
+}
+
+/// A method's result as its reply: spliced in as it is, or as an MCP tool result.
+fn encode_call_reply(
+    id: &Id,
+    result: Result<Raw, RpcError>,
+    mcp: Option<bool>,
+    stateless: bool,
+) -> Message {
+    let Some(wrap) = mcp else {
+        return match result {
+            Ok(raw) => reply_ok_spliced(id, raw.into_string()),
+            Err(e) => encode(&reply_err(Some(id), &e)).into(),
+        };
+    };
+    let text = match result {
+        Ok(raw) => {
+            let text = raw.get();
+            // The text twice, once escaped (JSON text grows by about a tenth: its quotes), so
+            // that the reply is written without a reallocation.
+            let size = 2 * text.len() + text.len() / 4 + 112;
+            reply_ok_writing(id, size, |out| {
+                write_tool_result(out, text, wrap, stateless)
+            })
+        }
+        Err(e) => match tool_error_result(e, stateless) {
+            Ok(raw) => reply_ok_raw(id, raw.get()),
+            Err(_) => encode(&reply_err(
+                Some(id),
+                &RpcError::internal("encoding the tool result"),
+            )),
+        },
+    };
+    text.into()
+}
+
+fn not_initialized(message: &str) -> RpcError {
+    RpcError::new(
+        codes::SERVER_NOT_INITIALIZED,
+        "server_not_initialized",
+        message,
+    )
+}
+
 fn raw_json(v: &Value) -> Box<serde_json::value::RawValue> {
     serde_json::value::to_raw_value(v).unwrap_or_default()
 }
