@@ -431,53 +431,11 @@ fn check_phrases(key: &str, phrases: &[String]) -> Result<(), PolicyError> {
 }
 
 fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
-    let mut keywords: [Phrases; 7] = std::array::from_fn(|_| Phrases::from(Vec::new()));
-    let mut seen = [false; 7];
-    for (name, list) in doc.keywords {
-        let key = format!("keywords.{name}");
-        let p = parse_pattern(&key, &name)?;
-        check_phrases(&key, &list.words)?;
-        seen[p.index()] = true;
-        keywords[p.index()] = list;
-    }
-    if let Some(p) = Pattern::ALL.into_iter().find(|p| !seen[p.index()]) {
-        return Err(PolicyError::new(
-            format!("keywords.{}", p.as_str()),
-            "missing keyword list",
-        ));
-    }
+    let mut keywords = compile_keywords(doc.keywords)?;
     if doc.adjustment_cap < 0 {
         return Err(PolicyError::new("adjustment_cap", "must not be negative"));
     }
-
-    let mut weights = [[0i64; 6]; 7];
-    let mut weighted = [false; 7];
-    for (name, w) in doc.weights {
-        let key = format!("weights.{name}");
-        let p = parse_pattern(&key, &name)?;
-        if !p.is_base() {
-            return Err(PolicyError::new(key, "only base patterns are scored"));
-        }
-        for (sign, part, map) in [(1, "positive", &w.positive), (-1, "negative", &w.negative)] {
-            for (dim, value) in map {
-                let dkey = format!("{key}.{part}.{dim}");
-                let d = Dimension::parse(dim)
-                    .ok_or_else(|| PolicyError::new(&dkey, "unknown dimension"))?;
-                if !(0..=1000).contains(value) {
-                    return Err(PolicyError::new(dkey, "weights must be between 0 and 1000"));
-                }
-                weights[p.index()][d.index()] += sign * value;
-            }
-        }
-        weighted[p.index()] = true;
-    }
-    if let Some(p) = Pattern::BASE.into_iter().find(|p| !weighted[p.index()]) {
-        return Err(PolicyError::new(
-            format!("weights.{}", p.as_str()),
-            "missing weights",
-        ));
-    }
-
+    let weights = compile_weights(&doc.weights)?;
     if doc.close_score_margin < 0 {
         return Err(PolicyError::new(
             "close_score_margin",
@@ -496,64 +454,12 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
             format!("must list {}", p.as_str()),
         ));
     }
-
-    let s = &doc.signals;
-    for (name, list) in [
-        ("merge_conflict", &s.merge_conflict),
-        ("merge_conflict_negation", &s.merge_conflict_negation),
-        ("separability_disjoint", &s.separability_disjoint),
-        ("swarm_disjoint", &s.swarm_disjoint),
-        ("code_heavy", &s.code_heavy),
-        ("code_mention", &s.code_mention),
-        ("browser", &s.browser),
-        ("safety_sensitive", &s.safety_sensitive),
-        ("packaging", &s.packaging),
-    ] {
+    let mut signals = doc.signals;
+    for (name, list) in signal_lists(&mut signals) {
         check_phrases(&format!("signals.{name}"), &list.words)?;
     }
-
-    for (name, rule) in &doc.roles {
-        if rule.preferred_profile.trim().is_empty() {
-            return Err(PolicyError::new(
-                format!("roles.{name}.preferred_profile"),
-                "must not be blank",
-            ));
-        }
-    }
-    let mut lane_roles: [String; 7] = Default::default();
-    for (name, target) in &doc.lane_roles {
-        let role = LaneRole::parse(name)
-            .ok_or_else(|| PolicyError::new(format!("lane_roles.{name}"), "unknown lane role"))?;
-        lane_roles[role.index()] = target.clone();
-    }
-    if let Some(role) = LaneRole::ALL
-        .into_iter()
-        .find(|r| lane_roles[r.index()].is_empty())
-    {
-        return Err(PolicyError::new(
-            format!("lane_roles.{}", role.as_str()),
-            "missing role policy name",
-        ));
-    }
-    for (key, value) in [
-        ("unknown_role_profile", &doc.unknown_role_profile),
-        (
-            "escalation.premium_escalation_profile",
-            &doc.escalation.premium_escalation_profile,
-        ),
-        (
-            "escalation.module_swarm_default_profile",
-            &doc.escalation.module_swarm_default_profile,
-        ),
-        (
-            "escalation.code_heavy_profile",
-            &doc.escalation.code_heavy_profile,
-        ),
-    ] {
-        if value.trim().is_empty() {
-            return Err(PolicyError::new(key, "must not be blank"));
-        }
-    }
+    let lane_roles = compile_lane_roles(&doc.roles, &doc.lane_roles)?;
+    check_profiles_and_defaults(&doc.unknown_role_profile, &doc.escalation)?;
     for (key, list) in [
         ("default_workstreams", &doc.default_workstreams),
         ("default_phases", &doc.default_phases),
@@ -563,35 +469,12 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
         }
     }
 
-    let role_rules_view = doc
-        .roles
-        .iter()
-        .map(|(name, r)| {
-            (
-                name.clone(),
-                RoleRuleView {
-                    preferred_profile: r.preferred_profile.clone(),
-                    fallback_profiles: r.fallback_profiles.clone(),
-                    model_policy: ModelPolicyView {
-                        disable_reasoning: r.disable_reasoning,
-                    },
-                    toolsets: r.toolsets.clone(),
-                },
-            )
-        })
-        .collect();
-    let profile_mapping_view = doc
-        .roles
-        .iter()
-        .map(|(name, r)| (name.clone(), r.preferred_profile.clone()))
-        .collect();
-
+    let (role_rules_view, profile_mapping_view) = role_views(&doc.roles);
     let encode_err =
         |e: serde_json::Error| PolicyError::new("roles", format!("cannot encode: {e}"));
     let role_rules_json = serde_json::value::to_raw_value(&role_rules_view).map_err(encode_err)?;
     let profile_mapping_json =
         serde_json::value::to_raw_value(&profile_mapping_view).map_err(encode_err)?;
-
     let lane_profiles: [[LaneProfile; 4]; 7] = std::array::from_fn(|i| {
         let rule = doc.roles.get(&lane_roles[i]);
         let toolsets = rule
@@ -607,32 +490,11 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
             )
         })
     });
-
-    let mut signals = doc.signals;
-    let phrase_index = {
-        let Signals {
-            merge_conflict,
-            merge_conflict_negation,
-            separability_disjoint,
-            swarm_disjoint,
-            code_heavy,
-            code_mention,
-            browser,
-            safety_sensitive,
-            packaging,
-        } = &mut signals;
-        PhraseIndex::build(keywords.iter_mut().chain([
-            merge_conflict,
-            merge_conflict_negation,
-            separability_disjoint,
-            swarm_disjoint,
-            code_heavy,
-            code_mention,
-            browser,
-            safety_sensitive,
-            packaging,
-        ]))
-    };
+    let phrase_index = PhraseIndex::build(
+        keywords
+            .iter_mut()
+            .chain(signal_lists(&mut signals).map(|(_, list)| list)),
+    );
 
     Ok(Policy {
         selector_version: doc.selector_version,
@@ -656,6 +518,170 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
         role_rules_json,
         profile_mapping_json,
     })
+}
+
+/// Keyword lists by pattern: every pattern has one, each phrase lower-case and not blank.
+fn compile_keywords(doc: BTreeMap<String, Phrases>) -> Result<[Phrases; 7], PolicyError> {
+    let mut keywords: [Phrases; 7] = std::array::from_fn(|_| Phrases::from(Vec::new()));
+    let mut seen = [false; 7];
+    for (name, list) in doc {
+        let key = format!("keywords.{name}");
+        let p = parse_pattern(&key, &name)?;
+        check_phrases(&key, &list.words)?;
+        seen[p.index()] = true;
+        keywords[p.index()] = list;
+    }
+    if let Some(p) = Pattern::ALL.into_iter().find(|p| !seen[p.index()]) {
+        return Err(PolicyError::new(
+            format!("keywords.{}", p.as_str()),
+            "missing keyword list",
+        ));
+    }
+    Ok(keywords)
+}
+
+/// Net weight per base pattern and dimension (positive minus negative), each from 0 to 1000.
+fn compile_weights(doc: &BTreeMap<String, WeightsDoc>) -> Result<[[i64; 6]; 7], PolicyError> {
+    let mut weights = [[0i64; 6]; 7];
+    let mut weighted = [false; 7];
+    for (name, w) in doc {
+        let key = format!("weights.{name}");
+        let p = parse_pattern(&key, name)?;
+        if !p.is_base() {
+            return Err(PolicyError::new(key, "only base patterns are scored"));
+        }
+        for (sign, part, map) in [(1, "positive", &w.positive), (-1, "negative", &w.negative)] {
+            for (dim, value) in map {
+                let dkey = format!("{key}.{part}.{dim}");
+                let d = Dimension::parse(dim)
+                    .ok_or_else(|| PolicyError::new(&dkey, "unknown dimension"))?;
+                if !(0..=1000).contains(value) {
+                    return Err(PolicyError::new(dkey, "weights must be between 0 and 1000"));
+                }
+                weights[p.index()][d.index()] += sign * value;
+            }
+        }
+        weighted[p.index()] = true;
+    }
+    if let Some(p) = Pattern::BASE.into_iter().find(|p| !weighted[p.index()]) {
+        return Err(PolicyError::new(
+            format!("weights.{}", p.as_str()),
+            "missing weights",
+        ));
+    }
+    Ok(weights)
+}
+
+/// Every signal phrase list with its key under `signals`.
+fn signal_lists(signals: &mut Signals) -> impl Iterator<Item = (&'static str, &mut Phrases)> {
+    let Signals {
+        merge_conflict,
+        merge_conflict_negation,
+        separability_disjoint,
+        swarm_disjoint,
+        code_heavy,
+        code_mention,
+        browser,
+        safety_sensitive,
+        packaging,
+    } = signals;
+    [
+        ("merge_conflict", merge_conflict),
+        ("merge_conflict_negation", merge_conflict_negation),
+        ("separability_disjoint", separability_disjoint),
+        ("swarm_disjoint", swarm_disjoint),
+        ("code_heavy", code_heavy),
+        ("code_mention", code_mention),
+        ("browser", browser),
+        ("safety_sensitive", safety_sensitive),
+        ("packaging", packaging),
+    ]
+    .into_iter()
+}
+
+/// The role policy each lane role uses (every lane role named; every role with a profile).
+fn compile_lane_roles(
+    roles: &BTreeMap<String, RoleRule>,
+    doc: &BTreeMap<String, String>,
+) -> Result<[String; 7], PolicyError> {
+    for (name, rule) in roles {
+        if rule.preferred_profile.trim().is_empty() {
+            return Err(PolicyError::new(
+                format!("roles.{name}.preferred_profile"),
+                "must not be blank",
+            ));
+        }
+    }
+    let mut lane_roles: [String; 7] = Default::default();
+    for (name, target) in doc {
+        let role = LaneRole::parse(name)
+            .ok_or_else(|| PolicyError::new(format!("lane_roles.{name}"), "unknown lane role"))?;
+        lane_roles[role.index()] = target.clone();
+    }
+    if let Some(role) = LaneRole::ALL
+        .into_iter()
+        .find(|r| lane_roles[r.index()].is_empty())
+    {
+        return Err(PolicyError::new(
+            format!("lane_roles.{}", role.as_str()),
+            "missing role policy name",
+        ));
+    }
+    Ok(lane_roles)
+}
+
+/// The fallback and escalation profiles are named.
+fn check_profiles_and_defaults(
+    unknown_role_profile: &str,
+    escalation: &Escalation,
+) -> Result<(), PolicyError> {
+    for (key, value) in [
+        ("unknown_role_profile", unknown_role_profile),
+        (
+            "escalation.premium_escalation_profile",
+            &escalation.premium_escalation_profile,
+        ),
+        (
+            "escalation.module_swarm_default_profile",
+            &escalation.module_swarm_default_profile,
+        ),
+        (
+            "escalation.code_heavy_profile",
+            &escalation.code_heavy_profile,
+        ),
+    ] {
+        if value.trim().is_empty() {
+            return Err(PolicyError::new(key, "must not be blank"));
+        }
+    }
+    Ok(())
+}
+
+/// The role rules as a selection reports them, and each role's preferred profile.
+fn role_views(
+    roles: &BTreeMap<String, RoleRule>,
+) -> (BTreeMap<String, RoleRuleView>, BTreeMap<String, String>) {
+    let rules = roles
+        .iter()
+        .map(|(name, r)| {
+            (
+                name.clone(),
+                RoleRuleView {
+                    preferred_profile: r.preferred_profile.clone(),
+                    fallback_profiles: r.fallback_profiles.clone(),
+                    model_policy: ModelPolicyView {
+                        disable_reasoning: r.disable_reasoning,
+                    },
+                    toolsets: r.toolsets.clone(),
+                },
+            )
+        })
+        .collect();
+    let mapping = roles
+        .iter()
+        .map(|(name, r)| (name.clone(), r.preferred_profile.clone()))
+        .collect();
+    (rules, mapping)
 }
 
 #[cfg(test)]
@@ -779,6 +805,17 @@ mod tests {
             key("lane_roles:\n  painter: code-worker\n"),
             "lane_roles.painter"
         );
+        assert_eq!(key("signals:\n  browser: [Chrome]\n"), "signals.browser[0]");
+        assert_eq!(
+            key("roles:\n  code-worker:\n    preferred_profile: ' '\n"),
+            "roles.code-worker.preferred_profile"
+        );
+        assert_eq!(key("default_phases: []\n"), "default_phases");
+        assert_eq!(
+            key("simpler_pattern_order: [sequential]\n"),
+            "simpler_pattern_order"
+        );
+        assert_eq!(key("close_score_margin: -1\n"), "close_score_margin");
         assert!(
             key("surprise: 1\n").contains("<file>") || key("surprise: 1\n").contains("surprise")
         );
