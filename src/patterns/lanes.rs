@@ -210,100 +210,10 @@ pub fn build_lanes(
     let mut scale = None;
     match pattern {
         Pattern::ModuleSwarm => {
-            let scopes: &[String] = if req.scopes.is_empty() {
-                &policy.default_workstreams
-            } else {
-                &req.scopes
-            };
-            let s = SwarmScale::recommend(scopes.len(), req, text, dims, policy);
-            lanes.reserve(scopes.len() + 2);
-            let hint = format!(
-                "Run in waves of at most {} active lanes, drawing on the {} profile pool.",
-                s.max_active_lanes,
-                s.profile_pool_strategy.as_str()
-            );
-            // Every builder lane has the same profile: resolved once.
-            let builder = resolve_profile(LaneRole::Builder, swarm, policy);
-            for scope in scopes {
-                lanes.push(lane_with(
-                    LaneRole::Builder,
-                    1,
-                    vec![scope.clone()],
-                    builder_purpose(scope),
-                    hint.clone(),
-                    builder.clone(),
-                ));
-            }
-            let (count, purpose) = if s.integrator_per_wave {
-                (
-                    s.waves_required,
-                    "Merge and check the builder outputs at the end of every wave.",
-                )
-            } else {
-                (
-                    1,
-                    "Merge and check the builder outputs once all waves are done.",
-                )
-            };
-            lanes.push(lane(
-                LaneRole::Integrator,
-                count,
-                scopes.to_vec(),
-                purpose,
-                "A lane in the calling runtime, or a managed continuation.",
-                swarm,
-                policy,
-            ));
-            scale = Some(s);
+            scale = Some(swarm_lanes(req, text, dims, policy, swarm, &mut lanes));
         }
-        Pattern::BlueprintFanout => {
-            let wanted = if req.variants_requested == 0 {
-                2
-            } else {
-                req.variants_requested.max(2)
-            };
-            let n = wanted.min(req.max_parallel_lanes).max(1);
-            for i in 1..=n {
-                lanes.push(lane(
-                    LaneRole::VariantDesigner,
-                    1,
-                    Vec::new(),
-                    format!("Design variant {i} as an independent alternative to the others."),
-                    "One worker in a batch of ephemeral workers.",
-                    escalated,
-                    policy,
-                ));
-            }
-            lanes.push(lane(
-                LaneRole::Curator,
-                1,
-                Vec::new(),
-                "Compare the variants, then pick one or merge their strongest parts.",
-                "A lane in the calling runtime once every variant is in.",
-                escalated,
-                policy,
-            ));
-        }
-        Pattern::PhasedAssembly => {
-            let deps: &[String] = if req.dependencies.is_empty() {
-                &policy.default_phases
-            } else {
-                &req.dependencies
-            };
-            for dep in deps {
-                lanes.push(lane(
-                    LaneRole::PhaseWorker,
-                    1,
-                    vec![dep.clone()],
-                    format!(
-                        "Finish the {dep} step of its wave and hand off to the work it unlocks."
-                    ),
-                    "A child task in a task graph, or one step of a managed continuation.",
-                    escalated,
-                    policy,
-                ));
-            }
-        }
+        Pattern::BlueprintFanout => fanout_lanes(req, policy, escalated, &mut lanes),
+        Pattern::PhasedAssembly => phase_lanes(req, policy, escalated, &mut lanes),
         Pattern::RecoveryLane | Pattern::BridgeLane => {
             lanes.push(lane(
                 LaneRole::RecoveryWorker,
@@ -345,6 +255,114 @@ pub fn build_lanes(
         ));
     }
     (lanes, scale)
+}
+
+/// A module swarm: one builder lane per scope (or default workstream), then the integrator,
+/// in waves sized by the swarm's scale (returned).
+fn swarm_lanes(
+    req: &PatternRequest,
+    text: &TextSignals,
+    dims: &Dimensions,
+    policy: &Policy,
+    swarm: Flags,
+    lanes: &mut Vec<Lane>,
+) -> SwarmScale {
+    let scopes: &[String] = if req.scopes.is_empty() {
+        &policy.default_workstreams
+    } else {
+        &req.scopes
+    };
+    let s = SwarmScale::recommend(scopes.len(), req, text, dims, policy);
+    lanes.reserve(scopes.len() + 2);
+    let hint = format!(
+        "Run in waves of at most {} active lanes, drawing on the {} profile pool.",
+        s.max_active_lanes,
+        s.profile_pool_strategy.as_str()
+    );
+    // Every builder lane has the same profile: resolved once.
+    let builder = resolve_profile(LaneRole::Builder, swarm, policy);
+    for scope in scopes {
+        lanes.push(lane_with(
+            LaneRole::Builder,
+            1,
+            vec![scope.clone()],
+            builder_purpose(scope),
+            hint.clone(),
+            builder.clone(),
+        ));
+    }
+    let (count, purpose) = if s.integrator_per_wave {
+        (
+            s.waves_required,
+            "Merge and check the builder outputs at the end of every wave.",
+        )
+    } else {
+        (
+            1,
+            "Merge and check the builder outputs once all waves are done.",
+        )
+    };
+    lanes.push(lane(
+        LaneRole::Integrator,
+        count,
+        scopes.to_vec(),
+        purpose,
+        "A lane in the calling runtime, or a managed continuation.",
+        swarm,
+        policy,
+    ));
+    s
+}
+
+/// A blueprint fan-out: at least two variant designers (as many as asked, within the lane
+/// budget), then the curator.
+fn fanout_lanes(req: &PatternRequest, policy: &Policy, flags: Flags, lanes: &mut Vec<Lane>) {
+    let wanted = if req.variants_requested == 0 {
+        2
+    } else {
+        req.variants_requested.max(2)
+    };
+    let n = wanted.min(req.max_parallel_lanes).max(1);
+    for i in 1..=n {
+        lanes.push(lane(
+            LaneRole::VariantDesigner,
+            1,
+            Vec::new(),
+            format!("Design variant {i} as an independent alternative to the others."),
+            "One worker in a batch of ephemeral workers.",
+            flags,
+            policy,
+        ));
+    }
+    lanes.push(lane(
+        LaneRole::Curator,
+        1,
+        Vec::new(),
+        "Compare the variants, then pick one or merge their strongest parts.",
+        "A lane in the calling runtime once every variant is in.",
+        flags,
+        policy,
+    ));
+}
+
+/// A phased assembly: one phase worker per dependency (or default phase).
+fn phase_lanes(req: &PatternRequest, policy: &Policy, flags: Flags, lanes: &mut Vec<Lane>) {
+    let deps: &[String] = if req.dependencies.is_empty() {
+        &policy.default_phases
+    } else {
+        &req.dependencies
+    };
+    for dep in deps {
+        lanes.push(lane(
+            LaneRole::PhaseWorker,
+            1,
+            vec![dep.clone()],
+            format!("Finish the {dep} step of its wave and hand off to the work it unlocks."),
+            "A child task in a task graph, or one step of a managed continuation.",
+            flags,
+            policy,
+        ));
+    }
 }
 
 #[cfg(test)]

@@ -291,28 +291,17 @@ fn scan_serial<E: From<StoreError>>(
     is_last: bool,
     mut on: impl FnMut(Entry, u64, u64) -> Result<(), E>,
 ) -> Result<SegmentEnd, E> {
-    let mut file = match open_for_reading(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(StoreError::SegmentMissing {
-                path: path.to_path_buf(),
-            }
-            .into());
-        }
-        Err(source) => {
-            return Err(StoreError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-            .into());
-        }
-    };
     let io_err = |source| StoreError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let mut base = start;
-    if start < HEADER_LEN as u64 {
+    let mut file = open_for_reading(path).map_err(|source| match source.kind() {
+        io::ErrorKind::NotFound => StoreError::SegmentMissing {
+            path: path.to_path_buf(),
+        },
+        _ => io_err(source),
+    })?;
+    let base = if start < HEADER_LEN as u64 {
         let head = read_up_to(&mut file, HEADER_LEN).map_err(io_err)?;
         if !header_verdict(path, &head, is_last)? {
             return Ok(SegmentEnd::Torn {
@@ -320,131 +309,234 @@ fn scan_serial<E: From<StoreError>>(
                 reason: format!("segment header incomplete ({} bytes)", head.len()),
             });
         }
-        base = HEADER_LEN as u64;
+        HEADER_LEN as u64
     } else {
         file.seek(SeekFrom::Start(start)).map_err(io_err)?;
-    }
-
-    let file_len = file.metadata().map_err(io_err)?.len();
-    let remaining = file_len.saturating_sub(base) as usize;
-    let mut buf = vec![0u8; remaining.clamp(4096, READ_CHUNK) + FRAME_PREFIX];
-    let (mut lo, mut hi) = (0usize, 0usize);
-    let mut eof = false;
-    // Records of the batch being read, delivered only once its last record is read: a batch
-    // is all or nothing. A scan resuming mid-segment may start inside a batch whose earlier
-    // records were already delivered (the caller stopped midway), so it accepts continuation
-    // records until the next batch starts.
-    let mut pending: Vec<(Entry, u64, u64)> = Vec::new();
-    let mut batch_start: Option<u64> = (base > HEADER_LEN as u64).then_some(base);
-    let mut resuming = base > HEADER_LEN as u64;
+        start
+    };
+    let mut window = Window::new(file, base).map_err(io_err)?;
+    let mut batch = OpenBatch::new(base);
     loop {
         // Decode every whole frame already buffered.
         let mut incomplete: Option<Option<usize>> = None;
-        while lo < hi {
-            let offset = base + lo as u64;
-            match codec::decode(&buf[lo..hi]) {
+        while !window.buffered().is_empty() {
+            let offset = window.offset();
+            match codec::decode(window.buffered()) {
                 Frame::Whole {
                     entry,
                     len,
                     first,
                     last,
                 } => {
-                    if first && batch_start.is_some() && !resuming {
-                        return Err(E::from(StoreError::Corrupt {
-                            segment: path.to_path_buf(),
-                            offset: batch_start.unwrap_or(offset),
-                            reason: "a batch starting here never ends: a new batch begins before its last record".into(),
-                        }));
-                    }
-                    if !first && batch_start.is_none() {
-                        return Err(E::from(StoreError::Corrupt {
-                            segment: path.to_path_buf(),
-                            offset,
-                            reason: "record continues a batch that never began".into(),
-                        }));
-                    }
-                    if first {
-                        batch_start = Some(offset);
-                    }
-                    resuming = false;
-                    lo += len;
-                    pending.push((entry, offset, base + lo as u64));
-                    if last {
-                        for (entry, offset, end) in pending.drain(..) {
-                            on(entry, offset, end)?;
-                        }
-                        batch_start = None;
-                    }
+                    batch.check_link(path, offset, first)?;
+                    window.lo += len;
+                    batch.add(entry, offset, window.offset(), first, last, &mut on)?;
                 }
                 Frame::Incomplete { needed } => {
                     incomplete = Some(needed);
                     break;
                 }
                 Frame::Bad(reason) => {
-                    let tail = batch_start.unwrap_or(offset);
-                    let settled = pending.is_empty() || resuming;
-                    let rest = &buf[lo..hi];
-                    let at = Damage {
-                        offset,
-                        tail,
-                        settled,
-                    };
-                    return damaged(path, &mut file, rest, at, reason, is_last).map_err(E::from);
+                    let at = batch.damage_at(offset);
+                    let Window {
+                        file, buf, lo, hi, ..
+                    } = &mut window;
+                    return damaged(path, file, &buf[*lo..*hi], at, reason, is_last)
+                        .map_err(E::from);
                 }
             }
         }
-        if eof {
-            let offset = base + lo as u64;
-            let tail = batch_start.unwrap_or(offset);
-            if lo == hi {
-                if pending.is_empty() || resuming {
-                    return Ok(SegmentEnd::Clean { end: offset });
-                }
-                let reason = format!(
-                    "batch of {} whole record(s) lacks its last record",
-                    pending.len()
-                );
-                let at = Damage {
-                    offset: tail,
-                    tail,
-                    settled: false,
-                };
-                return damaged(path, &mut file, &[], at, reason, is_last).map_err(E::from);
-            }
-            let reason = match incomplete.flatten() {
-                Some(needed) => format!("incomplete record: {} of {needed} bytes present", hi - lo),
-                None => format!("incomplete record prefix: {} bytes", hi - lo),
-            };
-            let at = Damage {
-                offset,
-                tail,
-                settled: pending.is_empty() || resuming,
-            };
-            return damaged(path, &mut file, &buf[lo..hi], at, reason, is_last).map_err(E::from);
+        if window.eof {
+            return batch.at_eof(path, &mut window, incomplete, is_last);
         }
-        // Keep the unfinished frame at the front and read more behind it.
-        if lo > 0 {
-            buf.copy_within(lo..hi, 0);
-            hi -= lo;
-            base += lo as u64;
-            lo = 0;
+        window.read_more().map_err(io_err)?;
+    }
+}
+
+/// The part of a segment a scan holds: `buf[lo..hi]` is the file from offset `base + lo`.
+struct Window {
+    file: File,
+    buf: Vec<u8>,
+    lo: usize,
+    hi: usize,
+    base: u64,
+    /// The file has no more bytes after `hi`.
+    eof: bool,
+}
+
+impl Window {
+    fn new(file: File, base: u64) -> io::Result<Self> {
+        let file_len = file.metadata()?.len();
+        let remaining = file_len.saturating_sub(base) as usize;
+        Ok(Window {
+            file,
+            buf: vec![0u8; remaining.clamp(4096, READ_CHUNK) + FRAME_PREFIX],
+            lo: 0,
+            hi: 0,
+            base,
+            eof: false,
+        })
+    }
+
+    /// The offset in the file of the first byte not yet decoded.
+    fn offset(&self) -> u64 {
+        self.base + self.lo as u64
+    }
+
+    fn buffered(&self) -> &[u8] {
+        &self.buf[self.lo..self.hi]
+    }
+
+    /// Keeps the unfinished frame at the front and reads more behind it (growing the buffer
+    /// when the frame fills it); sets `eof` when the file has no more.
+    fn read_more(&mut self) -> io::Result<()> {
+        if self.lo > 0 {
+            self.buf.copy_within(self.lo..self.hi, 0);
+            self.hi -= self.lo;
+            self.base += self.lo as u64;
+            self.lo = 0;
         }
-        if hi == buf.len() {
-            let grown = (buf.len() * 2).max(hi + 4096);
-            buf.resize(grown, 0);
+        if self.hi == self.buf.len() {
+            let grown = (self.buf.len() * 2).max(self.hi + 4096);
+            self.buf.resize(grown, 0);
         }
         let n = loop {
-            match file.read(&mut buf[hi..]) {
+            match self.file.read(&mut self.buf[self.hi..]) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => return Err(io_err(source).into()),
+                Err(e) => return Err(e),
             }
         };
         if n == 0 {
-            eof = true;
+            self.eof = true;
         } else {
-            hi += n;
+            self.hi += n;
         }
+        Ok(())
+    }
+}
+
+/// The batch a scan is inside. Its records are delivered only once its last record is read: a
+/// batch is all or nothing. A scan resuming mid-segment may start inside a batch whose earlier
+/// records were already delivered (the caller stopped midway), so it accepts continuation
+/// records until the next batch starts.
+struct OpenBatch {
+    pending: Vec<(Entry, u64, u64)>,
+    /// Where the unfinished batch starts, if one is.
+    start: Option<u64>,
+    resuming: bool,
+}
+
+impl OpenBatch {
+    fn new(base: u64) -> Self {
+        let resuming = base > HEADER_LEN as u64;
+        OpenBatch {
+            pending: Vec::new(),
+            start: resuming.then_some(base),
+            resuming,
+        }
+    }
+
+    /// No batch is left unfinished here.
+    fn settled(&self) -> bool {
+        self.pending.is_empty() || self.resuming
+    }
+
+    /// A whole record at `offset` must start a batch exactly when none is open.
+    fn check_link<E: From<StoreError>>(
+        &self,
+        path: &Path,
+        offset: u64,
+        first: bool,
+    ) -> Result<(), E> {
+        if first && self.start.is_some() && !self.resuming {
+            return Err(E::from(StoreError::Corrupt {
+                segment: path.to_path_buf(),
+                offset: self.start.unwrap_or(offset),
+                reason:
+                    "a batch starting here never ends: a new batch begins before its last record"
+                        .into(),
+            }));
+        }
+        if !first && self.start.is_none() {
+            return Err(E::from(StoreError::Corrupt {
+                segment: path.to_path_buf(),
+                offset,
+                reason: "record continues a batch that never began".into(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Takes a whole record (after [`Self::check_link`]); delivers the batch at its last.
+    fn add<E>(
+        &mut self,
+        entry: Entry,
+        offset: u64,
+        end: u64,
+        first: bool,
+        last: bool,
+        on: &mut impl FnMut(Entry, u64, u64) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if first {
+            self.start = Some(offset);
+        }
+        self.resuming = false;
+        self.pending.push((entry, offset, end));
+        if last {
+            for (entry, offset, end) in self.pending.drain(..) {
+                on(entry, offset, end)?;
+            }
+            self.start = None;
+        }
+        Ok(())
+    }
+
+    /// Where damage met at `offset` sits in the batch.
+    fn damage_at(&self, offset: u64) -> Damage {
+        Damage {
+            offset,
+            tail: self.start.unwrap_or(offset),
+            settled: self.settled(),
+        }
+    }
+
+    /// How the segment ends once the file has no more bytes: cleanly after a whole batch, or
+    /// with a batch lacking its last record or a record cut short (judged by [`damaged`]).
+    fn at_eof<E: From<StoreError>>(
+        &self,
+        path: &Path,
+        window: &mut Window,
+        incomplete: Option<Option<usize>>,
+        is_last: bool,
+    ) -> Result<SegmentEnd, E> {
+        let offset = window.offset();
+        let left = window.hi - window.lo;
+        if left == 0 {
+            if self.settled() {
+                return Ok(SegmentEnd::Clean { end: offset });
+            }
+            let reason = format!(
+                "batch of {} whole record(s) lacks its last record",
+                self.pending.len()
+            );
+            let tail = self.start.unwrap_or(offset);
+            let at = Damage {
+                offset: tail,
+                tail,
+                settled: false,
+            };
+            return damaged(path, &mut window.file, &[], at, reason, is_last).map_err(E::from);
+        }
+        let reason = match incomplete.flatten() {
+            Some(needed) => format!("incomplete record: {left} of {needed} bytes present"),
+            None => format!("incomplete record prefix: {left} bytes"),
+        };
+        let at = self.damage_at(offset);
+        let Window {
+            file, buf, lo, hi, ..
+        } = window;
+        damaged(path, file, &buf[*lo..*hi], at, reason, is_last).map_err(E::from)
     }
 }
 
