@@ -441,6 +441,89 @@ struct DoctorReport {
     warnings: Vec<String>,
 }
 
+/// The policy files the selector would use, and whether they load.
+fn policy_check(workspace: &Path, policy_file: Option<&Path>) -> (Option<bool>, String) {
+    let source = policy_file
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| {
+            let f = workspace
+                .join(".gaffer")
+                .join(patterns::policy::WORKSPACE_POLICY_FILE);
+            if f.is_file() {
+                f.display().to_string()
+            } else {
+                "built-in policy".to_owned()
+            }
+        });
+    match cached_policy(workspace, policy_file) {
+        Ok(_) => (Some(true), source),
+        Err((path, e)) => (
+            Some(false),
+            format!(
+                "{} is invalid at `{}`: {}",
+                path.display(),
+                e.key,
+                e.message
+            ),
+        ),
+    }
+}
+
+/// The roster lanes would be placed from (given, or found as selection finds it), and
+/// whether it validates; no verdict when none is configured.
+fn roster_check(workspace: &Path, roster_arg: Option<&Path>) -> (Option<bool>, String) {
+    let target = match roster_arg {
+        Some(p) => Some((
+            p.display().to_string(),
+            p.to_path_buf(),
+            "given path".to_owned(),
+        )),
+        None => {
+            let ctx = SelectContext::for_workspace(workspace, patterns::Policy::builtin());
+            roster::locate(None, &ctx).map(|loc| {
+                let origin = roster_origin_label(&loc.origin);
+                (loc.shown, loc.path, origin)
+            })
+        }
+    };
+    let Some((shown, path, origin)) = target else {
+        return (
+            None,
+            "not configured (optional: lanes keep logical profile names)".to_owned(),
+        );
+    };
+    let report = roster::validate_roster_at(&shown, &path);
+    if report.ok {
+        (
+            Some(true),
+            format!("{shown} ({origin}), {} workers", report.worker_count),
+        )
+    } else {
+        (
+            Some(false),
+            format!("{shown} ({origin}): {}", report.errors.join("; ")),
+        )
+    }
+}
+
+/// The doctor's report as lines of text, with what to do next.
+fn doctor_text(report: &DoctorReport) -> String {
+    let mut t = String::new();
+    for (k, v) in &report.checks {
+        t.push_str(&format!("{k}: {}\n", v.as_str().unwrap_or_default()));
+    }
+    for w in &report.warnings {
+        t.push_str(&format!("warning: {w}\n"));
+    }
+    t.push_str("Nothing was launched and no runtime setting was changed.\n");
+    t.push_str(if report.ok {
+        "Next: `gaffer patterns select \"<objective>\"` to plan a task.\n"
+    } else {
+        "Next: fix the failed checks above, then run doctor again.\n"
+    });
+    t
+}
+
 fn doctor(
     workspace: &Path,
     policy_file: Option<&Path>,
@@ -465,74 +548,15 @@ fn doctor(
         Some(true),
         format!("gaffer {}", env!("CARGO_PKG_VERSION")),
     );
-    let policy_source = policy_file
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| {
-            let f = workspace
-                .join(".gaffer")
-                .join(patterns::policy::WORKSPACE_POLICY_FILE);
-            if f.is_file() {
-                f.display().to_string()
-            } else {
-                "built-in policy".to_owned()
-            }
-        });
-    match cached_policy(workspace, policy_file) {
-        Ok(_) => check("Policy files", Some(true), policy_source),
-        Err((path, e)) => check(
-            "Policy files",
-            Some(false),
-            format!(
-                "{} is invalid at `{}`: {}",
-                path.display(),
-                e.key,
-                e.message
-            ),
-        ),
-    }
+    let (passed, detail) = policy_check(workspace, policy_file);
+    check("Policy files", passed, detail);
     check(
         "MCP entrypoint",
         Some(true),
         "gaffer serve --mcp".to_owned(),
     );
-    let env = RosterEnv::from_process();
-    let roster_target = match roster_arg {
-        Some(p) => Some((
-            p.display().to_string(),
-            p.to_path_buf(),
-            "given path".to_owned(),
-        )),
-        None => {
-            let ctx = SelectContext::for_workspace(workspace, patterns::Policy::builtin());
-            roster::locate(None, &ctx).map(|loc| {
-                let origin = roster_origin_label(&loc.origin);
-                (loc.shown, loc.path, origin)
-            })
-        }
-    };
-    match roster_target {
-        None => check(
-            "Roster",
-            None,
-            "not configured (optional: lanes keep logical profile names)".to_owned(),
-        ),
-        Some((shown, path, origin)) => {
-            let report = roster::validate_roster_at(&shown, &path);
-            if report.ok {
-                check(
-                    "Roster",
-                    Some(true),
-                    format!("{shown} ({origin}), {} workers", report.worker_count),
-                );
-            } else {
-                check(
-                    "Roster",
-                    Some(false),
-                    format!("{shown} ({origin}): {}", report.errors.join("; ")),
-                );
-            }
-        }
-    }
+    let (passed, detail) = roster_check(workspace, roster_arg);
+    check("Roster", passed, detail);
     check("Credentials", None, "not required".to_owned());
     check(
         "Runtime launch",
@@ -543,7 +567,7 @@ fn doctor(
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     check("Import path", None, exe);
-    let warnings: Vec<String> = env
+    let warnings: Vec<String> = RosterEnv::from_process()
         .deprecated_in_use()
         .into_iter()
         .map(|var| format!("{var} is deprecated; use the WORKER_PATTERNS_* variable instead"))
@@ -556,20 +580,7 @@ fn doctor(
     let text = if as_json {
         serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
     } else {
-        let mut t = String::new();
-        for (k, v) in &report.checks {
-            t.push_str(&format!("{k}: {}\n", v.as_str().unwrap_or_default()));
-        }
-        for w in &report.warnings {
-            t.push_str(&format!("warning: {w}\n"));
-        }
-        t.push_str("Nothing was launched and no runtime setting was changed.\n");
-        t.push_str(if report.ok {
-            "Next: `gaffer patterns select \"<objective>\"` to plan a task.\n"
-        } else {
-            "Next: fix the failed checks above, then run doctor again.\n"
-        });
-        t
+        doctor_text(&report)
     };
     let code = emit(&text);
     if report.ok { code } else { ExitCode::FAILURE }

@@ -112,87 +112,18 @@ impl ExecutionBackend for ProcessBackend {
         if self.with_live(|live| live.contains_key(req.worker_id)) {
             return Err("the worker is already running".to_string());
         }
-        let argv = &req.profile.command;
-        // A program given with a slash is workspace-relative; resolve it explicitly, since how
-        // a relative program combines with `current_dir` is left to the platform.
-        let program = if argv[0].contains('/') {
-            req.workspace_root.join(&argv[0])
-        } else {
-            std::path::PathBuf::from(&argv[0])
-        };
-        let mut cmd = Command::new(program);
-        cmd.args(&argv[1..]);
-        if req.profile.input_mode == InputMode::Argument
-            && let Some(input) = req.initial_input
-        {
-            cmd.arg(flatten(input));
-        }
-        cmd.current_dir(req.workspace_root);
-        cmd.env_clear();
-        for name in BASE_ENV {
-            if let Some(v) = std::env::var_os(name) {
-                cmd.env(name, v);
-            }
-        }
-        cmd.env("GAFFER_WORKER_ID", req.worker_id);
-        cmd.env("GAFFER_PROFILE", req.profile.selector.value());
-        for (name, value) in req.env {
-            cmd.env(name, value);
-        }
-        for secret in req.secrets {
-            cmd.env(&secret.env, &secret.value);
-        }
-        if let Some(fd) = req.channel {
-            inherit_as_fd3(&mut cmd, fd);
-        }
-        let takes_stdin = req.profile.input_mode != InputMode::Argument;
-        cmd.stdin(if takes_stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-        cmd.stdout(Stdio::piped());
-        cmd.stderr(Stdio::piped());
-        cmd.kill_on_drop(true);
-        let spec = crate::sandbox::from_declarations(req.workspace_root, req.declarations)
-            .map_err(|e| e.to_string())?
-            .with_timeout_ms(req.profile.timeout_ms);
-        crate::sandbox::confine(&mut cmd, &spec, req.sandbox).map_err(|e| e.to_string())?;
-
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start `{}`: {}", argv[0], e.kind_description()))?;
+        let mut cmd = command_for(&req)?;
+        let mut child = cmd.spawn().map_err(|e| {
+            format!(
+                "cannot start `{}`: {}",
+                req.profile.command[0],
+                e.kind_description()
+            )
+        })?;
         let pid = child.id().unwrap_or(0);
         let ticks = procinfo::start_ticks(pid);
-
-        let stdin_tx = child.stdin.take().map(|mut stdin| {
-            let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-            tokio::spawn(async move {
-                while let Some(bytes) = rx.recv().await {
-                    if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
-                        break;
-                    }
-                }
-            });
-            tx
-        });
-        let mut readers = Vec::new();
-        if let Some(out) = child.stdout.take() {
-            readers.push(tokio::spawn(pump(
-                out,
-                req.worker_id.to_string(),
-                Stream::Stdout,
-                events.clone(),
-            )));
-        }
-        if let Some(err) = child.stderr.take() {
-            readers.push(tokio::spawn(pump(
-                err,
-                req.worker_id.to_string(),
-                Stream::Stderr,
-                events.clone(),
-            )));
-        }
+        let stdin_tx = child.stdin.take().map(stdin_writer);
+        let readers = pump_outputs(&mut child, req.worker_id, &events);
 
         let stop = CancellationToken::new();
         let stop_reason = Arc::new(Mutex::new(None));
@@ -228,6 +159,7 @@ impl ExecutionBackend for ProcessBackend {
             });
         });
 
+        let takes_stdin = req.profile.input_mode != InputMode::Argument;
         Ok(Spawned {
             run_state: if takes_stdin {
                 RunState::Idle
@@ -410,6 +342,99 @@ fn classify(exit: Option<&ExitInfo>) -> (WorkerStatus, String) {
             "ended without an exit status".to_string(),
         ),
     }
+}
+
+/// The worker's command: its program (a program with a slash is workspace-relative), its
+/// arguments (and its initial input, for profiles that take it there), a cleared environment
+/// with only the base variables, gaffer's, the profile's and the granted secrets, piped output,
+/// and the sandbox its declarations ask for.
+fn command_for(req: &SpawnRequest<'_>) -> Result<Command, String> {
+    let argv = &req.profile.command;
+    // A program given with a slash is workspace-relative; resolve it explicitly, since how a
+    // relative program combines with `current_dir` is left to the platform.
+    let program = if argv[0].contains('/') {
+        req.workspace_root.join(&argv[0])
+    } else {
+        std::path::PathBuf::from(&argv[0])
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(&argv[1..]);
+    if req.profile.input_mode == InputMode::Argument
+        && let Some(input) = req.initial_input
+    {
+        cmd.arg(flatten(input));
+    }
+    cmd.current_dir(req.workspace_root);
+    cmd.env_clear();
+    for name in BASE_ENV {
+        if let Some(v) = std::env::var_os(name) {
+            cmd.env(name, v);
+        }
+    }
+    cmd.env("GAFFER_WORKER_ID", req.worker_id);
+    cmd.env("GAFFER_PROFILE", req.profile.selector.value());
+    for (name, value) in req.env {
+        cmd.env(name, value);
+    }
+    for secret in req.secrets {
+        cmd.env(&secret.env, &secret.value);
+    }
+    if let Some(fd) = req.channel {
+        inherit_as_fd3(&mut cmd, fd);
+    }
+    let takes_stdin = req.profile.input_mode != InputMode::Argument;
+    cmd.stdin(if takes_stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    cmd.stdout(Stdio::piped());
+    cmd.stderr(Stdio::piped());
+    cmd.kill_on_drop(true);
+    let spec = crate::sandbox::from_declarations(req.workspace_root, req.declarations)
+        .map_err(|e| e.to_string())?
+        .with_timeout_ms(req.profile.timeout_ms);
+    crate::sandbox::confine(&mut cmd, &spec, req.sandbox).map_err(|e| e.to_string())?;
+    Ok(cmd)
+}
+
+/// A task writing what is sent to the worker's stdin, in order, until the pipe closes.
+fn stdin_writer(mut stdin: tokio::process::ChildStdin) -> mpsc::UnboundedSender<Vec<u8>> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        while let Some(bytes) = rx.recv().await {
+            if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    tx
+}
+
+/// Tasks passing the worker's stdout and stderr on as events.
+fn pump_outputs(
+    child: &mut tokio::process::Child,
+    worker_id: &str,
+    events: &mpsc::UnboundedSender<ExecEvent>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut readers = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        readers.push(tokio::spawn(pump(
+            out,
+            worker_id.to_string(),
+            Stream::Stdout,
+            events.clone(),
+        )));
+    }
+    if let Some(err) = child.stderr.take() {
+        readers.push(tokio::spawn(pump(
+            err,
+            worker_id.to_string(),
+            Stream::Stderr,
+            events.clone(),
+        )));
+    }
+    readers
 }
 
 async fn pump<R: tokio::io::AsyncRead + Unpin>(
