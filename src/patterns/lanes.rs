@@ -314,8 +314,8 @@ fn swarm_lanes(
     s
 }
 
-/// A blueprint fan-out: at least two variant designers (as many as asked, within the lane
-/// budget), then the curator.
+/// A blueprint fan-out: variant designers (as many as asked, at least two, but never more
+/// than the lane budget, and never none), then the curator.
 fn fanout_lanes(req: &PatternRequest, policy: &Policy, flags: Flags, lanes: &mut Vec<Lane>) {
     let wanted = if req.variants_requested == 0 {
         2

@@ -459,7 +459,7 @@ fn compile(doc: PolicyDoc) -> Result<Policy, PolicyError> {
         check_phrases(&format!("signals.{name}"), &list.words)?;
     }
     let lane_roles = compile_lane_roles(&doc.roles, &doc.lane_roles)?;
-    check_profiles_and_defaults(&doc.unknown_role_profile, &doc.escalation)?;
+    check_profiles(&doc.unknown_role_profile, &doc.escalation)?;
     for (key, list) in [
         ("default_workstreams", &doc.default_workstreams),
         ("default_phases", &doc.default_phases),
@@ -631,10 +631,7 @@ fn compile_lane_roles(
 }
 
 /// The fallback and escalation profiles are named.
-fn check_profiles_and_defaults(
-    unknown_role_profile: &str,
-    escalation: &Escalation,
-) -> Result<(), PolicyError> {
+fn check_profiles(unknown_role_profile: &str, escalation: &Escalation) -> Result<(), PolicyError> {
     for (key, value) in [
         ("unknown_role_profile", unknown_role_profile),
         (

@@ -298,7 +298,8 @@ impl<H: Host> Conn<H> {
         }
     }
 
-    /// Reads and dispatches frames until input ends (`false`) or LSP `exit` (`true`).
+    /// Reads and dispatches frames until input ends or cannot be read (`false`) or LSP
+    /// `exit` (`true`).
     async fn read_requests<S>(&mut self, mut reader: S) -> bool
     where
         S: futures_util::Stream<Item = std::io::Result<Frame>> + Unpin,
@@ -736,7 +737,8 @@ impl<H: Host> Conn<H> {
         Ok(())
     }
 
-    /// Methods the session answers itself, before any gate that needs the workspace:
+    /// Methods the session answers itself rather than the router (the handshake, `ping`,
+    /// operator login, MCP discovery), ahead of the request gates in [`Self::admit`]:
     /// `Some(result)` when `method` is one of them.
     fn session_method(
         &mut self,
@@ -783,8 +785,9 @@ impl<H: Host> Conn<H> {
     }
 
     /// Whether a request may be served on this connection now: a protocol version in `_meta`
-    /// must be one gaffer speaks, and a connection must have initialized unless it is
-    /// stateless MCP. Returns the request's stateless MCP version, if it names one.
+    /// must be one gaffer speaks; an LSP connection must have initialized, and so must an MCP
+    /// one unless the request names its version in `_meta` (raw JSON-RPC is never gated).
+    /// Returns the version the request names in `_meta`, if any.
     fn admit(&self, profile: Profile, params: &Value) -> Result<Option<String>, RpcError> {
         let stateless = meta_version(params);
         if let Some(v) = &stateless
@@ -1040,7 +1043,6 @@ impl<H: Host> Conn<H> {
     }
 }
 
-/// `v` as encoded JSON (a `Value` always encodes).
 /// Who the notification forwarder passes notices on to, as the connection learns it.
 struct Listener {
     profile: Option<Profile>,
@@ -1074,7 +1076,8 @@ impl Listener {
 }
 
 /// Passes `state`'s notifications on to the connection until the subscription closes or the
-/// client stops reading; once the session is closing, it passes on what is already queued.
+/// connection's writer is gone; once the session is closing, it passes on what is already
+/// queued, then stops.
 async fn forward_notices<H: Host>(
     shared: Arc<Shared<H>>,
     state: Arc<H::State>,
@@ -1143,7 +1146,8 @@ struct Call {
     wait_for: u64,
     /// Set for MCP `tools/call`: whether a non-object result is wrapped.
     mcp: Option<bool>,
-    /// A stateless MCP request (its result carries the 2026-07-28 fields).
+    /// The request named its MCP version in `_meta` (a tool result then carries the
+    /// stateless revision's fields).
     stateless: bool,
     /// The batch this request came in, if any.
     reply_to: Option<mpsc::UnboundedSender<String>>,
@@ -1250,6 +1254,7 @@ fn not_initialized(message: &str) -> RpcError {
     )
 }
 
+/// `v` as encoded JSON (a `Value` always encodes).
 fn raw_json(v: &Value) -> Box<serde_json::value::RawValue> {
     serde_json::value::to_raw_value(v).unwrap_or_default()
 }

@@ -442,7 +442,8 @@ impl OpenBatch {
         self.pending.is_empty() || self.resuming
     }
 
-    /// A whole record at `offset` must start a batch exactly when none is open.
+    /// A whole record at `offset` must start a batch exactly when none is open, except that a
+    /// scan resuming inside a batch may meet the next batch's start before anything else.
     fn check_link<E: From<StoreError>>(
         &self,
         path: &Path,

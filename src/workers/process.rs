@@ -346,8 +346,10 @@ fn classify(exit: Option<&ExitInfo>) -> (WorkerStatus, String) {
 
 /// The worker's command: its program (a program with a slash is workspace-relative), its
 /// arguments (and its initial input, for profiles that take it there), a cleared environment
-/// with only the base variables, gaffer's, the profile's and the granted secrets, piped output,
-/// and the sandbox its declarations ask for.
+/// holding only the base variables, gaffer's own, the request's extra variables and the
+/// granted secrets, the channel as fd 3 when there is one, stdin piped (or null for profiles
+/// that take their input as an argument), output piped, and the sandbox its declarations ask
+/// for.
 fn command_for(req: &SpawnRequest<'_>) -> Result<Command, String> {
     let argv = &req.profile.command;
     // A program given with a slash is workspace-relative; resolve it explicitly, since how a
@@ -398,7 +400,8 @@ fn command_for(req: &SpawnRequest<'_>) -> Result<Command, String> {
     Ok(cmd)
 }
 
-/// A task writing what is sent to the worker's stdin, in order, until the pipe closes.
+/// The sender of a task writing what is sent to the worker's stdin, in order; the task ends
+/// when the pipe closes or every sender is dropped.
 fn stdin_writer(mut stdin: tokio::process::ChildStdin) -> mpsc::UnboundedSender<Vec<u8>> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     tokio::spawn(async move {
