@@ -12,8 +12,9 @@
 //!   written after the journal's fdatasync, so it is never ahead of the journal);
 //! - `facts.json` (replaced atomically under `lock`): the marks of the snapshots gaffer wrote
 //!   (any other snapshot is not loaded), the highest trust version verified per file (an older
-//!   trust is never enforced again), the approvals' uses claimed here and approvals revoked
-//!   (a use claimed here is never claimed again, whatever the journal says).
+//!   trust is never enforced again), the approvals' uses claimed here, approvals and client
+//!   credentials revoked (a use claimed here is never claimed again, a revoked credential never
+//!   proves its name again, whatever the journal says).
 //!
 //! An agent that can write the state directory is outside what this protects against, as is
 //! one that can read the operator's private key.
@@ -154,6 +155,10 @@ struct Facts {
     /// Approval id → kept until (ms).
     #[serde(default)]
     revoked: BTreeMap<String, u64>,
+    /// Client credentials the operator revoked (a credential does not expire, so neither does
+    /// its revocation).
+    #[serde(default)]
+    clients_revoked: std::collections::BTreeSet<String>,
 }
 
 impl Facts {
@@ -538,6 +543,21 @@ impl Anchor {
             }
             (later, ())
         })
+    }
+
+    /// Remembers that the operator revoked client credential `credential_id`: a copy of the
+    /// store cut back before the revocation still refuses it.
+    pub fn revoke_client(&self, credential_id: &str) -> Result<(), AnchorError> {
+        Self::update(&self.ledger, |f| {
+            (f.clients_revoked.insert(credential_id.to_string()), ())
+        })
+    }
+
+    /// Whether this machine remembers client credential `credential_id` as revoked.
+    pub fn client_revoked(&self, credential_id: &str) -> Result<bool, AnchorError> {
+        Ok(Self::read_facts(&self.ledger)?
+            .clients_revoked
+            .contains(credential_id))
     }
 
     /// The operator accepts the store as it is: the head is `mark`, and `workspace_id` is the

@@ -1,12 +1,15 @@
 //! Client identity: a credential the operator issued, never a name the client chose.
 //!
-//! `gaffer client add NAME` signs a [`CredentialPayload`] with the operator key and prints it
-//! as a token (`base64url(payload) "." signature`). A host passes the token to gaffer
+//! `gaffer client add NAME` draws a random secret, signs a [`CredentialPayload`] holding the
+//! secret's sha256 with the operator key, and prints the token
+//! (`base64url(payload) "." signature "." secret`). A host passes the token to gaffer
 //! (`GAFFER_CLIENT_TOKEN`, or the `clientToken` initialize option); gaffer checks it with the
-//! operator's public key, the workspace id and the revocations in the journal. Without a token
-//! a connection is `anonymous`: one shared scope, matched only by policy rules naming it.
+//! operator's public key, the workspace id, the secret's digest and the revocations (the
+//! journal's, and those this machine remembers outside the workspace). Without a token a
+//! connection is `anonymous`: one shared scope, matched only by policy rules naming it.
 //! The `client.issued` and `client.revoked` records carry the operator's signatures so every
-//! process can list and check them; the records themselves grant nothing.
+//! process can list and check them; the records themselves grant nothing, and since the secret
+//! is never recorded (only its digest), an agent reading the journal cannot rebuild a token.
 
 use std::collections::BTreeMap;
 
@@ -30,18 +33,20 @@ const MAX_REVOCATIONS_KEPT: usize = 8;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialPayload {
-    /// Always `gaffer/client/v1`.
+    /// Always `gaffer/client/v2`.
     pub domain: String,
     pub workspace_id: String,
     /// Unique per credential (`cl_…`), so one name can be reissued and the old one revoked.
     pub credential_id: String,
     /// The identity policy rules, scoping and the audit log use.
     pub name: String,
+    /// sha256 (hex) of the token's secret part; the secret itself is in no record.
+    pub secret_sha256: String,
     pub issued_at_ms: u64,
     pub head: Head,
 }
 
-crate::operator::signed::signed_payload!(CredentialPayload, "gaffer/client/v1");
+crate::operator::signed::signed_payload!(CredentialPayload, "gaffer/client/v2");
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -68,6 +73,15 @@ pub struct SignedRecord {
 pub enum CredentialError {
     #[error("the client token is malformed")]
     Malformed,
+    #[error(
+        "the client token has the old two-part form, which the journal's record of it could \
+         rebuild; ask the operator for a new one (`gaffer client add`)"
+    )]
+    Outdated,
+    #[error("the client token's secret is not the one its credential was issued with")]
+    BadSecret,
+    #[error("this machine's record of revoked credentials cannot be read")]
+    Unverifiable,
     #[error("the client token is not signed by this machine's operator key")]
     BadSignature,
     #[error("the client token was issued for another workspace")]
@@ -100,35 +114,52 @@ pub fn check_name(name: &str) -> Result<(), CredentialError> {
         .ok_or_else(|| CredentialError::BadName(name.to_string()))
 }
 
-/// The token text for an issued credential.
-pub fn token(sig: &OperatorSignature) -> String {
-    format!("{}.{}", base64url(sig.payload.as_bytes()), sig.signature)
+/// A newly issued credential: what it says, its `client.issued` record payload and the token
+/// to hand to the client (shown once: its secret is recorded nowhere).
+pub struct Issued {
+    pub payload: CredentialPayload,
+    pub record: SignedRecord,
+    pub token: String,
 }
 
-/// Signs a new credential and returns it with its `client.issued` record payload.
+/// The token text: the signed payload, its signature and the secret.
+fn token(sig: &OperatorSignature, secret: &str) -> String {
+    format!(
+        "{}.{}.{secret}",
+        base64url(sig.payload.as_bytes()),
+        sig.signature
+    )
+}
+
+/// Signs a new credential for `name` with a fresh secret.
 pub fn issue(
     signer: &OperatorSigner,
     workspace_id: &str,
     name: &str,
     head: Head,
-) -> Result<(CredentialPayload, SignedRecord), CredentialError> {
+) -> Result<Issued, CredentialError> {
     check_name(name)?;
+    let secret = crate::util::random_bytes(32)
+        .map(|b| base64url(&b))
+        .map_err(|_| CredentialError::Malformed)?;
     let payload = CredentialPayload {
         domain: CredentialPayload::DOMAIN.into(),
         workspace_id: workspace_id.into(),
         credential_id: crate::util::new_id("cl_").map_err(|_| CredentialError::Malformed)?,
         name: name.into(),
+        secret_sha256: crate::util::sha256_hex(secret.as_bytes()),
         issued_at_ms: crate::util::now_ms(),
         head,
     };
     let sig = OperatorSignature::sign(signer, &payload);
-    Ok((
-        payload.clone(),
-        SignedRecord {
-            credential_id: payload.credential_id,
+    Ok(Issued {
+        token: token(&sig, &secret),
+        record: SignedRecord {
+            credential_id: payload.credential_id.clone(),
             operator_signature: sig,
         },
-    ))
+        payload,
+    })
 }
 
 /// Signs the revocation of `credential_id`: the `client.revoked` record payload.
@@ -225,17 +256,24 @@ impl ClientState {
     }
 }
 
-/// Checks a presented token; returns the credential it proves.
+/// Checks a presented token against the journal's records; returns the credential it proves.
+/// The caller also asks this machine's anchor whether the credential was revoked
+/// ([`crate::anchor::Anchor::client_revoked`]): the journal may have been cut back.
 pub fn verify(
     token: &str,
     key: Option<&OperatorPublic>,
     workspace_id: Option<&str>,
     state: &ClientState,
 ) -> Result<CredentialPayload, CredentialError> {
-    let (payload_b64, signature) = token
-        .trim()
-        .split_once('.')
-        .ok_or(CredentialError::Malformed)?;
+    let mut parts = token.trim().split('.');
+    let (Some(payload_b64), Some(signature)) = (parts.next(), parts.next()) else {
+        return Err(CredentialError::Malformed);
+    };
+    let secret = match (parts.next(), parts.next()) {
+        (Some(secret), None) => secret,
+        (None, _) => return Err(CredentialError::Outdated),
+        (Some(_), Some(_)) => return Err(CredentialError::Malformed),
+    };
     let payload = base64url_decode(payload_b64)
         .and_then(|b| String::from_utf8(b).ok())
         .ok_or(CredentialError::Malformed)?;
@@ -247,6 +285,9 @@ pub fn verify(
         .map_err(|_| CredentialError::BadSignature)?;
     if Some(p.workspace_id.as_str()) != workspace_id {
         return Err(CredentialError::OtherWorkspace);
+    }
+    if crate::util::sha256_hex(secret.as_bytes()) != p.secret_sha256 {
+        return Err(CredentialError::BadSecret);
     }
     if state.is_revoked(key, &p.workspace_id, &p.credential_id) {
         return Err(CredentialError::Revoked(p.credential_id));
@@ -276,8 +317,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = signer(dir.path());
         let key = s.public();
-        let (p, rec) = issue(&s, "ws_a", "vscode", head()).unwrap();
-        let t = token(&rec.operator_signature);
+        let Issued {
+            payload: p,
+            token: t,
+            ..
+        } = issue(&s, "ws_a", "vscode", head()).unwrap();
         let mut state = ClientState::default();
         assert_eq!(verify(&t, Some(&key), Some("ws_a"), &state).unwrap(), p);
         assert_eq!(
@@ -299,17 +343,59 @@ mod tests {
     }
 
     #[test]
+    fn the_journals_record_of_a_credential_does_not_make_its_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = signer(dir.path());
+        let key = s.public();
+        let issued = issue(&s, "ws_a", "ci-agent", head()).unwrap();
+        let state = ClientState::default();
+        // What the `client.issued` record holds, and every token it could be made into.
+        let recorded = serde_json::to_string(&issued.record).unwrap();
+        let secret = issued.token.rsplit('.').next().unwrap();
+        assert!(!recorded.contains(secret), "{recorded}");
+        let sig = &issued.record.operator_signature;
+        let old_form = format!("{}.{}", base64url(sig.payload.as_bytes()), sig.signature);
+        assert_eq!(
+            verify(&old_form, Some(&key), Some("ws_a"), &state),
+            Err(CredentialError::Outdated)
+        );
+        for guess in ["", "x", &issued.payload.secret_sha256] {
+            let t = format!("{old_form}.{guess}");
+            assert_eq!(
+                verify(&t, Some(&key), Some("ws_a"), &state),
+                Err(CredentialError::BadSecret),
+                "{guess:?}"
+            );
+        }
+        assert_eq!(
+            verify(
+                &format!("{}.x", issued.token),
+                Some(&key),
+                Some("ws_a"),
+                &state
+            ),
+            Err(CredentialError::Malformed)
+        );
+        assert!(verify(&issued.token, Some(&key), Some("ws_a"), &state).is_ok());
+    }
+
+    #[test]
     fn forged_tokens_and_revocations_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let s = signer(dir.path());
         let other = signer(&dir.path().join("o"));
-        let (p, rec) = issue(&s, "ws_a", "editor", head()).unwrap();
+        let Issued {
+            payload: p,
+            record: rec,
+            token: t,
+        } = issue(&s, "ws_a", "editor", head()).unwrap();
         let key = s.public();
         let state = ClientState::default();
         // The agent renames itself inside the signed payload.
+        let secret = t.rsplit('.').next().unwrap();
         let forged_payload = rec.operator_signature.payload.replace("editor", "vscode");
         let forged = format!(
-            "{}.{}",
+            "{}.{}.{secret}",
             base64url(forged_payload.as_bytes()),
             rec.operator_signature.signature
         );
@@ -317,14 +403,9 @@ mod tests {
             verify(&forged, Some(&key), Some("ws_a"), &state),
             Err(CredentialError::BadSignature)
         );
-        let (_, by_other) = issue(&other, "ws_a", "editor", head()).unwrap();
+        let by_other = issue(&other, "ws_a", "editor", head()).unwrap();
         assert_eq!(
-            verify(
-                &token(&by_other.operator_signature),
-                Some(&key),
-                Some("ws_a"),
-                &state
-            ),
+            verify(&by_other.token, Some(&key), Some("ws_a"), &state),
             Err(CredentialError::BadSignature)
         );
         assert_eq!(

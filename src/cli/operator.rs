@@ -338,14 +338,14 @@ async fn client(c: ClientCmd, root: &Path) -> Result<ExitCode, ExitCode> {
         ClientCmd::Add { name } => {
             let signer = signer()?;
             let id = ws.ensure_workspace_id().await.map_err(|e| fail(e, 1))?;
-            let (payload, rec) = crate::clients::issue(&signer, &id, &name, ws.journal_head())
+            let issued = crate::clients::issue(&signer, &id, &name, ws.journal_head())
                 .map_err(|e| fail(e, 2))?;
-            let token = crate::clients::token(&rec.operator_signature);
-            commit(&app, vec![(crate::clients::KIND_ISSUED, rec)]).await?;
+            commit(&app, vec![(crate::clients::KIND_ISSUED, issued.record)]).await?;
             print(&json!({
-                "name": payload.name,
-                "credential_id": payload.credential_id,
-                "token": token,
+                "name": issued.payload.name,
+                "credential_id": issued.payload.credential_id,
+                // Shown once: the journal holds only its secret's digest.
+                "token": issued.token,
                 "use": format!("start gaffer with {}=<token>, or pass it as the `clientToken` initialize option", crate::clients::TOKEN_ENV),
             }));
         }
@@ -377,6 +377,13 @@ async fn client(c: ClientCmd, root: &Path) -> Result<ExitCode, ExitCode> {
                 })
                 .collect();
             commit(&app, recs).await?;
+            // Also outside the workspace: a store cut back before these records, here or in a
+            // copy of it, cannot bring the credentials back.
+            if let Some(anchor) = ws.restricting_anchor() {
+                for cid in &matching {
+                    anchor.revoke_client(cid).map_err(|e| fail(e, 1))?;
+                }
+            }
             print(&json!({"revoked": matching}));
         }
     }

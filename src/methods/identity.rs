@@ -80,11 +80,35 @@ impl App {
         };
         let key = crate::operator::current_public();
         let ws_id = self.workspace.workspace_id();
-        let cred = self
+        let verdict = self
             .workspace
-            .read(|s| clients::verify(token, key.as_ref(), ws_id.as_deref(), &s.clients))
-            .map_err(credential_error)?;
-        Ok(cred.name)
+            .read(|s| clients::verify(token, key.as_ref(), ws_id.as_deref(), &s.clients));
+        let Some(anchor) = self.workspace.restricting_anchor() else {
+            return verdict.map(|c| c.name).map_err(credential_error);
+        };
+        match verdict {
+            Ok(cred) => match anchor.client_revoked(&cred.credential_id) {
+                // The journal may have been cut back before the revocation: this machine
+                // remembers it outside the workspace.
+                Ok(false) => Ok(cred.name),
+                Ok(true) => Err(credential_error(clients::CredentialError::Revoked(
+                    cred.credential_id,
+                ))),
+                Err(e) => {
+                    tracing::error!(error = %e, "the workspace anchor cannot be read");
+                    Err(credential_error(clients::CredentialError::Unverifiable))
+                }
+            },
+            Err(clients::CredentialError::Revoked(cid)) => {
+                // A revocation only restricts: remembered as soon as it is seen, so a copy of
+                // the store without it changes nothing.
+                if let Err(e) = anchor.revoke_client(&cid) {
+                    tracing::error!(error = %e, "the client revocation cannot be anchored");
+                }
+                Err(credential_error(clients::CredentialError::Revoked(cid)))
+            }
+            Err(e) => Err(credential_error(e)),
+        }
     }
 
     pub fn login_challenge(&self, connection_id: &str) -> Result<String, RpcError> {
