@@ -386,3 +386,93 @@ fn an_operation_id_aliasing_the_plans_never_makes_the_agent_its_owner() {
         ]
     });
 }
+
+/// An honest builder recorded a verified operation for its expectations; the reviewer could
+/// only leave notes. The agent appends evidence records that reuse those real evidence ids:
+/// the builder's, now claimed for the reviewer's expectations, and the reviewer's own notes',
+/// now pointing at a file it just wrote (with the file's true digest). The process that ran
+/// the plan counts only evidence exactly as it was recorded through it: nothing new verifies.
+#[test]
+fn forged_records_reusing_real_evidence_ids_verify_nothing() {
+    let mut s = setup();
+    let profiles = json!({"builder": "good", "integrator": "good", "reviewer": "note"});
+    let r = launch(&mut s, swarm(), profiles, json!({}), "reuse-ids");
+    let id = plan_id(&r);
+    let p = wait_plan(&mut s.planner, &id, &["completed", "incomplete"]);
+    assert_eq!(p["status"], "incomplete", "{p:#}");
+    let reviewer = lane(&p, "lane-4-reviewer").clone();
+    let builder = lane(&p, "lane-1-builder").clone();
+    let verified = &builder["expectations"][0]["evidence"][0];
+    assert_eq!(verified["verified"], true, "{builder:#}");
+    std::fs::write(s.env.root().join("proof.txt"), "looks done").unwrap();
+    let sha = gaffer::util::sha256_hex(b"looks done");
+    let mut recs = Vec::new();
+    for (n, e) in reviewer["expectations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let forged = |evidence_id: &Value, evidence: Value| {
+            (
+                "plan.evidence",
+                json!({"evidence_id": evidence_id, "plan_id": id, "lane_id": "lane-4-reviewer",
+                       "expectation": e["id"], "evidence": evidence,
+                       "recorded_by": format!("{id}/lane-4-reviewer")}),
+            )
+        };
+        recs.push(forged(
+            &verified["evidence_id"],
+            verified["evidence"].clone(),
+        ));
+        let note = &e["evidence"][0];
+        assert_eq!(note["evidence"]["kind"], "note", "{e:#}");
+        recs.push(forged(
+            &note["evidence_id"],
+            json!({"kind": "file", "path": "proof.txt", "sha256": sha}),
+        ));
+        assert!(n < 8);
+    }
+    let forged_count = recs.len();
+    append_as_agent(s.env.root(), recs);
+    let until = Instant::now() + Duration::from_secs(10);
+    let p = loop {
+        let p = plan(&mut s.planner, &id);
+        let seen: usize = lane(&p, "lane-4-reviewer")["expectations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["evidence"].as_array().unwrap().len())
+            .sum();
+        let before: usize = reviewer["expectations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["evidence"].as_array().unwrap().len())
+            .sum();
+        if seen >= before + forged_count {
+            break p;
+        }
+        assert!(
+            Instant::now() < until,
+            "the forged records never folded: {p:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(p["attested"], true, "{p:#}");
+    assert_eq!(p["status"], "incomplete", "{p:#}");
+    for e in lane(&p, "lane-4-reviewer")["expectations"]
+        .as_array()
+        .unwrap()
+    {
+        assert_eq!(e["status"], "claimed", "{e:#}");
+        for ev in e["evidence"].as_array().unwrap() {
+            assert_eq!(ev["verified"], false, "{ev:#}");
+        }
+    }
+    // The builder's own record still verifies where it was recorded.
+    assert_eq!(
+        lane(&p, "lane-1-builder")["expectations"][0]["status"],
+        "verified"
+    );
+}

@@ -522,7 +522,7 @@ async fn evidence(app: Arc<App>, ctx: CallCtx, p: EvidenceParams) -> Result<Plan
         evidence,
         recorded_by: ctx.client.id.clone(),
     };
-    let evidence_id = rec.evidence_id.clone();
+    let recorded = rec.clone();
     let rec =
         NewRecord::new(kinds::EVIDENCE, &rec).map_err(|e| store_error("recording evidence", &e))?;
     let id = p.plan_id.clone();
@@ -542,7 +542,7 @@ async fn evidence(app: Arc<App>, ctx: CallCtx, p: EvidenceParams) -> Result<Plan
         .map_err(commit_error)?;
     // Recorded through this process: its attested view counts it (a journal record alone
     // never is).
-    app.plans.attest_evidence(&p.plan_id, &evidence_id);
+    app.plans.attest_evidence(&recorded);
     let plan = view_one(&app, &p.plan_id)
         .await?
         .ok_or_else(|| not_found(&p.plan_id))?;

@@ -74,7 +74,7 @@ pub fn verify(
 ) -> Verdict {
     let lane = lane_client(&plan.plan_id, lane_id);
     if let Facts::Attested { run, .. } = facts
-        && !run.evidence.contains(&rec.evidence_id)
+        && run.evidence.get(&rec.evidence_id) != Some(rec)
     {
         return no("not recorded through this plan's lane connections");
     }

@@ -4,7 +4,7 @@
 //! for other processes and the audit trail, and an agent can write it, so neither scheduling
 //! nor an attested view ever reads lane state from it. The loop itself is in [`super::drive`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio_util::sync::CancellationToken;
@@ -86,7 +86,9 @@ pub struct LaneSeen {
 #[derive(Debug, Clone, Default)]
 pub struct RunState {
     pub lanes: HashMap<String, LaneSeen>,
-    pub evidence: HashSet<String>,
+    /// Evidence recorded through this process, by id, as it was recorded: a journal record
+    /// counts only when it is exactly one of these (a forged record reusing an id does not).
+    pub evidence: HashMap<String, super::state::EvidenceRecord>,
     pub ended: bool,
 }
 
@@ -152,9 +154,11 @@ impl PlanRuntime {
     }
 
     /// Notes evidence recorded through this process (its lane connections or its operator).
-    pub fn attest_evidence(&self, plan_id: &str, evidence_id: &str) {
-        if let Some(r) = self.run(plan_id) {
-            r.state().evidence.insert(evidence_id.to_string());
+    pub fn attest_evidence(&self, rec: &super::state::EvidenceRecord) {
+        if let Some(r) = self.run(&rec.plan_id) {
+            r.state()
+                .evidence
+                .insert(rec.evidence_id.clone(), rec.clone());
         }
     }
 
