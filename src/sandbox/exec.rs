@@ -26,6 +26,12 @@ pub struct ChildSetup {
     proc_access: u64,
     /// Whether the program must get a `/proc` of its own (else the host's may stay).
     own_proc: bool,
+    /// The program's working directory, entered again by its path once `.gaffer/` and the
+    /// socket directories are covered: the directory entered before the fork's namespaces
+    /// (by the spawn, resolving the path then) may be `.gaffer/` itself if a directory on
+    /// the path was swapped for a symlink after gaffer checked it, and a tmpfs mounted over
+    /// `.gaffer/` does not cover a directory the process is already in.
+    cwd: Option<CString>,
 }
 
 /// Where other programs keep their unix sockets, unless the workspace lies inside (or holds)
@@ -52,7 +58,11 @@ fn socket_dirs(workspace: &std::path::Path) -> Vec<CString> {
 }
 
 impl ChildSetup {
-    pub fn new(spec: &Spec, own_proc: bool) -> Result<ChildSetup, SandboxError> {
+    pub fn new(
+        spec: &Spec,
+        own_proc: bool,
+        cwd: Option<&std::path::Path>,
+    ) -> Result<ChildSetup, SandboxError> {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let dir = spec.workspace.join(".gaffer");
@@ -64,7 +74,16 @@ impl ChildSetup {
         } else {
             None
         };
+        let cwd = match cwd {
+            Some(dir) if dir.is_absolute() => Some(dir.to_path_buf()),
+            Some(dir) => std::env::current_dir().ok().map(|here| here.join(dir)),
+            None => std::env::current_dir().ok(),
+        }
+        .map(|dir| CString::new(dir.as_os_str().as_bytes()))
+        .transpose()
+        .map_err(|_| SandboxError::Setup("working directory path holds NUL".into()))?;
         Ok(ChildSetup {
+            cwd,
             parent: std::process::id(),
             uid_map: format!("{uid} {uid} 1").into_bytes(),
             gid_map: format!("{gid} {gid} 1").into_bytes(),
@@ -151,6 +170,9 @@ impl ChildSetup {
                     libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                     c"size=4k,mode=0555".as_ptr().cast(),
                 ))?;
+            }
+            if let Some(cwd) = &self.cwd {
+                check(libc::chdir(cwd.as_ptr()))?;
             }
         }
         Ok(())

@@ -6,7 +6,9 @@
 //!    an init that ends the namespace, and every process in it, when the program ends
 //!    ([`pidns`]);
 //! 2. covers `<workspace>/.gaffer/` with an empty read-only tmpfs, so the store can be neither
-//!    read nor written;
+//!    read nor written, then enters its working directory again by path (the directory the
+//!    spawn entered may be the store itself, reached through a symlink swapped in after
+//!    gaffer checked the path, and no mount covers a directory a process is already in);
 //! 3. gets rlimits (CPU time from its timeout, file size, process count), its own process
 //!    group (set by the caller) and SIGKILL when its gaffer dies;
 //! 4. in the program, mounts a procfs of its own PID namespace over `/proc`, so no host
@@ -171,7 +173,8 @@ pub fn confine(
     match how {
         Confinement::Sandboxed { own_proc } => {
             let ruleset = rules::build(spec)?;
-            let child = exec::ChildSetup::new(spec, own_proc)?;
+            let cwd = cmd.as_std().get_current_dir().map(Path::to_path_buf);
+            let child = exec::ChildSetup::new(spec, own_proc, cwd.as_deref())?;
             exec::install(cmd, child, ruleset);
         }
         Confinement::Unconfined => exec::install_lifetime_only(cmd),
