@@ -24,8 +24,9 @@ use super::procinfo;
 use super::types::{ExitInfo, RunState, Segment, Stream, WorkerStatus, flatten};
 use crate::bundles::{Declaration, DeclarationKind, InputMode, Profile};
 
-/// Variables a worker inherits from gaffer besides its declared secrets.
-const BASE_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"];
+/// Variables a worker inherits from gaffer as they are, besides its declared secrets (and
+/// `PATH`, without its relative entries).
+const BASE_ENV: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"];
 /// Time a stopped worker gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// On stop, stdin is closed first and the process gets this long to finish the input it was
@@ -373,6 +374,9 @@ fn command_for(req: &SpawnRequest<'_>) -> Result<Command, String> {
             cmd.env(name, v);
         }
     }
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", absolute_path_entries(&path));
+    }
     cmd.env("GAFFER_WORKER_ID", req.worker_id);
     cmd.env("GAFFER_PROFILE", req.profile.selector.value());
     for (name, value) in req.env {
@@ -398,6 +402,16 @@ fn command_for(req: &SpawnRequest<'_>) -> Result<Command, String> {
         .with_timeout_ms(req.profile.timeout_ms);
     crate::sandbox::confine(&mut cmd, &spec, req.sandbox).map_err(|e| e.to_string())?;
     Ok(cmd)
+}
+
+/// `PATH` without its relative entries (an empty one means the current directory): a worker
+/// starts in the workspace root, so a bare program name would otherwise find a file the agent
+/// wrote there before the program the profile names.
+fn absolute_path_entries(path: &std::ffi::OsStr) -> std::ffi::OsString {
+    let kept: Vec<std::path::PathBuf> = std::env::split_paths(path)
+        .filter(|p| p.is_absolute())
+        .collect();
+    std::env::join_paths(kept).unwrap_or_default()
 }
 
 /// The sender of a task writing what is sent to the worker's stdin, in order; the task ends
