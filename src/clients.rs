@@ -88,6 +88,11 @@ pub enum CredentialError {
     OtherWorkspace,
     #[error("the client credential {0} was revoked by the operator")]
     Revoked(String),
+    #[error(
+        "the client credential {0} carries more revocation records than are kept, so it is \
+         refused; the operator can revoke it and issue a new one"
+    )]
+    Flooded(String),
     #[error("no operator public key here, so no client token can be checked")]
     NoOperatorKey,
     #[error(
@@ -219,26 +224,44 @@ impl ClientState {
         }
     }
 
-    /// Whether a valid operator signature revokes `credential_id` in `workspace_id`.
+    /// Whether `credential_id` is refused: a valid operator signature revokes it in
+    /// `workspace_id`, or it was flooded with revocation records (see [`Self::flooded`]).
     pub fn is_revoked(
         &self,
         key: &OperatorPublic,
         workspace_id: &str,
         credential_id: &str,
     ) -> bool {
-        // A credential with as many revocation records as are kept was flooded (the operator
-        // revokes once): the operator's own may be among those dropped, so it counts as revoked.
+        self.flooded(credential_id) || self.revoked_by_operator(key, workspace_id, credential_id)
+    }
+
+    /// Whether a valid operator signature among the records kept revokes `credential_id`.
+    pub fn revoked_by_operator(
+        &self,
+        key: &OperatorPublic,
+        workspace_id: &str,
+        credential_id: &str,
+    ) -> bool {
         self.revoked.get(credential_id).is_some_and(|sigs| {
-            sigs.len() >= MAX_REVOCATIONS_KEPT
-                || sigs.iter().any(|s| {
-                    s.open::<ClientRevokePayload>(key).is_ok_and(|p| {
-                        p.workspace_id == workspace_id && p.credential_id == credential_id
-                    })
+            sigs.iter().any(|s| {
+                s.open::<ClientRevokePayload>(key).is_ok_and(|p| {
+                    p.workspace_id == workspace_id && p.credential_id == credential_id
                 })
+            })
         })
     }
 
-    /// Credentials whose issuing signature verifies, with their revocation status.
+    /// A credential with as many revocation records as are kept was flooded (the operator
+    /// revokes once): the operator's own may be among those dropped, so it is refused. Only
+    /// an operator's signature makes that lasting (the anchor records no flood).
+    pub fn flooded(&self, credential_id: &str) -> bool {
+        self.revoked
+            .get(credential_id)
+            .is_some_and(|sigs| sigs.len() >= MAX_REVOCATIONS_KEPT)
+    }
+
+    /// Credentials whose issuing signature verifies, with their revocation status (`revoked`:
+    /// refused here; `revoked_by_operator`: an operator's signature in the journal says so).
     pub fn list(&self, key: &OperatorPublic, workspace_id: &str) -> Vec<Value> {
         self.issued
             .values()
@@ -250,6 +273,7 @@ impl ClientState {
                     "credential_id": p.credential_id,
                     "issued_at": crate::operations::views::rfc3339(p.issued_at_ms),
                     "revoked": self.is_revoked(key, workspace_id, &p.credential_id),
+                    "revoked_by_operator": self.revoked_by_operator(key, workspace_id, &p.credential_id),
                 })
             })
             .collect()
@@ -289,8 +313,11 @@ pub fn verify(
     if crate::util::sha256_hex(secret.as_bytes()) != p.secret_sha256 {
         return Err(CredentialError::BadSecret);
     }
-    if state.is_revoked(key, &p.workspace_id, &p.credential_id) {
+    if state.revoked_by_operator(key, &p.workspace_id, &p.credential_id) {
         return Err(CredentialError::Revoked(p.credential_id));
+    }
+    if state.flooded(&p.credential_id) {
+        return Err(CredentialError::Flooded(p.credential_id));
     }
     Ok(p)
 }

@@ -110,12 +110,54 @@ fn a_revoked_credential_stays_revoked_in_a_copy_cut_back_before_the_revocation()
     let token = env.token("ci-agent");
     let (code, out, err) = env.cli(&["client", "revoke", "ci-agent"]);
     assert_eq!(code, 0, "gaffer client revoke: {out}{err}");
+    // The token is never shown to the original store first: `gaffer client revoke` itself
+    // must have made the revocation last.
+    refused_in_a_cut_back_copy(&env, &token, |seg| {
+        seg.find("client.revoked", |kind, _| kind == "client.revoked")
+    });
     let (r, _s) = present(&env, env.root(), &token);
     assert_eq!(
         r["error"]["data"]["code"], "client_credential_invalid",
         "{r}"
     );
+}
 
+/// Before the operator revokes it, the agent floods ci-agent's credential with forged
+/// revocation records (so the credential already looks revoked, and a revoke that signed only
+/// for credentials not yet revoked would sign nothing); after the operator's revoke it cuts a
+/// copy back before the flood.
+#[test]
+fn a_flood_of_forged_revocations_does_not_stop_the_operators() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(CI_WRITES_OUT));
+    let token = env.token("ci-agent");
+    let (payload_b64, _) = token.split_once('.').unwrap();
+    let cred: Value =
+        serde_json::from_slice(&gaffer::util::base64url_decode(payload_b64).unwrap()).unwrap();
+    let cid = cred["credential_id"].as_str().unwrap().to_string();
+    let forged = json!({
+        "credential_id": cid,
+        "operator_signature": {"head": {"seq": 1, "hash": "0".repeat(64)}, "payload": "{}", "signature": "AAAA"}
+    })
+    .to_string()
+    .into_bytes();
+    let flood: Vec<(&str, Vec<u8>)> = (0..8).map(|_| ("client.revoked", forged.clone())).collect();
+    append_chained(env.root(), &flood);
+    let (code, out, err) = env.cli(&["client", "revoke", "ci-agent"]);
+    assert_eq!(code, 0, "gaffer client revoke: {out}{err}");
+    let done: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(done["signed"], json!([cid]), "{done}");
+    refused_in_a_cut_back_copy(&env, &token, |seg| {
+        (0..seg.recs.len())
+            .find(|&i| seg.recs[i].kind() == "client.revoked")
+            .expect("the flood")
+    });
+}
+
+/// Copies the store into `sub/` of the workspace, cuts the copy's journal back before the
+/// batch holding the record `first_cut` picks (and so before every revocation after it), and
+/// checks that `token` proves no name there and writes nothing.
+fn refused_in_a_cut_back_copy(env: &Env, token: &str, first_cut: impl Fn(&Segment) -> usize) {
     let copy = env.root().join("sub");
     std::fs::create_dir_all(&copy).unwrap();
     let st = std::process::Command::new("cp")
@@ -126,17 +168,16 @@ fn a_revoked_credential_stays_revoked_in_a_copy_cut_back_before_the_revocation()
         .unwrap();
     assert!(st.success());
     let seg = the_segment(&copy);
-    let i = seg.find("client.revoked", |kind, _| kind == "client.revoked");
+    let i = first_cut(&seg);
     seg.cut_before(seg.batch_start(i));
     assert!(
         the_segment(&copy)
             .recs
             .iter()
             .all(|r| r.kind() != "client.revoked"),
-        "the copy's journal no longer holds the revocation"
+        "the copy's journal no longer holds a revocation"
     );
-
-    let (r, mut s) = present(&env, &copy, &token);
+    let (r, mut s) = present(env, &copy, token);
     assert_eq!(
         r["error"]["data"]["code"], "client_credential_invalid",
         "a revoked token proved its name in a cut-back copy: {r}"

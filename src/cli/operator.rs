@@ -353,38 +353,54 @@ async fn client(c: ClientCmd, root: &Path) -> Result<ExitCode, ExitCode> {
             let signer = signer()?;
             let key = signer.public();
             let id = ws.workspace_id().unwrap_or_default();
-            let matching: Vec<String> = ws
-                .read(|s| s.clients.list(&key, &id))
-                .into_iter()
-                .filter(|c| {
-                    c["name"] == name_or_id.as_str() || c["credential_id"] == name_or_id.as_str()
-                })
-                .filter(|c| c["revoked"] == false)
-                .filter_map(|c| c["credential_id"].as_str().map(str::to_string))
-                .collect();
+            // Every credential the name or id picks, whatever the journal says of it: records
+            // the agent wrote (a flood of forged revocations) must not stop the operator's.
+            let (matching, unsigned): (Vec<String>, Vec<String>) = ws.read(|s| {
+                let matching: Vec<String> = s
+                    .clients
+                    .list(&key, &id)
+                    .into_iter()
+                    .filter(|c| {
+                        c["name"] == name_or_id.as_str()
+                            || c["credential_id"] == name_or_id.as_str()
+                    })
+                    .filter_map(|c| c["credential_id"].as_str().map(str::to_string))
+                    .collect();
+                let unsigned = matching
+                    .iter()
+                    .filter(|cid| !s.clients.revoked_by_operator(&key, &id, cid))
+                    .cloned()
+                    .collect();
+                (matching, unsigned)
+            });
             if matching.is_empty() {
-                return Err(fail(
-                    format!("no unrevoked credential named {name_or_id:?}"),
-                    1,
-                ));
+                return Err(fail(format!("no credential named {name_or_id:?}"), 1));
+            }
+            // Outside the workspace first: a store cut back before the records below, here or
+            // in a copy of it, cannot bring the credentials back.
+            match ws.restricting_anchor() {
+                Some(anchor) => {
+                    for cid in &matching {
+                        anchor.revoke_client(cid).map_err(|e| fail(e, 1))?;
+                    }
+                }
+                None => eprintln!(
+                    "gaffer: warning: no workspace anchor here, so the revocation is only in the \
+                     journal (see `gaffer doctor`)"
+                ),
             }
             let head = ws.journal_head();
-            let recs = matching
+            let recs: Vec<_> = unsigned
                 .iter()
                 .map(|cid| {
                     let r = crate::clients::revoke(&signer, &id, cid, head.clone());
                     (crate::clients::KIND_REVOKED, r)
                 })
                 .collect();
-            commit(&app, recs).await?;
-            // Also outside the workspace: a store cut back before these records, here or in a
-            // copy of it, cannot bring the credentials back.
-            if let Some(anchor) = ws.restricting_anchor() {
-                for cid in &matching {
-                    anchor.revoke_client(cid).map_err(|e| fail(e, 1))?;
-                }
+            if !recs.is_empty() {
+                commit(&app, recs).await?;
             }
-            print(&json!({"revoked": matching}));
+            print(&json!({"revoked": matching, "signed": unsigned}));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -100,8 +100,9 @@ impl App {
                 }
             },
             Err(clients::CredentialError::Revoked(cid)) => {
-                // A revocation only restricts: remembered as soon as it is seen, so a copy of
-                // the store without it changes nothing.
+                // An operator's revocation only restricts: remembered as soon as it is seen,
+                // so a copy of the store without it changes nothing. (A flood of forged ones
+                // refuses the credential here but is not remembered: no signature says so.)
                 if let Err(e) = anchor.revoke_client(&cid) {
                     tracing::error!(error = %e, "the client revocation cannot be anchored");
                 }
