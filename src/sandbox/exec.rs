@@ -30,8 +30,9 @@ pub struct ChildSetup {
     /// socket directories are covered: the directory entered before the fork's namespaces
     /// (by the spawn, resolving the path then) may be `.gaffer/` itself if a directory on
     /// the path was swapped for a symlink after gaffer checked it, and a tmpfs mounted over
-    /// `.gaffer/` does not cover a directory the process is already in.
-    cwd: Option<CString>,
+    /// `.gaffer/` does not cover a directory the process is already in. Entered without
+    /// following magic links (`/proc/self/cwd`, `/proc/self/fd/N` would lead back there).
+    cwd: CString,
 }
 
 /// Where other programs keep their unix sockets, unless the workspace lies inside (or holds)
@@ -75,13 +76,14 @@ impl ChildSetup {
             None
         };
         let cwd = match cwd {
-            Some(dir) if dir.is_absolute() => Some(dir.to_path_buf()),
-            Some(dir) => std::env::current_dir().ok().map(|here| here.join(dir)),
-            None => std::env::current_dir().ok(),
-        }
-        .map(|dir| CString::new(dir.as_os_str().as_bytes()))
-        .transpose()
-        .map_err(|_| SandboxError::Setup("working directory path holds NUL".into()))?;
+            Some(dir) if dir.is_absolute() => dir.to_path_buf(),
+            // The spawn resolves a relative one against gaffer's own directory.
+            rel => std::env::current_dir()
+                .map(|here| rel.map_or_else(|| here.clone(), |dir| here.join(dir)))
+                .map_err(|e| SandboxError::Setup(format!("no working directory: {e}")))?,
+        };
+        let cwd = CString::new(cwd.as_os_str().as_bytes())
+            .map_err(|_| SandboxError::Setup("working directory path holds NUL".into()))?;
         Ok(ChildSetup {
             cwd,
             parent: std::process::id(),
@@ -102,6 +104,31 @@ fn check(r: libc::c_int) -> io::Result<()> {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
+    }
+}
+
+/// `chdir(path)`, resolving the path afresh but never through a `/proc` magic link: a symlink
+/// swapped in on the path leads into the covers, or outside the workspace (where Landlock
+/// rules), never back to a directory only a handle reaches.
+fn enter_by_path(path: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: open_how is plain data; zeroed is its documented default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: a NUL-terminated path and a live open_how of the size passed; fchdir and close
+    // on the descriptor just returned.
+    unsafe {
+        let fd = libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        ) as libc::c_int;
+        check(fd)?;
+        let entered = libc::fchdir(fd);
+        libc::close(fd);
+        check(entered)
     }
 }
 
@@ -171,9 +198,7 @@ impl ChildSetup {
                     c"size=4k,mode=0555".as_ptr().cast(),
                 ))?;
             }
-            if let Some(cwd) = &self.cwd {
-                check(libc::chdir(cwd.as_ptr()))?;
-            }
+            enter_by_path(&self.cwd)?;
         }
         Ok(())
     }

@@ -406,12 +406,17 @@ fn command_for(req: &SpawnRequest<'_>) -> Result<Command, String> {
 
 /// `PATH` without its relative entries (an empty one means the current directory): a worker
 /// starts in the workspace root, so a bare program name would otherwise find a file the agent
-/// wrote there before the program the profile names.
+/// wrote there before the program the profile names. With none left, the system's (an empty
+/// `PATH` would itself mean the current directory).
 fn absolute_path_entries(path: &std::ffi::OsStr) -> std::ffi::OsString {
+    const SYSTEM: &str = "/usr/local/bin:/usr/bin:/bin";
     let kept: Vec<std::path::PathBuf> = std::env::split_paths(path)
         .filter(|p| p.is_absolute())
         .collect();
-    std::env::join_paths(kept).unwrap_or_default()
+    match std::env::join_paths(kept) {
+        Ok(p) if !p.is_empty() => p,
+        _ => SYSTEM.into(),
+    }
 }
 
 /// The sender of a task writing what is sent to the worker's stdin, in order; the task ends

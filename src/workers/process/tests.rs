@@ -318,8 +318,10 @@ async fn a_workspace_relative_program_runs_from_the_workspace_root() {
 fn a_workers_path_keeps_only_absolute_entries() {
     let p = super::absolute_path_entries(std::ffi::OsStr::new(":/usr/bin:.:bin:/bin::./x"));
     assert_eq!(p, std::ffi::OsString::from("/usr/bin:/bin"));
-    assert_eq!(
-        super::absolute_path_entries(std::ffi::OsStr::new("")),
-        std::ffi::OsString::new()
-    );
+    for nothing_absolute in ["", ":", ".:bin"] {
+        assert_eq!(
+            super::absolute_path_entries(std::ffi::OsStr::new(nothing_absolute)),
+            std::ffi::OsString::from("/usr/local/bin:/usr/bin:/bin")
+        );
+    }
 }
