@@ -42,9 +42,10 @@ if [ -z "$op" ]; then
     echo "demo: the session did not submit the file.write (see its replies above)" >&2
     exit 1
 fi
-step "4. operator: the file.write is pending; approve it (gaffer approve $op)"
-gaffer approvals
-gaffer approve "$op"
+step "4. operator: the file.write is pending; review it, then approve exactly that plan (gaffer approve $op --expect PLAN_DIGEST)"
+gaffer approvals | tee "$keys/approvals.json"
+digest=$(grep -o '"plan_digest": *"[^"]*"' "$keys/approvals.json" | head -n 1 | cut -d '"' -f 4)
+gaffer approve "$op" --expect "$digest"
 
 # Approved is one revision; the wait returns once the operation has moved past executing.
 approved=$(gaffer op get "$op" | grep '"revision":' | grep -o '[0-9][0-9]*')

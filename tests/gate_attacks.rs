@@ -215,7 +215,8 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
     // What the operator signs binds the plan digest and the classification of the plan text.
     let prep = op.call(
         "approvals/prepare",
-        json!({"id": "ap_swap", "decision": "approve", "expected_revision": 1}),
+        json!({"id": "ap_swap", "decision": "approve", "expected_revision": 1,
+               "expected_plan_digest": view["plan_digest"]}),
     );
     let payload: Value = serde_json::from_str(prep["payload"].as_str().unwrap()).unwrap();
     let real = Classification {
@@ -439,7 +440,7 @@ fn finding_7_a_serving_process_with_only_the_public_key_verifies_approvals() {
     .clone();
     assert_eq!(p["state"], "pending");
     // The operator approves from their own process, which holds the private key.
-    let (code, out, err) = env.cli(&["approve", p["id"].as_str().unwrap()]);
+    let (code, out, err) = env.cli(&["approve", "--yes", p["id"].as_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     let v = wait_state(
         &mut agent,
@@ -494,7 +495,7 @@ fn a_broken_hash_chain_accepts_no_signed_approval() {
     // back, no trust signature counts (so the providers file starts nothing) and no approval
     // can make the plan run.
     assert_eq!(st["store"]["standing"]["state"], "rolled_back", "{st}");
-    let (code, out, err) = env.cli(&["approve", p["id"].as_str().unwrap()]);
+    let (code, out, err) = env.cli(&["approve", "--yes", p["id"].as_str().unwrap()]);
     if code == 0 {
         let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["succeeded", "failed"]);
         assert_eq!(v["state"], "failed", "{v}");

@@ -288,7 +288,8 @@ fn approval_from_a_second_process_unblocks_the_agent_exactly_once() {
     let rev = ap["revision"].as_u64().unwrap();
     let prep = op.call(
         "approvals/prepare",
-        json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": rev}),
+        json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": rev,
+               "expected_plan_digest": ap["plan_digest"]}),
     );
     let payload = prep["payload"].as_str().unwrap().to_string();
     let signed = json!({"payload": payload, "signature": env.signer().sign(payload.as_bytes()), "idempotency_key": "d1"});
@@ -363,9 +364,11 @@ fn operator_deny_stale_revision_narrowing_and_agent_refusal() {
         &mut op,
         json!({"id": id, "decision": "deny", "expected_revision": 1, "reason": "not in this sprint"}),
     );
+    let shown = op.call("approvals/get", json!({ "id": id }));
     let approve = prepare(
         &mut op,
-        json!({"id": id, "decision": "approve", "expected_revision": 1}),
+        json!({"id": id, "decision": "approve", "expected_revision": 1,
+               "expected_plan_digest": shown["plan_digest"]}),
     );
     op.call("approvals/decide", deny);
     let v = wait_state(&mut a, id, &["denied"]);
@@ -901,7 +904,7 @@ fn cli_operator_init_approve_and_submit() {
     let (code, out) = run(&["approvals"]);
     assert_eq!(code, 0);
     assert!(out.contains(id), "{out}");
-    let (code, out) = run(&["approve", id]);
+    let (code, out) = run(&["approve", "--yes", id]);
     assert_eq!(code, 0, "{out}");
     let shown: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(shown["status"], "active", "{shown}");
@@ -1089,11 +1092,11 @@ fn approved_work_waits_for_a_server_and_a_revoke_before_it_runs_cancels_it() {
     drop(a);
     // No server is running: the approvals are recorded, nothing executes yet.
     assert_eq!(
-        cli(&["approve", run["id"].as_str().unwrap()])["status"],
+        cli(&["approve", "--yes", run["id"].as_str().unwrap()])["status"],
         "active"
     );
     assert_eq!(
-        cli(&["approve", revoked["id"].as_str().unwrap()])["status"],
+        cli(&["approve", "--yes", revoked["id"].as_str().unwrap()])["status"],
         "active"
     );
     assert_eq!(
@@ -1682,7 +1685,7 @@ fn a_tampered_plan_in_the_journal_is_refused_at_execution() {
     let id = p["id"].as_str().unwrap().to_string();
     drop(a);
     // The operator approves while no server runs, so nothing executes yet.
-    let (code, out, err) = env.cli(&["approve", &id]);
+    let (code, out, err) = env.cli(&["approve", "--yes", &id]);
     assert_eq!(code, 0, "{out}{err}");
     let decided: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(decided["status"], "active", "{decided}");

@@ -209,7 +209,8 @@ fn an_approval_signed_by_operator_sign_runs_the_write_once() {
     assert_eq!(ap["operation_id"], id.as_str(), "{list}");
     let prep = op.call(
         "approvals/prepare",
-        json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"]}),
+        json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"],
+               "expected_plan_digest": ap["plan_digest"]}),
     );
     let payload = prep["payload"].as_str().unwrap().to_string();
     let signed =

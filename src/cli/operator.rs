@@ -3,7 +3,7 @@
 //! (`operator init|path|sign`). Nothing here sends the private key anywhere.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -30,6 +30,10 @@ pub enum OperatorCommand {
     /// Prints what the signature grants (the plan, mode, uses, expiry) on stderr before
     /// signing. A request asking for more than the trusted policy grants for its plan is
     /// refused, naming what differs.
+    ///
+    /// It prints what the signature grants, then signs only once you confirm on the terminal;
+    /// `--expect` signs only the plan you reviewed (its `plan_digest` in `gaffer approvals`),
+    /// `--yes` what is printed without asking.
     Approve {
         id: String,
         /// Approve for fewer seconds than requested.
@@ -38,6 +42,12 @@ pub enum OperatorCommand {
         /// Approve fewer uses than requested.
         #[arg(long)]
         max_uses: Option<u32>,
+        /// Sign only if the plan still has this digest (`plan_digest` in `gaffer approvals`).
+        #[arg(long, value_name = "PLAN_DIGEST")]
+        expect: Option<String>,
+        /// Do not ask: sign the plan as printed (for scripts that checked it another way).
+        #[arg(long, conflicts_with = "expect")]
+        yes: bool,
     },
     /// Deny a pending request; the reason reaches the agent.
     Deny {
@@ -141,15 +151,23 @@ pub async fn run(cmd: OperatorCommand, root: &Path) -> Result<ExitCode, ExitCode
             id,
             duration_seconds,
             max_uses,
+            expect,
+            yes,
         } => {
             let n = Narrowing {
                 duration_seconds,
                 max_uses,
             };
-            decide(root, &id, DecisionKind::Approve, n, None).await
+            let confirm = match (expect, yes) {
+                (Some(digest), _) => Confirm::Expected(digest),
+                (None, true) => Confirm::AsPrinted,
+                (None, false) => Confirm::Ask,
+            };
+            decide(root, &id, DecisionKind::Approve, n, None, confirm).await
         }
         OperatorCommand::Deny { id, reason } => {
-            decide(root, &id, DecisionKind::Deny, Narrowing::default(), reason).await
+            let n = Narrowing::default();
+            decide(root, &id, DecisionKind::Deny, n, reason, Confirm::AsPrinted).await
         }
         OperatorCommand::Revoke { id } => revoke(root, &id).await,
     }
@@ -193,23 +211,47 @@ fn key_command(c: OperatorCmd, root: &Path) -> Result<ExitCode, ExitCode> {
 }
 
 /// Prepares the payload from the plan text as it is now, signs it here, and records it.
+/// How `gaffer approve` makes sure the operator signs the plan they meant.
+enum Confirm {
+    /// The plan must still have this digest (the one the operator reviewed).
+    Expected(String),
+    /// Printed, then signed only once the operator says yes on the terminal.
+    Ask,
+    /// Printed and signed (a deny, or `--yes`).
+    AsPrinted,
+}
+
 async fn decide(
     root: &Path,
     id: &str,
     decision: DecisionKind,
     narrowing: Narrowing,
     reason: Option<String>,
+    confirm: Confirm,
 ) -> Result<ExitCode, ExitCode> {
     let signer = signer()?;
     let app = open(root)?;
-    // The human looked at the request as it is now: decide at its current revision.
+    if matches!(confirm, Confirm::Ask) && !std::io::stdin().is_terminal() {
+        return Err(fail(
+            "nothing signed: confirm on a terminal, or pass --expect PLAN_DIGEST (the \
+             `plan_digest` of the approval you reviewed in `gaffer approvals`) or --yes",
+            2,
+        ));
+    }
+    // Decide at the request's current revision, binding the plan that is printed (or the one
+    // the operator reviewed): a plan swapped behind the same ids is refused, never signed.
     let current = app.operations.approval(id).await.map_err(op_failed)?;
+    let shown = match &confirm {
+        Confirm::Expected(digest) => digest.clone(),
+        _ => current.plan_digest.clone(),
+    };
     let prepared = app
         .operations
         .prepare_decision(&DecisionRequest {
             id: current.approval_id.clone(),
             decision,
             expected_revision: current.revision,
+            expected_plan_digest: Some(shown),
             narrowing,
             reason,
         })
@@ -217,6 +259,9 @@ async fn decide(
         .map_err(op_failed)?;
     // The human sees what the signature grants before it is made (stderr: stdout is JSON).
     eprint!("{}", about_to_sign(&prepared));
+    if matches!(confirm, Confirm::Ask) && !confirmed()? {
+        return Err(fail("nothing signed", 1));
+    }
     let sig = OperatorSignature::sign(&signer, &prepared.payload);
     let view = app
         .operations
@@ -225,6 +270,16 @@ async fn decide(
         .map_err(op_failed)?;
     print(&serde_json::to_value(view).unwrap_or(Value::Null));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Asks on the terminal whether to sign what was printed.
+fn confirmed() -> Result<bool, ExitCode> {
+    eprint!("gaffer: sign this? [y/N] ");
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| fail(e, 2))?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }
 
 /// What a prepared decision grants, in words: the plan as its adapter presents it, and for an

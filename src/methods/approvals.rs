@@ -64,6 +64,10 @@ pub struct PrepareParams {
     pub decision: Action,
     /// The approval revision the operator looked at.
     pub expected_revision: u64,
+    /// The `plan_digest` of the approval the operator was shown: required to approve (a plan
+    /// that no longer has it is refused with `plan_changed`), checked when given to deny.
+    #[serde(default)]
+    pub expected_plan_digest: Option<String>,
     #[serde(default)]
     pub constraints: Option<Constraints>,
     /// Deny only: the operator's words, passed to the agent in the operation's error.
@@ -120,6 +124,7 @@ async fn prepare(app: &App, p: PrepareParams) -> Result<PrepareResult, OpError> 
                 _ => DecisionKind::Deny,
             },
             expected_revision: p.expected_revision,
+            expected_plan_digest: p.expected_plan_digest,
             narrowing: Narrowing {
                 duration_seconds: c.duration_seconds,
                 max_uses: c.max_uses,

@@ -107,6 +107,8 @@ pub mod codes {
     pub const PRECONDITION_FAILED: &str = "operation_precondition_failed";
     pub const RECONCILIATION_FAILED: &str = "operation_reconciliation_failed";
     pub const REVISION_CONFLICT: &str = "revision_conflict";
+    /// The plan is not the one the operator was shown (its digest changed).
+    pub const PLAN_CHANGED: &str = "plan_changed";
     pub const CONSTRAINT_EXCEEDED: &str = "constraint_exceeded";
     /// An approval would grant more than the trusted policy grants for its plan.
     pub const EXCEEDS_POLICY: &str = "approval_exceeds_policy";

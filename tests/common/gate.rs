@@ -221,9 +221,15 @@ impl Env {
     }
 
     /// `approvals/prepare` with `p` (less its idempotency key), signed here, then
-    /// `approvals/decide`: what an editor does. Returns the reply of whichever step refused.
+    /// `approvals/decide`: what an editor does. An approval binds the plan the editor showed:
+    /// unless `p` names `expected_plan_digest`, the digest of the approval read just before.
+    /// Returns the reply of whichever step refused.
     pub fn decide(&self, s: &mut Server, p: Value) -> Value {
         let mut prep = p.clone();
+        if prep["decision"] == "approve" && prep.get("expected_plan_digest").is_none() {
+            let shown = s.request("approvals/get", json!({"id": prep["id"]}));
+            prep["expected_plan_digest"] = shown["result"]["plan_digest"].clone();
+        }
         let idem = prep.as_object_mut().unwrap().remove("idempotency_key");
         let r = s.request("approvals/prepare", prep);
         if r.get("error").is_some() {

@@ -172,6 +172,7 @@ describe('operator login and decisions signed with node:crypto', { timeout: 90_0
       id: ap.approval_id,
       decision: 'approve',
       expected_revision: ap.revision,
+      expected_plan_digest: ap.plan_digest,
     });
     assert.equal(typeof prep.payload, 'string');
     assert.equal(JSON.parse(prep.payload).domain, 'gaffer/decision/v1');

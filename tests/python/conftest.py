@@ -63,14 +63,22 @@ def operator_approves(workspace, operation_id, env):
     """The operator approves from another process, as a human at a terminal would.
 
     Kept in one place: the operator's signing mechanism is being changed, and only this
-    helper knows how it is done today (`gaffer operator init`, then `gaffer approve ID`)."""
+    helper knows how it is done today (`gaffer operator init`, then `gaffer approve ID`, bound
+    to the plan digest the operator reviewed in `gaffer approvals`)."""
     full_env = {**os.environ, **env}
     key = pathlib.Path(env["GAFFER_OPERATOR_KEY_FILE"])
     if not key.exists():
         subprocess.run([gaffer_bin(), "operator", "init"], env=full_env, check=True,
                        capture_output=True)
+    listed = subprocess.run(
+        [gaffer_bin(), "--workspace", str(workspace), "approvals"],
+        env=full_env, capture_output=True, text=True, check=True,
+    )
+    reviewed = next(a for a in json.loads(listed.stdout)["approvals"]
+                    if a["operation_id"] == operation_id)
     done = subprocess.run(
-        [gaffer_bin(), "--workspace", str(workspace), "approve", operation_id],
+        [gaffer_bin(), "--workspace", str(workspace), "approve", operation_id,
+         "--expect", reviewed["plan_digest"]],
         env=full_env, capture_output=True, text=True,
     )
     assert done.returncode == 0, f"approve failed: {done.stdout} {done.stderr}"

@@ -197,8 +197,10 @@ class Gaffer {
     if (!this.operator || this.shown.has(approvalId)) return;
     this.shown.add(approvalId);
     const a = await this.get(approvalId).catch(() => undefined);
-    const title = a?.title ?? "an operation";
-    await this.ui.offer(this, approvalId, `gaffer: ${title}${a?.summary ? ` — ${a.summary}` : ""}`, true);
+    // Nothing to show, nothing to approve: the list and the tree still hold the request.
+    if (!a) return;
+    const title = a.title ?? "an operation";
+    await this.ui.offer(this, a, `gaffer: ${title}${a.summary ? ` — ${a.summary}` : ""}`, true);
   }
 
   async get(id: string): Promise<m.Approval> {
@@ -206,22 +208,31 @@ class Gaffer {
     return this.client.sendRequest<m.Approval>("approvals/get", { id });
   }
 
-  /** prepare → sign here → decide; the signature is the only thing that leaves. */
+  /**
+   * prepare → sign here → decide; the signature is the only thing that leaves. `a` is the
+   * approval as the operator was shown it: the decision binds its revision and plan digest,
+   * so a plan swapped behind the same ids since is refused (`plan_changed`), never signed.
+   */
   async decide(
-    id: string,
+    a: m.Approval,
     decision: "approve" | "deny",
     opts: { constraints?: { duration_seconds?: number; max_uses?: number }; reason?: string } = {},
   ): Promise<m.Approval> {
     const c = this.client;
     if (!c || !this.key || !this.operator) throw new Error("not logged in as the operator");
-    const a = await this.get(id);
     const prep = await c.sendRequest<{ payload: string }>("approvals/prepare", {
       id: a.approval_id,
       decision,
       expected_revision: a.revision,
+      expected_plan_digest: a.plan_digest,
       constraints: opts.constraints,
       reason: opts.reason,
     });
+    // What is signed must name the plan that was shown, whatever the server says.
+    const signing = JSON.parse(prep.payload) as { approval_id?: string; plan_digest?: string };
+    if (signing.approval_id !== a.approval_id || signing.plan_digest !== a.plan_digest) {
+      throw new Error("the payload to sign is not for the plan you were shown; nothing was signed");
+    }
     const out = await withServerProgress(c, `gaffer: ${decision === "approve" ? "approving" : "denying"} ${a.title ?? a.operation}`, "approvals/decide", {
       payload: prep.payload,
       signature: this.key.sign(prep.payload),
@@ -430,25 +441,25 @@ class Ui {
   }
 
   /** The notification for an approval: Approve / Deny / Show (and, after Show, narrower). */
-  async offer(g: Gaffer, approvalId: string, text: string, first: boolean): Promise<void> {
+  async offer(g: Gaffer, a: m.Approval, text: string, first: boolean): Promise<void> {
     const actions = first ? ["Approve", "Deny", "Show"] : ["Approve", "Approve narrower…", "Deny"];
-    if (first) event("notify", { approval_id: approvalId });
+    if (first) event("notify", { approval_id: a.approval_id });
     const pick = await vscode.window.showInformationMessage(text, ...actions);
     try {
-      if (pick === "Approve") await this.approve(g, approvalId);
-      else if (pick === "Deny") await this.deny(g, approvalId);
-      else if (pick === "Approve narrower…") await this.approveNarrower(g, approvalId);
+      if (pick === "Approve") await this.approve(g, a);
+      else if (pick === "Deny") await this.deny(g, a);
+      else if (pick === "Approve narrower…") await this.approveNarrower(g, a);
       else if (pick === "Show") {
-        await this.show(g, approvalId);
-        await this.offer(g, approvalId, text, false);
+        await this.show(g, a);
+        await this.offer(g, a, text, false);
       }
     } catch (e) {
       void vscode.window.showErrorMessage(`gaffer: ${(e as Error).message}`);
     }
   }
 
-  async approve(g: Gaffer, id: string): Promise<void> {
-    const r = await g.decide(id, "approve");
+  async approve(g: Gaffer, a: m.Approval): Promise<void> {
+    const r = await g.decide(a, "approve");
     void vscode.window.showInformationMessage(`gaffer: approved ${r.title ?? r.operation}`);
     void this.follow(g, r.operation_id, r.title ?? r.operation);
   }
@@ -478,8 +489,7 @@ class Ui {
     }
   }
 
-  async approveNarrower(g: Gaffer, id: string): Promise<void> {
-    const a = await g.get(id);
+  async approveNarrower(g: Gaffer, a: m.Approval): Promise<void> {
     if (!a.detail) throw new Error(a.plan_problem ?? "this plan cannot be approved");
     const choices = m.narrowingChoices(a.detail.narrowing);
     const pick = await vscode.window.showQuickPick(
@@ -487,14 +497,14 @@ class Ui {
       { title: `Approve ${a.title ?? a.operation}`, placeHolder: "How much to allow" },
     );
     if (!pick) return;
-    await g.decide(id, "approve", {
+    await g.decide(a, "approve", {
       constraints: { duration_seconds: pick.c.duration_seconds, max_uses: pick.c.max_uses },
     });
     void vscode.window.showInformationMessage(`gaffer: approved ${a.title ?? a.operation} (${pick.label})`);
     void this.follow(g, a.operation_id, a.title ?? a.operation);
   }
 
-  async deny(g: Gaffer, id: string): Promise<void> {
+  async deny(g: Gaffer, a: m.Approval): Promise<void> {
     const reason = await vscode.window.showInputBox({
       title: "Deny",
       prompt: "Why? The agent receives these words in the operation's error.",
@@ -502,13 +512,13 @@ class Ui {
       ignoreFocusOut: true,
     });
     if (reason === undefined) return;
-    await g.decide(id, "deny", { reason: reason.trim() === "" ? undefined : reason });
+    await g.decide(a, "deny", { reason: reason.trim() === "" ? undefined : reason });
     void vscode.window.showInformationMessage("gaffer: denied");
   }
 
-  /** A file change as a diff editor (current file ↔ proposed, both read-only), else the plan. */
-  async show(g: Gaffer, id: string): Promise<void> {
-    const a = await g.get(id);
+  /** A file change as a diff editor (current file ↔ proposed, both read-only), else the plan:
+   * the approval as it will be decided (`a`, whose plan digest the decision binds). */
+  async show(g: Gaffer, a: m.Approval): Promise<void> {
     if (m.isFileChange(a)) {
       const fc = a.detail!.file_change!;
       const current = path.join(g.folder.uri.fsPath, fc.path);
@@ -593,13 +603,13 @@ class Ui {
     return p?.g;
   }
 
-  async pickApproval(n?: Node): Promise<[Gaffer, string] | undefined> {
-    if (n && n.kind === "approval") return [n.g, n.a.approval_id];
+  async pickApproval(n?: Node): Promise<[Gaffer, m.Approval] | undefined> {
+    if (n && n.kind === "approval") return [n.g, n.a];
     const items = [...this.gaffers.values()].flatMap((g) =>
       g.approvals.map((a) => ({ label: m.approvalItem(a, Date.now()).label, description: g.name, g, a })),
     );
     const p = await vscode.window.showQuickPick(items, { placeHolder: "Which approval?" });
-    return p ? [p.g, p.a.approval_id] : undefined;
+    return p ? [p.g, p.a] : undefined;
   }
 }
 
@@ -649,16 +659,16 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
         void vscode.window.showErrorMessage(`gaffer: ${(e as Error).message}`);
       }
     };
-  const onApproval = (f: (g: Gaffer, id: string) => Promise<void>) =>
+  const onApproval = (f: (g: Gaffer, a: m.Approval) => Promise<void>) =>
     guard(async (n?: Node) => {
       const p = await u.pickApproval(n);
       if (p) await f(p[0], p[1]);
     });
   ctx.subscriptions.push(
-    vscode.commands.registerCommand("gaffer.approve", onApproval((g, id) => u.approve(g, id))),
-    vscode.commands.registerCommand("gaffer.approveNarrower", onApproval((g, id) => u.approveNarrower(g, id))),
-    vscode.commands.registerCommand("gaffer.deny", onApproval((g, id) => u.deny(g, id))),
-    vscode.commands.registerCommand("gaffer.show", onApproval((g, id) => u.show(g, id))),
+    vscode.commands.registerCommand("gaffer.approve", onApproval((g, a) => u.approve(g, a))),
+    vscode.commands.registerCommand("gaffer.approveNarrower", onApproval((g, a) => u.approveNarrower(g, a))),
+    vscode.commands.registerCommand("gaffer.deny", onApproval((g, a) => u.deny(g, a))),
+    vscode.commands.registerCommand("gaffer.show", onApproval((g, a) => u.show(g, a))),
     vscode.commands.registerCommand(
       "gaffer.refresh",
       guard(async () => {

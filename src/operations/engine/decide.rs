@@ -28,6 +28,9 @@ pub struct DecisionRequest {
     pub decision: DecisionKind,
     /// The approval revision the operator looked at.
     pub expected_revision: u64,
+    /// The digest of the plan the operator was shown (`plan_digest` of the approval they
+    /// read): required to approve, so a plan swapped behind the same ids is never signed.
+    pub expected_plan_digest: Option<String>,
     pub narrowing: Narrowing,
     /// Deny only: passed to the agent in the operation's error.
     pub reason: Option<String>,
@@ -52,6 +55,26 @@ fn signature_error(e: impl std::fmt::Display) -> OpError {
         "operator_signature_invalid",
         format!("the decision is not validly signed by the operator: {e}"),
     )
+}
+
+/// The plan the operator was shown must be the one the payload binds.
+fn shown_plan(expected: Option<&str>, approve: bool, actual: &str) -> Result<(), OpError> {
+    match expected {
+        None if approve => Err(OpError::invalid(
+            "expected_plan_digest",
+            "approving needs the digest of the plan you were shown (`plan_digest` of the \
+             approval you read)",
+        )),
+        Some(shown) if shown != actual => Err(OpError::new(
+            ErrorKind::Conflict,
+            codes::PLAN_CHANGED,
+            format!(
+                "the plan is not the one you were shown: its digest is {actual}, not {shown}; \
+                 read the approval again"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn revision_conflict(at: u64, want: u64) -> OpError {
@@ -174,9 +197,14 @@ impl OperationRuntime {
             ));
         }
         let (a, op) = self.pending_at(&req.id, req.expected_revision)?;
+        let approve = req.decision == DecisionKind::Approve;
+        shown_plan(
+            req.expected_plan_digest.as_deref(),
+            approve,
+            op.plan_digest.as_deref().unwrap_or_default(),
+        )?;
         let now = crate::util::now_ms();
         let derived = self.rederive(&op, now, true).await;
-        let approve = req.decision == DecisionKind::Approve;
         let class_digest = match &derived {
             Ok(d) => classification_digest(&d.class),
             Err((_, m)) if approve => return Err(unfit_for_approval(m)),

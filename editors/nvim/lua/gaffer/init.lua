@@ -207,38 +207,42 @@ function M.follow(op_id, done)
   step()
 end
 
---- prepare -> `gaffer operator sign` -> decide. opts: constraints, reason. cb(approval|nil, err)
-function M.decide(id, decision, opts, cb)
+--- prepare -> `gaffer operator sign` -> decide. `a` is the approval as the operator was shown
+--- it (from approvals/get or approvals/list): the decision binds its revision and plan digest, so
+--- a plan swapped behind the same ids since is refused, never signed. opts: constraints, reason.
+--- cb(approval|nil, err)
+function M.decide(a, decision, opts, cb)
   opts = opts or {}
   cb = cb or function() end
-  M.request("approvals/get", { id = id }, function(a)
-    if not a then
-      return cb(nil, "no such approval")
+  M.request("approvals/prepare", {
+    id = a.approval_id,
+    decision = decision,
+    expected_revision = a.revision,
+    expected_plan_digest = a.plan_digest,
+    constraints = opts.constraints,
+    reason = opts.reason,
+  }, function(prep)
+    if not prep then
+      return cb(nil, "prepare failed")
     end
-    M.request("approvals/prepare", {
-      id = a.approval_id,
-      decision = decision,
-      expected_revision = a.revision,
-      constraints = opts.constraints,
-      reason = opts.reason,
-    }, function(prep)
-      if not prep then
-        return cb(nil, "prepare failed")
+    local ok, signing = pcall(vim.json.decode, prep.payload)
+    if not ok or signing.approval_id ~= a.approval_id or signing.plan_digest ~= a.plan_digest then
+      notify("the payload to sign is not for the plan you were shown; nothing was signed", vim.log.levels.ERROR)
+      return cb(nil, "payload mismatch")
+    end
+    M.sign(prep.payload, function(sig, err)
+      if not sig then
+        notify("signing failed: " .. err, vim.log.levels.ERROR)
+        return cb(nil, err)
       end
-      M.sign(prep.payload, function(sig, err)
-        if not sig then
-          notify("signing failed: " .. err, vim.log.levels.ERROR)
-          return cb(nil, err)
-        end
-        M.request("approvals/decide", { payload = prep.payload, signature = sig }, function(r)
-          if r then
-            notify(string.format("%s %s", decision == "approve" and "approved" or "denied", a.title or a.operation))
-            if decision == "approve" then
-              M.follow(a.operation_id)
-            end
+      M.request("approvals/decide", { payload = prep.payload, signature = sig }, function(r)
+        if r then
+          notify(string.format("%s %s", decision == "approve" and "approved" or "denied", a.title or a.operation))
+          if decision == "approve" then
+            M.follow(a.operation_id)
           end
-          cb(r, r and nil or "decide failed")
-        end)
+        end
+        cb(r, r and nil or "decide failed")
       end)
     end)
   end)
@@ -296,7 +300,7 @@ function M.approvals(done)
         vim.ui.select(actions, { prompt = a.title or a.operation, kind = "gaffer.action" }, function(act)
           if act == "Approve" then
             close()
-            M.decide(a.approval_id, "approve", {}, done)
+            M.decide(a, "approve", {}, done)
           elseif act == "Approve narrower…" then
             if not a.detail then
               close()
@@ -316,7 +320,7 @@ function M.approvals(done)
                 return done()
               end
               M.decide(
-                a.approval_id,
+                a,
                 "approve",
                 { constraints = { duration_seconds = c.duration_seconds, max_uses = c.max_uses } },
                 done
@@ -328,7 +332,7 @@ function M.approvals(done)
               if reason == nil then
                 return done()
               end
-              M.decide(a.approval_id, "deny", { reason = reason ~= "" and reason or nil }, done)
+              M.decide(a, "deny", { reason = reason ~= "" and reason or nil }, done)
             end)
           else
             close()

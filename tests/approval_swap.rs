@@ -1,0 +1,130 @@
+//! The operator reads an approval request (a harmless `file.write`); before they approve it,
+//! the agent cancels it and rewrites the journal so that the same operation and approval ids
+//! carry another plan (a `command.run`), with its digest recomputed and the chain intact. The
+//! operator's approval binds the plan they were shown, so the swapped plan is never signed:
+//! not by `gaffer approve --expect`, not by an editor's prepare/sign/decide, and `gaffer
+//! approve` off a terminal signs nothing without being told what was reviewed.
+
+mod common;
+
+use common::forge::*;
+use common::gate::*;
+use serde_json::{Value, json};
+
+#[test]
+fn a_plan_swapped_behind_the_approval_the_operator_read_is_never_signed() {
+    anchor_outside_the_workspace();
+    let env = Env::untrusted(None);
+    let mut agent = env.start(&[]);
+    agent.call("initialize", json!({}));
+    let a = ok(&submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "notes/todo.txt"}),
+        json!({"content": "buy milk\n"}),
+        "kA",
+    ))
+    .clone();
+    let b = ok(&submit(
+        &mut agent,
+        "command.run",
+        json!({"argv": ["sh", "-c", "echo agent-ran-this > PWNED"]}),
+        json!({}),
+        "kB",
+    ))
+    .clone();
+    assert_eq!(a["state"], "pending", "{a}");
+    let (op_a, ap_a, op_b) = (
+        a["id"].as_str().unwrap().to_string(),
+        a["approval_id"].as_str().unwrap().to_string(),
+        b["id"].as_str().unwrap().to_string(),
+    );
+    // What the operator reads.
+    let mut op = env.operator();
+    let shown = op.call("approvals/get", json!({ "id": ap_a }));
+    assert_eq!(shown["operation"], "file.write", "{shown}");
+    let shown_digest = shown["plan_digest"].as_str().unwrap().to_string();
+
+    // The agent: cancel both, prune them, and re-create A's ids carrying B's plan.
+    for id in [&op_a, &op_b] {
+        agent.call("operations/cancel", json!({ "id": id }));
+    }
+    let seg = the_segment(env.root());
+    let i = seg.find("B's creation", |kind, p| {
+        kind == "operation.created" && p["operation"]["id"] == op_b.as_str()
+    });
+    let mut created = seg.recs[i].payload();
+    let text = created["operation"]["plan"]
+        .as_str()
+        .unwrap()
+        .replace(&op_b, &op_a);
+    let digest = gaffer::util::sha256_hex(text.as_bytes());
+    {
+        let o = &mut created["operation"];
+        o["id"] = json!(op_a);
+        o["approval_id"] = json!(ap_a);
+        o["plan"] = json!(text);
+        o["plan_digest"] = json!(digest);
+        o["idempotency_key"] = json!("kA");
+        let ap = &mut created["approval"];
+        ap["id"] = json!(ap_a);
+        ap["operation_id"] = json!(op_a);
+        ap["plan_digest"] = json!(digest);
+    }
+    let far = gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000;
+    append_chained(
+        env.root(),
+        &[
+            (
+                "operation.pruned",
+                json!({ "before_ms": far }).to_string().into_bytes(),
+            ),
+            ("operation.created", created.to_string().into_bytes()),
+        ],
+    );
+    // The swap is live: the same approval id now holds the command.
+    let wait_swapped = |op: &mut common::Server| -> Value {
+        let until = std::time::Instant::now() + WATCH;
+        loop {
+            let now = op.request("approvals/get", json!({ "id": ap_a }));
+            if now["result"]["operation"] == "command.run" {
+                return now["result"].clone();
+            }
+            assert!(std::time::Instant::now() < until, "no swap: {now}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let swapped = wait_swapped(&mut op);
+    assert_ne!(swapped["plan_digest"], shown_digest.as_str());
+
+    // The editors' path: prepare names the plan that was shown.
+    let r = env.decide(
+        &mut op,
+        json!({"id": ap_a, "decision": "approve", "expected_revision": shown["revision"],
+               "expected_plan_digest": shown_digest}),
+    );
+    assert_eq!(err_code(&r), "plan_changed", "{r}");
+    // Without naming it, approving is refused outright.
+    let r = op.request(
+        "approvals/prepare",
+        json!({"id": ap_a, "decision": "approve", "expected_revision": shown["revision"]}),
+    );
+    assert_eq!(r["error"]["data"]["field"], "expected_plan_digest", "{r}");
+    // The CLI, with the digest reviewed in `gaffer approvals`.
+    let (code, out, err) = env.cli(&["approve", &ap_a, "--expect", &shown_digest]);
+    assert_ne!(code, 0, "{out}{err}");
+    let refused: Value = serde_json::from_str(&out).unwrap_or_default();
+    assert_eq!(refused["error"]["code"], "plan_changed", "{out}{err}");
+    // The CLI off a terminal, told nothing: nothing is signed.
+    let (code, out, err) = env.cli(&["approve", &ap_a]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("nothing signed"), "{err}");
+
+    // Nothing was decided, and nothing runs.
+    let still = op.call("approvals/get", json!({ "id": ap_a }));
+    assert_eq!(still["status"], "pending", "{still}");
+    assert!(
+        !env.root().join("PWNED").exists(),
+        "the agent's command ran"
+    );
+}
