@@ -157,6 +157,29 @@ pub fn read_regular_file(path: &std::path::Path, limit: Option<u64>) -> std::io:
     Ok(bytes)
 }
 
+/// `s` as a terminal shows it without obeying it: control characters (C0, DEL, C1) and the
+/// invisible or reordering format characters (zero-width, bidirectional overrides and
+/// isolates, BOM) written as `\u{…}`, so text the agent chose can neither move the cursor,
+/// erase what was printed, write the clipboard, nor hide or reorder what is read.
+pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    };
+    if !s.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if hidden(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }

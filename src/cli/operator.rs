@@ -21,6 +21,7 @@ use crate::operations::views::rfc3339;
 use crate::operator::signed::OperatorSignature;
 use crate::operator::{OperatorSigner, key_path, public_key_path};
 use crate::rpc::Role;
+use crate::util::visible;
 use crate::workspace::NewRecord;
 
 #[derive(Debug, Subcommand)]
@@ -283,7 +284,8 @@ fn confirmed() -> Result<bool, ExitCode> {
 }
 
 /// What a prepared decision grants, in words: the plan as its adapter presents it, and for an
-/// approval its mode, uses and expiry as the payload to be signed has them.
+/// approval its mode, uses and expiry as the payload to be signed has them. Text the agent
+/// chose is printed as [`visible`] makes it: it cannot rewrite what the operator reads.
 fn about_to_sign(p: &PreparedDecision) -> String {
     let (d, a) = (&p.payload, &p.approval);
     let verb = match d.decision {
@@ -292,10 +294,15 @@ fn about_to_sign(p: &PreparedDecision) -> String {
     };
     let mut out = format!(
         "gaffer: signing with the operator key:\n  {verb} {} (operation {}, {}, client {})\n",
-        d.approval_id, d.operation_id, d.operation, d.client
+        visible(&d.approval_id),
+        visible(&d.operation_id),
+        visible(&d.operation),
+        visible(&d.client)
     );
-    let title = a.title.as_deref().unwrap_or(&d.operation);
-    match (&a.summary, &a.plan_problem) {
+    let title = visible(a.title.as_deref().unwrap_or(&d.operation));
+    let summary = a.summary.as_deref().map(visible);
+    let problem = a.plan_problem.as_deref().map(visible);
+    match (&summary, &problem) {
         (_, Some(problem)) => out.push_str(&format!("  plan: {title}: cannot run: {problem}\n")),
         (Some(summary), None) => out.push_str(&format!("  plan: {title}: {summary}\n")),
         (None, None) => out.push_str(&format!("  plan: {title}\n")),
@@ -320,7 +327,7 @@ fn about_to_sign(p: &PreparedDecision) -> String {
         ));
     }
     if let Some(r) = &d.reason {
-        out.push_str(&format!("  reason: {r}\n"));
+        out.push_str(&format!("  reason: {}\n", visible(r)));
     }
     out
 }

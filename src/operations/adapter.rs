@@ -212,9 +212,11 @@ pub struct Presentation {
 }
 
 impl Presentation {
-    /// Bounds every provider's presentation (title 1..=160, summary <= 500 characters).
+    /// Bounds every provider's presentation (title 1..=160, summary <= 500 characters). A cut
+    /// says so, with how much was left out: the operator must never take a part for the whole
+    /// (the approval's detail shows the plan in full).
     pub fn bounded(self) -> Result<Presentation, AdapterError> {
-        let title = trimmed_to_chars(self.title, 160);
+        let title = cut_marked(self.title, 160);
         if title.is_empty() {
             return Err(AdapterError::input(
                 None,
@@ -223,22 +225,31 @@ impl Presentation {
         }
         Ok(Presentation {
             title,
-            summary: trimmed_to_chars(self.summary, 500),
+            summary: cut_marked(self.summary, 500),
         })
     }
 }
 
-/// `s` trimmed, then cut to its first `n` characters; in place, without a copy when the
-/// text already fits.
-fn trimmed_to_chars(mut s: String, n: usize) -> String {
-    let trimmed = s.trim();
-    if trimmed.len() != s.len() {
-        s = trimmed.to_string();
+/// `s` trimmed and, past `n` characters, cut so that with the note saying how many characters
+/// were left out it is at most `n` characters long.
+fn cut_marked(s: String, n: usize) -> String {
+    let s = trimmed(s);
+    let total = s.chars().count();
+    if total <= n {
+        return s;
     }
-    if let Some((cut, _)) = s.char_indices().nth(n) {
-        s.truncate(cut);
-    }
-    s
+    // The note's own length depends on the count it names: size it for the largest count.
+    let note = |left: usize| format!(" … [{left} more characters: see the whole plan]");
+    let keep = n.saturating_sub(note(total).chars().count());
+    let mut out: String = s.chars().take(keep).collect();
+    out.push_str(&note(total - keep));
+    out
+}
+
+/// `s` trimmed, without a copy when it has nothing to trim.
+fn trimmed(s: String) -> String {
+    let t = s.trim();
+    if t.len() == s.len() { s } else { t.to_string() }
 }
 
 /// Result of an execution or a read-back. Only `proven` outcomes count as success.
@@ -723,8 +734,18 @@ pub(crate) mod tests {
         }
         .bounded()
         .unwrap();
-        assert_eq!(long.title.len(), 160);
-        assert_eq!(long.summary.len(), 500);
+        // A cut says how much it left out, and the whole stays within the bound.
+        for (text, total, bound) in [(&long.title, 300, 160), (&long.summary, 900, 500)] {
+            assert!(text.chars().count() <= bound, "{text}");
+            let kept = text.chars().take_while(|c| *c == 'x' || *c == 'y').count();
+            assert!(
+                text.ends_with(&format!(
+                    " … [{} more characters: see the whole plan]",
+                    total - kept
+                )),
+                "{text}"
+            );
+        }
         // Trimmed first, then cut by characters, never inside one.
         let wide = Presentation {
             title: format!("  {}  ", "é".repeat(200)),
@@ -732,7 +753,16 @@ pub(crate) mod tests {
         }
         .bounded()
         .unwrap();
-        assert_eq!(wide.title, "é".repeat(160));
+        assert!(wide.title.chars().count() <= 160);
+        assert!(wide.title.starts_with('é') && wide.title.contains("more characters"));
         assert_eq!(wide.summary, "ok");
+        let fits = Presentation {
+            title: "é".repeat(160),
+            summary: "z".repeat(500),
+        }
+        .bounded()
+        .unwrap();
+        assert_eq!(fits.title, "é".repeat(160));
+        assert_eq!(fits.summary, "z".repeat(500));
     }
 }

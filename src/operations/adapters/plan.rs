@@ -144,11 +144,18 @@ pub fn present(s: &LaunchSpec) -> Presentation {
             s.mechanism,
             s.lanes.len()
         ),
+        // What widens every lane's sandbox or hands over secrets comes first (a summary cut
+        // at its bound loses lanes, never these).
         summary: format!(
-            "bundle {} {}; secrets [{}]; {}",
+            "declarations [{}]; secrets [{}]; bundle {} {}; {}",
+            s.declarations
+                .iter()
+                .map(|d| format!("{} {}={}", d.kind.as_str(), d.name, d.reference))
+                .collect::<Vec<_>>()
+                .join("; "),
+            s.secrets.join(", "),
             s.config_bundle.id,
             s.config_bundle.digest,
-            s.secrets.join(", "),
             lanes.join("; ")
         ),
     }

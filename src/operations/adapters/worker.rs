@@ -291,8 +291,12 @@ impl Adapter for WorkerStartAdapter {
                 .collect();
             Presentation {
                 title: format!("Start worker {} ({})", t.worker_id, t.profile.value()),
+                // What widens the sandbox or hands over secrets comes first: a summary cut at
+                // its bound loses the argv and the input, never these.
                 summary: format!(
-                    "bundle {} {}; argv {:?}; input {:?}{}; secrets [{}]; declarations [{}]",
+                    "declarations [{}]; secrets [{}]; bundle {} {}; argv {:?}; input {:?}{}",
+                    decls.join("; "),
+                    p.secrets.join(", "),
                     t.config_bundle.id,
                     t.config_bundle.digest,
                     p.argv,
@@ -301,8 +305,6 @@ impl Adapter for WorkerStartAdapter {
                         .as_deref()
                         .map(|i| format!(", first {}", shown_input(i)))
                         .unwrap_or_default(),
-                    p.secrets.join(", "),
-                    decls.join("; ")
                 ),
             }
         }))
