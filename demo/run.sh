@@ -44,7 +44,9 @@ if [ -z "$op" ]; then
 fi
 step "4. operator: the file.write is pending; review it, then approve exactly that plan (gaffer approve $op --expect PLAN_DIGEST)"
 gaffer approvals | tee "$keys/approvals.json"
-digest=$(grep -o '"plan_digest": *"[^"]*"' "$keys/approvals.json" | head -n 1 | cut -d '"' -f 4)
+# The plan_digest of this operation's request, as listed (what the operator reviewed).
+digest=$(awk -v op="\"$op\"" '/"operation_id"/ && index($0, op) { found = 1 }
+    found && /"plan_digest"/ { split($0, f, "\""); print f[4]; exit }' "$keys/approvals.json")
 gaffer approve "$op" --expect "$digest"
 
 # Approved is one revision; the wait returns once the operation has moved past executing.

@@ -157,14 +157,26 @@ pub fn read_regular_file(path: &std::path::Path, limit: Option<u64>) -> std::io:
     Ok(bytes)
 }
 
-/// `s` as a terminal shows it without obeying it: control characters (C0, DEL, C1) and the
-/// invisible or reordering format characters (zero-width, bidirectional overrides and
-/// isolates, BOM) written as `\u{…}`, so text the agent chose can neither move the cursor,
+/// `s` as a terminal shows it without obeying it: control characters (C0, DEL, C1), line and
+/// paragraph separators, and the invisible or reordering format characters (soft hyphen,
+/// zero-width, bidirectional marks, overrides and isolates, BOM, interlinear annotations,
+/// tags) written as `\u{…}`, so text the agent chose can neither move the cursor,
 /// erase what was printed, write the clipboard, nor hide or reorder what is read.
 pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
     let hidden = |c: char| {
         c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+            || matches!(
+                c,
+                '\u{ad}'
+                    | '\u{61c}'
+                    | '\u{180e}'
+                    | '\u{200b}'..='\u{200f}'
+                    | '\u{2028}'..='\u{202e}'
+                    | '\u{2060}'..='\u{206f}'
+                    | '\u{feff}'
+                    | '\u{fff9}'..='\u{fffb}'
+                    | '\u{e0000}'..='\u{e007f}'
+            )
     };
     if !s.chars().any(hidden) {
         return std::borrow::Cow::Borrowed(s);

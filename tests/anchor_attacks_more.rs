@@ -232,7 +232,7 @@ fn window_used_once(env: &Env) -> (Server, String, String) {
     .clone();
     assert_eq!(first["state"], "pending");
     let id = first["id"].as_str().unwrap().to_string();
-    let (code, out, err) = env.cli(&["approve", "--yes", &id]);
+    let (code, out, err) = env.approve_reviewed(&id, &[]);
     assert_eq!(code, 0, "gaffer approve: {out}{err}");
     let v = wait_state(&mut a, &id, &["succeeded", "failed"]);
     assert_eq!(v["state"], "succeeded", "{v}");

@@ -98,9 +98,7 @@ fn forge_request(root: &Path, id: &str, path: &str, content: &str, asked: Asked)
 
 /// `gaffer approve ARGS…`: (exit code, stdout as JSON, stderr).
 fn approve_cli(env: &Env, args: &[&str]) -> (i32, Value, String) {
-    let mut all = vec!["approve", "--yes"];
-    all.extend_from_slice(args);
-    let (code, out, err) = env.cli(&all);
+    let (code, out, err) = env.approve_reviewed(args[0], &args[1..]);
     let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
     (code, v, err)
 }

@@ -149,10 +149,67 @@ fn control_sequences_in_a_plan_are_printed_not_obeyed() {
     ))
     .clone();
     assert_eq!(p["state"], "pending", "{p}");
-    let (code, out, err) = env.cli(&["approve", "--yes", p["id"].as_str().unwrap()]);
+    let (code, out, err) = env.approve_reviewed(p["id"].as_str().unwrap(), &[]);
     assert_eq!(code, 0, "{out}{err}");
     for c in ['\u{1b}', '\r', '\u{7}', '\u{202e}'] {
         assert!(!err.contains(c), "{:?} reached the terminal: {err:?}", c);
     }
     assert!(err.contains("\\u{1b}[2K\\u{d}"), "{err}");
+}
+
+/// The other half of the same swap: the request the operator reads carries, beside a harmless
+/// plan, the digest of the plan the agent means to swap in next (so an editor or `--expect`
+/// holding that digest would accept the swap). A request whose copies of the digest, client
+/// or operation are not its operation's is never folded.
+#[test]
+fn a_request_whose_digest_is_not_its_plans_is_never_shown() {
+    anchor_outside_the_workspace();
+    let env = Env::untrusted(None);
+    let mut agent = env.start(&[]);
+    agent.call("initialize", json!({}));
+    let a = ok(&submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "notes/todo.txt"}),
+        json!({"content": "buy milk\n"}),
+        "kA",
+    ))
+    .clone();
+    let (op_a, ap_a) = (
+        a["id"].as_str().unwrap().to_string(),
+        a["approval_id"].as_str().unwrap().to_string(),
+    );
+    agent.call("operations/cancel", json!({ "id": op_a }));
+    let seg = the_segment(env.root());
+    let i = seg.find("A's creation", |kind, p| {
+        kind == "operation.created" && p["operation"]["id"] == op_a.as_str()
+    });
+    let mut created = seg.recs[i].payload();
+    created["approval"]["plan_digest"] = json!("f".repeat(64));
+    let far = gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000;
+    append_chained(
+        env.root(),
+        &[
+            (
+                "operation.pruned",
+                json!({ "before_ms": far }).to_string().into_bytes(),
+            ),
+            ("operation.created", created.to_string().into_bytes()),
+        ],
+    );
+    let mut op = env.operator();
+    // The prune is folded (A is gone); the mismatched re-creation is not.
+    let until = std::time::Instant::now() + WATCH;
+    loop {
+        let r = op.request("approvals/get", json!({ "id": ap_a }));
+        if r.get("error").is_some() {
+            assert_eq!(err_code(&r), "not_found", "{r}");
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "still shown: {r}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let r = op.request("approvals/get", json!({ "id": ap_a }));
+    assert_eq!(err_code(&r), "not_found", "{r}");
 }

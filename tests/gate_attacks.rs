@@ -294,9 +294,12 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
     let mut seed = forged_write("op_seed", "agent-1", "win/seed.rs", "win/seed.rs", "x");
     seed["operation"]["state"] = json!("pending");
     seed["operation"]["approval_id"] = json!("ap_window");
+    // The request's copy of the digest is the operation's (a request that differs is never
+    // folded), so the forged grant routes and the claim is what refuses it.
+    let seed_digest = seed["operation"]["plan_digest"].clone();
     seed["approval"] = json!({
         "id": "ap_window", "operation_id": "op_seed", "client_id": "agent-1", "operation": "file.write",
-        "plan_digest": "0".repeat(64), "mode": "window", "classification": class,
+        "plan_digest": seed_digest, "mode": "window", "classification": class,
         "status": "pending", "revision": 1, "created_at_ms": now, "pending_expires_at_ms": now + 600_000,
         "requested_duration_seconds": 600, "requested_max_uses": 25, "decision": null,
         "uses": {}, "decision_keys": {}
@@ -440,7 +443,7 @@ fn finding_7_a_serving_process_with_only_the_public_key_verifies_approvals() {
     .clone();
     assert_eq!(p["state"], "pending");
     // The operator approves from their own process, which holds the private key.
-    let (code, out, err) = env.cli(&["approve", "--yes", p["id"].as_str().unwrap()]);
+    let (code, out, err) = env.approve_reviewed(p["id"].as_str().unwrap(), &[]);
     assert_eq!(code, 0, "{out}{err}");
     let v = wait_state(
         &mut agent,
@@ -495,7 +498,7 @@ fn a_broken_hash_chain_accepts_no_signed_approval() {
     // back, no trust signature counts (so the providers file starts nothing) and no approval
     // can make the plan run.
     assert_eq!(st["store"]["standing"]["state"], "rolled_back", "{st}");
-    let (code, out, err) = env.cli(&["approve", "--yes", p["id"].as_str().unwrap()]);
+    let (code, out, err) = env.approve_reviewed(p["id"].as_str().unwrap(), &[]);
     if code == 0 {
         let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["succeeded", "failed"]);
         assert_eq!(v["state"], "failed", "{v}");

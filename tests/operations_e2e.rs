@@ -904,7 +904,8 @@ fn cli_operator_init_approve_and_submit() {
     let (code, out) = run(&["approvals"]);
     assert_eq!(code, 0);
     assert!(out.contains(id), "{out}");
-    let (code, out) = run(&["approve", "--yes", id]);
+    let digest = env.reviewed_digest(id);
+    let (code, out) = run(&["approve", id, "--expect", &digest]);
     assert_eq!(code, 0, "{out}");
     let shown: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(shown["status"], "active", "{shown}");
@@ -1092,11 +1093,21 @@ fn approved_work_waits_for_a_server_and_a_revoke_before_it_runs_cancels_it() {
     drop(a);
     // No server is running: the approvals are recorded, nothing executes yet.
     assert_eq!(
-        cli(&["approve", "--yes", run["id"].as_str().unwrap()])["status"],
+        cli(&[
+            "approve",
+            run["id"].as_str().unwrap(),
+            "--expect",
+            &env.reviewed_digest(run["id"].as_str().unwrap())
+        ])["status"],
         "active"
     );
     assert_eq!(
-        cli(&["approve", "--yes", revoked["id"].as_str().unwrap()])["status"],
+        cli(&[
+            "approve",
+            revoked["id"].as_str().unwrap(),
+            "--expect",
+            &env.reviewed_digest(revoked["id"].as_str().unwrap())
+        ])["status"],
         "active"
     );
     assert_eq!(
@@ -1685,7 +1696,7 @@ fn a_tampered_plan_in_the_journal_is_refused_at_execution() {
     let id = p["id"].as_str().unwrap().to_string();
     drop(a);
     // The operator approves while no server runs, so nothing executes yet.
-    let (code, out, err) = env.cli(&["approve", "--yes", &id]);
+    let (code, out, err) = env.approve_reviewed(&id, &[]);
     assert_eq!(code, 0, "{out}{err}");
     let decided: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(decided["status"], "active", "{decided}");

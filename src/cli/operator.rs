@@ -32,9 +32,9 @@ pub enum OperatorCommand {
     /// signing. A request asking for more than the trusted policy grants for its plan is
     /// refused, naming what differs.
     ///
-    /// It prints what the signature grants, then signs only once you confirm on the terminal;
-    /// `--expect` signs only the plan you reviewed (its `plan_digest` in `gaffer approvals`),
-    /// `--yes` what is printed without asking.
+    /// It prints what the signature grants, then signs only once you confirm on the terminal,
+    /// or, with `--expect`, only the plan you reviewed (its `plan_digest` in `gaffer
+    /// approvals`); off a terminal without `--expect` it signs nothing.
     Approve {
         id: String,
         /// Approve for fewer seconds than requested.
@@ -46,9 +46,6 @@ pub enum OperatorCommand {
         /// Sign only if the plan still has this digest (`plan_digest` in `gaffer approvals`).
         #[arg(long, value_name = "PLAN_DIGEST")]
         expect: Option<String>,
-        /// Do not ask: sign the plan as printed (for scripts that checked it another way).
-        #[arg(long, conflicts_with = "expect")]
-        yes: bool,
     },
     /// Deny a pending request; the reason reaches the agent.
     Deny {
@@ -153,16 +150,14 @@ pub async fn run(cmd: OperatorCommand, root: &Path) -> Result<ExitCode, ExitCode
             duration_seconds,
             max_uses,
             expect,
-            yes,
         } => {
             let n = Narrowing {
                 duration_seconds,
                 max_uses,
             };
-            let confirm = match (expect, yes) {
-                (Some(digest), _) => Confirm::Expected(digest),
-                (None, true) => Confirm::AsPrinted,
-                (None, false) => Confirm::Ask,
+            let confirm = match expect {
+                Some(digest) => Confirm::Expected(digest),
+                None => Confirm::Ask,
             };
             decide(root, &id, DecisionKind::Approve, n, None, confirm).await
         }
@@ -218,7 +213,7 @@ enum Confirm {
     Expected(String),
     /// Printed, then signed only once the operator says yes on the terminal.
     Ask,
-    /// Printed and signed (a deny, or `--yes`).
+    /// Printed and signed (a deny: it only refuses).
     AsPrinted,
 }
 
@@ -235,7 +230,7 @@ async fn decide(
     if matches!(confirm, Confirm::Ask) && !std::io::stdin().is_terminal() {
         return Err(fail(
             "nothing signed: confirm on a terminal, or pass --expect PLAN_DIGEST (the \
-             `plan_digest` of the approval you reviewed in `gaffer approvals`) or --yes",
+             `plan_digest` of the approval you reviewed in `gaffer approvals`)",
             2,
         ));
     }

@@ -521,8 +521,13 @@ impl OperationState {
             ));
         }
         if let Some(a) = &c.approval {
+            // The request's copies of the plan digest, client and operation are what an
+            // operator's view shows beside the plan: they must be the operation's own.
             if op.approval_id.as_deref() != Some(a.id.as_str())
                 || a.operation_id != op.id
+                || op.plan_digest.as_deref() != Some(a.plan_digest.as_str())
+                || a.client_id != op.client_id
+                || a.operation != op.operation
                 || self.approvals.contains_key(&a.id)
                 || a.status != ApprovalStatus::Pending
                 || op.state != OpState::Pending

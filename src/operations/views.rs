@@ -160,14 +160,18 @@ impl ApprovalView {
         shown: Result<&PlanShown, &str>,
     ) -> ApprovalView {
         let plan = shown.ok();
+        // The operation's digest (the one its plan text is checked against when shown), and
+        // its client and name: what a decision binds, never the request's copies.
         ApprovalView {
             approval_id: a.id.clone(),
             operation_id: a.operation_id.clone(),
-            client_id: a.client_id.clone(),
-            operation: a.operation.clone(),
+            client_id: op.map_or_else(|| a.client_id.clone(), |o| o.client_id.clone()),
+            operation: op.map_or_else(|| a.operation.clone(), |o| o.operation.clone()),
             status: a.status,
             revision: a.revision,
-            plan_digest: a.plan_digest.clone(),
+            plan_digest: op
+                .and_then(|o| o.plan_digest.clone())
+                .unwrap_or_else(|| a.plan_digest.clone()),
             mode: a.mode,
             created_at: rfc3339(a.created_at_ms),
             pending_expires_at: rfc3339(a.pending_expires_at_ms),

@@ -130,7 +130,7 @@ pub fn one_use_approval_ran_once(env: &Env) -> (Server, String, String) {
     .clone();
     assert_eq!(p["state"], "pending", "kv.set waits for the operator: {p}");
     let id = p["id"].as_str().unwrap().to_string();
-    let (code, out, err) = env.cli(&["approve", "--yes", &id]);
+    let (code, out, err) = env.approve_reviewed(&id, &[]);
     assert_eq!(code, 0, "gaffer approve: {out}{err}");
     let v = wait_state(&mut a, &id, &["succeeded", "failed"]);
     assert_eq!(v["state"], "succeeded", "{v}");

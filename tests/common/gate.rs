@@ -184,6 +184,30 @@ impl Env {
         t
     }
 
+    /// The `plan_digest` the operator reviews for approval or operation `id` in `gaffer
+    /// approvals` (what `gaffer approve --expect` takes).
+    pub fn reviewed_digest(&self, id: &str) -> String {
+        let (code, out, err) = self.cli(&["approvals", "--all"]);
+        assert_eq!(code, 0, "gaffer approvals: {out}{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["approval_id"] == id || a["operation_id"] == id)
+            .and_then(|a| a["plan_digest"].as_str())
+            .unwrap_or_else(|| panic!("no approval {id} listed: {out}"))
+            .to_string()
+    }
+
+    /// `gaffer approve ID --expect DIGEST EXTRA…`, bound to the plan listed for `id`.
+    pub fn approve_reviewed(&self, id: &str, extra: &[&str]) -> (i32, String, String) {
+        let digest = self.reviewed_digest(id);
+        let mut args = vec!["approve", id, "--expect", digest.as_str()];
+        args.extend_from_slice(extra);
+        self.cli(&args)
+    }
+
     /// An agent connection authenticated as `name`.
     pub fn agent(&self, name: &str) -> Server {
         self.agent_env(name, &[])

@@ -200,7 +200,7 @@ class Gaffer {
     // Nothing to show, nothing to approve: the list and the tree still hold the request.
     if (!a) return;
     const title = a.title ?? "an operation";
-    await this.ui.offer(this, a, `gaffer: ${title}${a.summary ? ` — ${a.summary}` : ""}`, true);
+    await this.ui.offer(this, a, m.inert(`gaffer: ${title}${a.summary ? ` — ${a.summary}` : ""}`), true);
   }
 
   async get(id: string): Promise<m.Approval> {
@@ -228,11 +228,9 @@ class Gaffer {
       constraints: opts.constraints,
       reason: opts.reason,
     });
-    // What is signed must name the plan that was shown, whatever the server says.
-    const signing = JSON.parse(prep.payload) as { approval_id?: string; plan_digest?: string };
-    if (signing.approval_id !== a.approval_id || signing.plan_digest !== a.plan_digest) {
-      throw new Error("the payload to sign is not for the plan you were shown; nothing was signed");
-    }
+    // What is signed must decide the approval as it was shown, whatever the server says.
+    const problem = m.payloadProblem(prep.payload, a);
+    if (problem) throw new Error(`nothing was signed: the payload is not the approval you were shown (${problem})`);
     const out = await withServerProgress(c, `gaffer: ${decision === "approve" ? "approving" : "denying"} ${a.title ?? a.operation}`, "approvals/decide", {
       payload: prep.payload,
       signature: this.key.sign(prep.payload),
@@ -454,13 +452,13 @@ class Ui {
         await this.offer(g, a, text, false);
       }
     } catch (e) {
-      void vscode.window.showErrorMessage(`gaffer: ${(e as Error).message}`);
+      void vscode.window.showErrorMessage(m.inert(`gaffer: ${(e as Error).message}`));
     }
   }
 
   async approve(g: Gaffer, a: m.Approval): Promise<void> {
     const r = await g.decide(a, "approve");
-    void vscode.window.showInformationMessage(`gaffer: approved ${r.title ?? r.operation}`);
+    void vscode.window.showInformationMessage(m.inert(`gaffer: approved ${r.title ?? r.operation}`));
     void this.follow(g, r.operation_id, r.title ?? r.operation);
   }
 
@@ -481,7 +479,7 @@ class Ui {
         rev = op.revision;
       } while (!m.TERMINAL.has(op.state) && ++i < 20);
       event("outcome", { operation_id: opId, state: op.state });
-      const text = `gaffer: ${title} ${op.state}${op.error ? `: ${op.error.message}` : ""}`;
+      const text = m.inert(`gaffer: ${title} ${op.state}${op.error ? `: ${op.error.message}` : ""}`);
       if (op.state === "succeeded") void vscode.window.showInformationMessage(text);
       else if (m.TERMINAL.has(op.state)) void vscode.window.showWarningMessage(text);
     } catch (e) {
@@ -500,7 +498,7 @@ class Ui {
     await g.decide(a, "approve", {
       constraints: { duration_seconds: pick.c.duration_seconds, max_uses: pick.c.max_uses },
     });
-    void vscode.window.showInformationMessage(`gaffer: approved ${a.title ?? a.operation} (${pick.label})`);
+    void vscode.window.showInformationMessage(m.inert(`gaffer: approved ${a.title ?? a.operation} (${pick.label})`));
     void this.follow(g, a.operation_id, a.title ?? a.operation);
   }
 
@@ -603,13 +601,28 @@ class Ui {
     return p?.g;
   }
 
+  /**
+   * The approval a tree node or the picker shows, in full (the list holds no `detail`): read
+   * again, and refused if it is no longer the request that was listed.
+   */
   async pickApproval(n?: Node): Promise<[Gaffer, m.Approval] | undefined> {
-    if (n && n.kind === "approval") return [n.g, n.a];
-    const items = [...this.gaffers.values()].flatMap((g) =>
-      g.approvals.map((a) => ({ label: m.approvalItem(a, Date.now()).label, description: g.name, g, a })),
-    );
-    const p = await vscode.window.showQuickPick(items, { placeHolder: "Which approval?" });
-    return p ? [p.g, p.a] : undefined;
+    let picked: [Gaffer, m.Approval] | undefined;
+    if (n && n.kind === "approval") picked = [n.g, n.a];
+    else {
+      const items = [...this.gaffers.values()].flatMap((g) =>
+        g.approvals.map((a) => ({ label: m.approvalItem(a, Date.now()).label, description: g.name, g, a })),
+      );
+      const p = await vscode.window.showQuickPick(items, { placeHolder: "Which approval?" });
+      picked = p ? [p.g, p.a] : undefined;
+    }
+    if (!picked) return undefined;
+    const [g, listed] = picked;
+    const full = await g.get(listed.approval_id);
+    if (full.plan_digest !== listed.plan_digest || full.revision !== listed.revision || full.mode !== listed.mode) {
+      await g.refresh();
+      throw new Error("this request changed since it was listed; look at it again");
+    }
+    return [g, full];
   }
 }
 
@@ -656,7 +669,7 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
       try {
         await f(...a);
       } catch (e) {
-        void vscode.window.showErrorMessage(`gaffer: ${(e as Error).message}`);
+        void vscode.window.showErrorMessage(m.inert(`gaffer: ${(e as Error).message}`));
       }
     };
   const onApproval = (f: (g: Gaffer, a: m.Approval) => Promise<void>) =>

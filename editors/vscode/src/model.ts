@@ -364,3 +364,60 @@ export function transcriptText(stream: string, text: string): string {
   if (stream === "stderr") return text.replace(/^(?=.)/gm, "! ");
   return text;
 }
+
+/**
+ * Text the agent chose, safe to put in a notification: VS Code turns `[label](command:…)` in a
+ * message into a link that runs the command (or opens a file or URL) when clicked, with a
+ * label and hover text the agent picks. Breaking `](` keeps the text readable and inert.
+ */
+export function inert(s: string): string {
+  return s.replace(/\]\s*\(/g, "] (");
+}
+
+/** The fields of a decision payload the extension checks before signing it. */
+interface DecisionPayloadFields {
+  approval_id?: string;
+  operation_id?: string;
+  client?: string;
+  operation?: string;
+  plan_digest?: string;
+  mode?: string;
+  max_uses?: number;
+  decided_at_ms?: number;
+  expires_at_ms?: number | null;
+}
+
+/**
+ * Why the payload to sign is not a decision on the approval as it was shown (`a`), or
+ * undefined when it is: the same request, plan, client and operation, the same mode, and no
+ * more uses or time than the request showed (narrowing only lowers them).
+ */
+export function payloadProblem(payload: string, a: Approval): string | undefined {
+  let p: DecisionPayloadFields;
+  try {
+    p = JSON.parse(payload) as DecisionPayloadFields;
+  } catch {
+    return "the payload is not JSON";
+  }
+  const same: [keyof DecisionPayloadFields, string][] = [
+    ["approval_id", a.approval_id],
+    ["operation_id", a.operation_id],
+    ["client", a.client_id],
+    ["operation", a.operation],
+    ["plan_digest", a.plan_digest],
+    ["mode", a.mode],
+  ];
+  for (const [k, want] of same) {
+    if (p[k] !== want) return `its ${k} is ${String(p[k])}, not ${want} as shown`;
+  }
+  if (typeof p.max_uses === "number" && p.max_uses > a.requested_max_uses) {
+    return `it grants ${p.max_uses} uses, more than the ${a.requested_max_uses} shown`;
+  }
+  if (typeof p.expires_at_ms === "number" && typeof p.decided_at_ms === "number") {
+    const seconds = (p.expires_at_ms - p.decided_at_ms) / 1000;
+    if (seconds > a.requested_duration_seconds) {
+      return `it lasts ${seconds}s, longer than the ${a.requested_duration_seconds}s shown`;
+    }
+  }
+  return undefined;
+}

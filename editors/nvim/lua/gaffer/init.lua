@@ -114,15 +114,21 @@ end
 
 --- The preview of an approval: summary, diff or command, canonical plan (lines, filetype).
 function M.preview_lines(a)
-  local lines = { "# " .. (a.title or a.operation), "" }
+  -- Text the agent chose may hold line breaks, which a buffer line cannot: each becomes lines.
+  local lines = {}
+  local function add(text)
+    vim.list_extend(lines, vim.split(text, "\n", { plain = true }))
+  end
+  add("# " .. (a.title or a.operation))
+  table.insert(lines, "")
   if a.summary then
-    table.insert(lines, a.summary)
+    add(a.summary)
   end
   if a.plan_problem then
-    table.insert(lines, "THIS PLAN CANNOT RUN: " .. a.plan_problem)
+    add("THIS PLAN CANNOT RUN: " .. a.plan_problem)
   end
   if a.reason then
-    table.insert(lines, "the agent says: " .. a.reason)
+    add("the agent says: " .. a.reason)
   end
   local d = a.detail
   if d then
@@ -140,16 +146,16 @@ function M.preview_lines(a)
     table.insert(lines, "")
     local fc = d.file_change
     if fc then
-      table.insert(lines, fc.summary)
+      add(fc.summary)
       if fc.diff then
         vim.list_extend(lines, vim.split(fc.diff, "\n", { trimempty = true }))
       end
       return lines, "diff"
     end
     if d.command then
-      table.insert(lines, "$ " .. table.concat(d.command.argv, " "))
-      table.insert(lines, "cwd: " .. (d.command.cwd ~= "" and d.command.cwd or "."))
-      table.insert(lines, "sets: " .. table.concat(d.command.env_names, ", "))
+      add("$ " .. table.concat(d.command.argv, " "))
+      add("cwd: " .. (d.command.cwd ~= "" and d.command.cwd or "."))
+      add("sets: " .. table.concat(d.command.env_names, ", "))
       table.insert(lines, "killed after " .. d.command.timeout_ms .. " ms")
       table.insert(lines, "")
     end
@@ -207,6 +213,37 @@ function M.follow(op_id, done)
   step()
 end
 
+--- Why a decision payload is not a decision on the approval `a` as it was shown, or nil: the
+--- same request, plan, client, operation and mode, and no more uses or time than shown.
+function M.payload_problem(payload, a)
+  local ok, p = pcall(vim.json.decode, payload)
+  if not ok or type(p) ~= "table" then
+    return "the payload is not JSON"
+  end
+  for _, f in ipairs({
+    { "approval_id", a.approval_id },
+    { "operation_id", a.operation_id },
+    { "client", a.client_id },
+    { "operation", a.operation },
+    { "plan_digest", a.plan_digest },
+    { "mode", a.mode },
+  }) do
+    if p[f[1]] ~= f[2] then
+      return string.format("its %s is %s, not %s as shown", f[1], tostring(p[f[1]]), tostring(f[2]))
+    end
+  end
+  if type(p.max_uses) == "number" and p.max_uses > a.requested_max_uses then
+    return string.format("it grants %d uses, more than the %d shown", p.max_uses, a.requested_max_uses)
+  end
+  if type(p.expires_at_ms) == "number" and type(p.decided_at_ms) == "number" then
+    local seconds = (p.expires_at_ms - p.decided_at_ms) / 1000
+    if seconds > a.requested_duration_seconds then
+      return string.format("it lasts %ds, longer than the %ds shown", seconds, a.requested_duration_seconds)
+    end
+  end
+  return nil
+end
+
 --- prepare -> `gaffer operator sign` -> decide. `a` is the approval as the operator was shown
 --- it (from approvals/get or approvals/list): the decision binds its revision and plan digest, so
 --- a plan swapped behind the same ids since is refused, never signed. opts: constraints, reason.
@@ -225,9 +262,9 @@ function M.decide(a, decision, opts, cb)
     if not prep then
       return cb(nil, "prepare failed")
     end
-    local ok, signing = pcall(vim.json.decode, prep.payload)
-    if not ok or signing.approval_id ~= a.approval_id or signing.plan_digest ~= a.plan_digest then
-      notify("the payload to sign is not for the plan you were shown; nothing was signed", vim.log.levels.ERROR)
+    local problem = M.payload_problem(prep.payload, a)
+    if problem then
+      notify("nothing was signed: the payload is not the approval you were shown (" .. problem .. ")", vim.log.levels.ERROR)
       return cb(nil, "payload mismatch")
     end
     M.sign(prep.payload, function(sig, err)

@@ -201,3 +201,43 @@ test("transcript entries: input and gaffer's notes as whole prefixed lines, stde
   assert.equal(m.transcriptText("stderr", "oops\nagain\n"), "! oops\n! again\n");
   assert.equal(m.transcriptText("stdout", "partial"), "partial");
 });
+
+test("agent text in a notification cannot become a command link", () => {
+  const path = 'docs/[README.md](command:workbench.action.terminal.sendSequence?%7B%7D "Open README.md")';
+  const shown = m.inert(`Write ${path}`);
+  assert.ok(!/\]\(/.test(shown), shown);
+  assert.ok(shown.includes("README.md"), shown);
+  assert.equal(m.inert("plain text (with parens) [and brackets]"), "plain text (with parens) [and brackets]");
+});
+
+test("a payload is signed only when it decides the approval as it was shown", () => {
+  const a = approval();
+  const payload = (over: Record<string, unknown> = {}) =>
+    JSON.stringify({
+      approval_id: "ap_1",
+      operation_id: "op_1",
+      client: "agent-1",
+      operation: "file.write",
+      plan_digest: "abc",
+      mode: "execution",
+      max_uses: 1,
+      decided_at_ms: 1000,
+      expires_at_ms: 601000,
+      ...over,
+    });
+  assert.equal(m.payloadProblem(payload(), a), undefined);
+  assert.equal(m.payloadProblem(payload({ max_uses: 1, expires_at_ms: 61000 }), a), undefined, "narrowed");
+  for (const [over, field] of [
+    [{ plan_digest: "def" }, "plan_digest"],
+    [{ approval_id: "ap_2" }, "approval_id"],
+    [{ operation: "command.run" }, "operation"],
+    [{ client: "other" }, "client"],
+    [{ mode: "window" }, "mode"],
+    [{ max_uses: 50 }, "uses"],
+    [{ expires_at_ms: 86_401_000 }, "lasts"],
+  ] as [Record<string, unknown>, string][]) {
+    const why = m.payloadProblem(payload(over), a);
+    assert.ok(why && why.includes(field), `${JSON.stringify(over)}: ${why}`);
+  }
+  assert.ok(m.payloadProblem("not json", a));
+});
