@@ -81,22 +81,8 @@ fn forged_revocations_do_not_crowd_out_the_operators_client_revocation() {
             "control: agent-1's rule lets it write notes/"
         );
     }
-    let (payload_b64, _) = token.split_once('.').unwrap();
-    let cred: Value =
-        serde_json::from_slice(&gaffer::util::base64url_decode(payload_b64).unwrap()).unwrap();
-    let cid = cred["credential_id"].as_str().unwrap().to_string();
-    let forged = json!({
-        "credential_id": cid,
-        "operator_signature": {
-            "head": {"seq": 1, "hash": "0".repeat(64)},
-            "payload": "{}",
-            "signature": "AAAA",
-        }
-    })
-    .to_string()
-    .into_bytes();
-    let flood: Vec<(&str, Vec<u8>)> = (0..8).map(|_| ("client.revoked", forged.clone())).collect();
-    append_chained(env.root(), &flood);
+    let cid = credential_id(&token);
+    flood_client_revocations(env.root(), &cid, 8);
     // A flooded credential is refused already (fail closed); the operator's revoke still signs
     // a revocation and records it on the anchor, whatever the agent's records say.
     let (code, out, err) = env.cli(&["client", "revoke", "agent-1"]);

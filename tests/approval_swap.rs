@@ -12,10 +12,9 @@ use common::forge::*;
 use common::gate::*;
 use serde_json::{Value, json};
 
-#[test]
-fn a_plan_swapped_behind_the_approval_the_operator_read_is_never_signed() {
-    anchor_outside_the_workspace();
-    let env = Env::untrusted(None);
+/// An agent connection on a workspace nobody trusted (everything waits for the operator) and
+/// its pending, harmless write.
+fn agent_with_a_pending_write(env: &Env) -> (common::Server, Value) {
     let mut agent = env.start(&[]);
     agent.call("initialize", json!({}));
     let a = ok(&submit(
@@ -26,6 +25,30 @@ fn a_plan_swapped_behind_the_approval_the_operator_read_is_never_signed() {
         "kA",
     ))
     .clone();
+    (agent, a)
+}
+
+/// What the agent appends to re-create an operation under ids already used: a prune of every
+/// terminal operation, then `created`.
+fn prune_and_create(root: &std::path::Path, created: &Value) {
+    let far = gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000;
+    append_chained(
+        root,
+        &[
+            (
+                "operation.pruned",
+                json!({ "before_ms": far }).to_string().into_bytes(),
+            ),
+            ("operation.created", created.to_string().into_bytes()),
+        ],
+    );
+}
+
+#[test]
+fn a_plan_swapped_behind_the_approval_the_operator_read_is_never_signed() {
+    anchor_outside_the_workspace();
+    let env = Env::untrusted(None);
+    let (mut agent, a) = agent_with_a_pending_write(&env);
     let b = ok(&submit(
         &mut agent,
         "command.run",
@@ -72,17 +95,7 @@ fn a_plan_swapped_behind_the_approval_the_operator_read_is_never_signed() {
         ap["operation_id"] = json!(op_a);
         ap["plan_digest"] = json!(digest);
     }
-    let far = gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000;
-    append_chained(
-        env.root(),
-        &[
-            (
-                "operation.pruned",
-                json!({ "before_ms": far }).to_string().into_bytes(),
-            ),
-            ("operation.created", created.to_string().into_bytes()),
-        ],
-    );
+    prune_and_create(env.root(), &created);
     // The swap is live: the same approval id now holds the command.
     let wait_swapped = |op: &mut common::Server| -> Value {
         let until = std::time::Instant::now() + WATCH;
@@ -165,16 +178,7 @@ fn control_sequences_in_a_plan_are_printed_not_obeyed() {
 fn a_request_whose_digest_is_not_its_plans_is_never_shown() {
     anchor_outside_the_workspace();
     let env = Env::untrusted(None);
-    let mut agent = env.start(&[]);
-    agent.call("initialize", json!({}));
-    let a = ok(&submit(
-        &mut agent,
-        "file.write",
-        json!({"path": "notes/todo.txt"}),
-        json!({"content": "buy milk\n"}),
-        "kA",
-    ))
-    .clone();
+    let (mut agent, a) = agent_with_a_pending_write(&env);
     let (op_a, ap_a) = (
         a["id"].as_str().unwrap().to_string(),
         a["approval_id"].as_str().unwrap().to_string(),
@@ -186,17 +190,7 @@ fn a_request_whose_digest_is_not_its_plans_is_never_shown() {
     });
     let mut created = seg.recs[i].payload();
     created["approval"]["plan_digest"] = json!("f".repeat(64));
-    let far = gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000;
-    append_chained(
-        env.root(),
-        &[
-            (
-                "operation.pruned",
-                json!({ "before_ms": far }).to_string().into_bytes(),
-            ),
-            ("operation.created", created.to_string().into_bytes()),
-        ],
-    );
+    prune_and_create(env.root(), &created);
     let mut op = env.operator();
     // The prune is folded (A is gone); the mismatched re-creation is not.
     let until = std::time::Instant::now() + WATCH;

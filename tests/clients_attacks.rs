@@ -131,18 +131,8 @@ fn a_flood_of_forged_revocations_does_not_stop_the_operators() {
     anchor_outside_the_workspace();
     let env = Env::new(Some(CI_WRITES_OUT));
     let token = env.token("ci-agent");
-    let (payload_b64, _) = token.split_once('.').unwrap();
-    let cred: Value =
-        serde_json::from_slice(&gaffer::util::base64url_decode(payload_b64).unwrap()).unwrap();
-    let cid = cred["credential_id"].as_str().unwrap().to_string();
-    let forged = json!({
-        "credential_id": cid,
-        "operator_signature": {"head": {"seq": 1, "hash": "0".repeat(64)}, "payload": "{}", "signature": "AAAA"}
-    })
-    .to_string()
-    .into_bytes();
-    let flood: Vec<(&str, Vec<u8>)> = (0..8).map(|_| ("client.revoked", forged.clone())).collect();
-    append_chained(env.root(), &flood);
+    let cid = credential_id(&token);
+    flood_client_revocations(env.root(), &cid, 8);
     let (code, out, err) = env.cli(&["client", "revoke", "ci-agent"]);
     assert_eq!(code, 0, "gaffer client revoke: {out}{err}");
     let done: Value = serde_json::from_str(&out).unwrap();

@@ -16,36 +16,59 @@ use std::time::{Duration, Instant};
 use common::gate::*;
 use serde_json::json;
 
-/// What the race leaves the spawn with, made certain: the directory entered before the
-/// sandbox's namespaces is `.gaffer/` itself.
-#[test]
-fn a_program_started_in_the_store_directory_finds_only_the_cover() {
+/// A workspace whose store holds one record.
+fn workspace_with_a_store() -> (tempfile::TempDir, std::path::PathBuf) {
     let ws = tempfile::tempdir().unwrap();
     let store = ws.path().join(".gaffer");
     std::fs::create_dir_all(store.join("journal")).unwrap();
     std::fs::write(store.join("journal/000001.log"), "a record\n").unwrap();
+    (ws, store)
+}
+
+/// Runs, sandboxed for `ws` and started in `cwd`, a program that writes, lists and reads its
+/// working directory; `swap`, if given, exchanges two paths in the child after the spawn's
+/// `chdir` and before the sandbox. Its stdout, or the spawn's error.
+fn probe_from(ws: &Path, cwd: &Path, swap: Option<(CString, CString)>) -> std::io::Result<String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let out = rt.block_on(async {
+    rt.block_on(async {
         let mut cmd = tokio::process::Command::new("sh");
         cmd.args([
             "-c",
             "touch pwned 2>/dev/null && echo wrote; ls -A; cat journal/000001.log 2>/dev/null",
         ])
-        .current_dir(&store)
+        .current_dir(cwd)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
-        let spec = gaffer::sandbox::Spec::new(ws.path()).with_timeout_ms(Some(10_000));
+        if let Some((a, b)) = swap {
+            // SAFETY: renameat2 on two NUL-terminated paths prepared before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    );
+                    Ok(())
+                });
+            }
+        }
+        let spec = gaffer::sandbox::Spec::new(ws).with_timeout_ms(Some(10_000));
         gaffer::sandbox::confine(&mut cmd, &spec, gaffer::sandbox::Setting::Required)
             .expect("this machine can sandbox");
-        cmd.output().await.unwrap()
-    });
-    let shown = String::from_utf8_lossy(&out.stdout);
+        let out = cmd.output().await?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+}
+
+fn assert_store_untouched(store: &Path, shown: &str) {
     assert!(
         !store.join("pwned").exists(),
         "the program wrote into the store: {shown}"
@@ -57,52 +80,25 @@ fn a_program_started_in_the_store_directory_finds_only_the_cover() {
     );
 }
 
+/// What the race leaves the spawn with, made certain: the directory entered before the
+/// sandbox's namespaces is `.gaffer/` itself.
+#[test]
+fn a_program_started_in_the_store_directory_finds_only_the_cover() {
+    let (ws, store) = workspace_with_a_store();
+    let shown = probe_from(ws.path(), &store, None).unwrap();
+    assert_store_untouched(&store, &shown);
+}
+
 /// A third turn of the same race: when the sandbox enters the directory again, `d` has become
 /// a symlink to `/proc/self/cwd`, a magic link to wherever the spawn's `chdir` went, the store.
 /// Made certain with a hook that runs in the child after that `chdir` and before the sandbox.
 #[test]
 fn a_working_directory_leading_back_through_proc_self_cwd_never_reaches_the_store() {
-    let ws = tempfile::tempdir().unwrap();
-    let store = ws.path().join(".gaffer");
-    std::fs::create_dir_all(store.join("journal")).unwrap();
-    std::fs::write(store.join("journal/000001.log"), "a record\n").unwrap();
+    let (ws, store) = workspace_with_a_store();
     std::os::unix::fs::symlink(".gaffer", ws.path().join("d")).unwrap();
     std::os::unix::fs::symlink("/proc/self/cwd", ws.path().join("m")).unwrap();
-    let (d, m) = (cpath(&ws.path().join("d")), cpath(&ws.path().join("m")));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let out = rt.block_on(async {
-        let mut cmd = tokio::process::Command::new("sh");
-        cmd.args([
-            "-c",
-            "touch pwned 2>/dev/null && echo wrote; ls -A; cat journal/000001.log 2>/dev/null",
-        ])
-        .current_dir(ws.path().join("d"))
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-        // SAFETY: renameat2 on two NUL-terminated paths prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::renameat2(
-                    libc::AT_FDCWD,
-                    d.as_ptr(),
-                    libc::AT_FDCWD,
-                    m.as_ptr(),
-                    libc::RENAME_EXCHANGE,
-                );
-                Ok(())
-            });
-        }
-        let spec = gaffer::sandbox::Spec::new(ws.path()).with_timeout_ms(Some(10_000));
-        gaffer::sandbox::confine(&mut cmd, &spec, gaffer::sandbox::Setting::Required)
-            .expect("this machine can sandbox");
-        cmd.output().await
-    });
+    let swap = (cpath(&ws.path().join("d")), cpath(&ws.path().join("m")));
+    let out = probe_from(ws.path(), &ws.path().join("d"), Some(swap));
     assert_eq!(
         std::fs::read_link(ws.path().join("d")).unwrap(),
         Path::new("/proc/self/cwd"),
@@ -110,17 +106,7 @@ fn a_working_directory_leading_back_through_proc_self_cwd_never_reaches_the_stor
     );
     // Refusing to start is the expected outcome; a program that did start must not have
     // reached the store.
-    let shown = out
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    assert!(
-        !store.join("pwned").exists(),
-        "the program wrote into the store: {shown}"
-    );
-    assert!(
-        !shown.contains("journal") && !shown.contains("a record"),
-        "the program read the store: {shown}"
-    );
+    assert_store_untouched(&store, &out.unwrap_or_default());
 }
 
 /// The race itself, as the agent plays it, through `command.run` on the real binary: a

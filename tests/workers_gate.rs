@@ -17,6 +17,14 @@ const SECRET_ENV: (&str, &str) = ("SECRET_TOKEN", SECRET);
 /// `base64 -w` and `xxd -p` would (after a header, so the breaks fall mid-value), then says done.
 const LEAK: &str = r#"s=$SECRET_TOKEN; echo "plain:$s"; printf %s "$s" | base64; h=$(printf %s "$s" | od -An -tx1 | tr -d ' \n'); echo $h; printf "Authorization: %s" "$s" | base64 -w 20; echo $h | fold -w 27; echo "err:$s" >&2; echo done"#;
 
+/// Every worker start waits for the operator.
+const ASK_TO_START: &str = r#"rules:
+  - id: ask
+    effect: request
+    operations: ["worker.start"]
+    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10}
+"#;
+
 fn leaky_bundle(id: &str) -> Value {
     json!({
         "metadata": {"id": id, "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
@@ -235,14 +243,7 @@ fn a_rule_must_name_the_secrets_digest_and_profile_to_start_a_secret_bundle() {
 fn the_operator_approves_a_worker_start_seeing_the_first_input_it_will_read() {
     // A worker that reads its input takes its first instruction from the agent at creation:
     // the plan the operator signs shows it, as the argv of one that takes it as an argument.
-    let env = Env::new(Some(
-        r#"rules:
-  - id: ask
-    effect: request
-    operations: ["worker.start"]
-    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10}
-"#,
-    ));
+    let env = Env::new(Some(ASK_TO_START));
     let mut agent = env.agent("agent");
     let bundle = json!({
         "metadata": {"id": "reader", "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
@@ -294,14 +295,7 @@ fn the_operator_approves_a_worker_start_seeing_the_first_input_it_will_read() {
 /// with what widens the sandbox, and a cut says how much it left out.
 #[test]
 fn a_worker_starts_summary_never_cuts_away_what_widens_its_sandbox() {
-    let env = Env::new(Some(
-        r#"rules:
-  - id: ask
-    effect: request
-    operations: ["worker.start"]
-    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10}
-"#,
-    ));
+    let env = Env::new(Some(ASK_TO_START));
     let mut agent = env.agent("agent");
     let padding = "lint only: no network, no secrets, no mounts. ".repeat(6);
     let bundle = json!({

@@ -444,3 +444,25 @@ pub fn forge_prune_and_recreate(root: &Path, id: &str, aid: &str) {
         ],
     );
 }
+
+/// The credential id inside a client token (its first part is the signed payload).
+pub fn credential_id(token: &str) -> String {
+    let (payload_b64, _) = token.split_once('.').expect("a token");
+    let cred: Value =
+        serde_json::from_slice(&gaffer::util::base64url_decode(payload_b64).expect("base64url"))
+            .expect("a credential");
+    cred["credential_id"].as_str().expect("an id").to_string()
+}
+
+/// Appends `n` forged `client.revoked` records for `credential_id` (signed by nobody): as
+/// many as gaffer keeps per credential floods it.
+pub fn flood_client_revocations(root: &Path, credential_id: &str, n: usize) {
+    let forged = json!({
+        "credential_id": credential_id,
+        "operator_signature": {"head": {"seq": 1, "hash": "0".repeat(64)}, "payload": "{}", "signature": "AAAA"}
+    })
+    .to_string()
+    .into_bytes();
+    let flood: Vec<(&str, Vec<u8>)> = (0..n).map(|_| ("client.revoked", forged.clone())).collect();
+    append_chained(root, &flood);
+}
