@@ -207,3 +207,84 @@ fn a_request_whose_digest_is_not_its_plans_is_never_shown() {
     let r = op.request("approvals/get", json!({ "id": ap_a }));
     assert_eq!(err_code(&r), "not_found", "{r}");
 }
+
+/// Under a rule that lets an approval grant a window of up to 20 uses and an hour, the agent's
+/// request (as gaffer made it: 2 uses, 5 minutes) is re-created under the same ids and plan
+/// asking for the rule's maximum. The plan's digest is unchanged, so only the request's
+/// scope moved: an approval must grant what the plan text (which the digest covers) asks.
+#[test]
+fn a_request_re_created_with_a_wider_scope_under_the_same_plan_is_not_signed() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(
+        r#"rules:
+  - id: window
+    effect: request
+    clients: [anonymous]
+    operations: ["file.write"]
+    grant_policy: {mode: window, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 2, max_uses: 20}
+"#,
+    ));
+    let mut agent = env.start(&[]);
+    agent.call("initialize", json!({}));
+    let a = ok(&submit(
+        &mut agent,
+        "file.write",
+        json!({"path": "notes/todo.txt"}),
+        json!({"content": "buy milk\n"}),
+        "kA",
+    ))
+    .clone();
+    let op_a = a["id"].as_str().unwrap().to_string();
+    assert_eq!(a["state"], "pending", "{a}");
+    let mut op = env.operator();
+    // Another process: it sees the request once it has read the agent's commit.
+    let until = std::time::Instant::now() + WATCH;
+    let shown = loop {
+        let r = op.request("approvals/get", json!({ "id": op_a }));
+        if let Some(v) = r.get("result") {
+            break v.clone();
+        }
+        assert!(std::time::Instant::now() < until, "{r}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(shown["requested_max_uses"], 2, "{shown}");
+    agent.call("operations/cancel", json!({ "id": op_a }));
+    let seg = the_segment(env.root());
+    let i = seg.find("A's creation", |kind, p| {
+        kind == "operation.created" && p["operation"]["id"] == op_a.as_str()
+    });
+    let mut created = seg.recs[i].payload();
+    created["approval"]["requested_max_uses"] = json!(20);
+    created["approval"]["requested_duration_seconds"] = json!(3600);
+    prune_and_create(env.root(), &created);
+    let until = std::time::Instant::now() + WATCH;
+    let wider = loop {
+        let now = op.request("approvals/get", json!({ "id": op_a }));
+        if now["result"]["requested_max_uses"] == 20 && now["result"]["status"] == "pending" {
+            break now["result"].clone();
+        }
+        assert!(std::time::Instant::now() < until, "never re-created: {now}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(
+        wider["plan_digest"], shown["plan_digest"],
+        "the plan is the same"
+    );
+    let (code, out, err) = env.cli(&[
+        "approve",
+        &op_a,
+        "--expect",
+        shown["plan_digest"].as_str().unwrap(),
+    ]);
+    assert_ne!(code, 0, "{out}{err}");
+    let refused: Value = serde_json::from_str(&out).unwrap_or_default();
+    assert_eq!(refused["error"]["code"], "plan_changed", "{out}{err}");
+    let r = env.decide(
+        &mut op,
+        json!({"id": op_a, "decision": "approve", "expected_revision": wider["revision"],
+               "expected_plan_digest": wider["plan_digest"]}),
+    );
+    assert_eq!(err_code(&r), "plan_changed", "{r}");
+    let still = op.call("approvals/get", json!({ "id": op_a }));
+    assert_eq!(still["status"], "pending", "{still}");
+}

@@ -16,7 +16,16 @@ use gaffer::operations::policy::{Classification, DecisionEffect};
 use serde_json::{Value, json};
 
 /// A file.write plan as the agent would write it: any target, any classification it likes.
-fn forged_write(id: &str, client: &str, path: &str, claimed_path: &str, content: &str) -> Value {
+/// A forged `operation.created` for a write of `path` whose record claims `claimed_path`; its
+/// plan asks the operator for `asks` (mode, seconds, uses) when given, else a rule allowed it.
+fn forged_write(
+    id: &str,
+    client: &str,
+    path: &str,
+    claimed_path: &str,
+    content: &str,
+    asks: Option<(gaffer::operations::policy::GrantMode, u64, u32)>,
+) -> Value {
     let now = gaffer::util::now_ms();
     let class = Classification {
         target_kind: "file".into(),
@@ -41,11 +50,15 @@ fn forged_write(id: &str, client: &str, path: &str, claimed_path: &str, content:
         },
         authorization: PlanAuthorization {
             classification: class,
-            policy_effect: DecisionEffect::Allow,
+            policy_effect: if asks.is_some() {
+                DecisionEffect::Request
+            } else {
+                DecisionEffect::Allow
+            },
             rule_ids: vec!["docs".into()],
-            mode: None,
-            requested_duration_seconds: None,
-            requested_max_uses: None,
+            mode: asks.map(|a| a.0),
+            requested_duration_seconds: asks.map(|a| a.1),
+            requested_max_uses: asks.map(|a| a.2),
         },
         created_at_ms: now,
         expires_at_ms: now + 600_000,
@@ -110,7 +123,7 @@ fn finding_1_forged_approved_records_are_re_derived_and_refused() {
         .map(|(id, path, claimed)| {
             (
                 "operation.created",
-                forged_write(id, "agent-1", path, claimed, "pwned"),
+                forged_write(id, "agent-1", path, claimed, "pwned", None),
             )
         })
         .collect();
@@ -150,7 +163,14 @@ fn finding_1_forged_approved_records_are_re_derived_and_refused() {
         env.root(),
         vec![(
             "operation.created",
-            forged_write("op_forged_docs", "agent-1", "docs/ok.md", "docs/ok.md", "x"),
+            forged_write(
+                "op_forged_docs",
+                "agent-1",
+                "docs/ok.md",
+                "docs/ok.md",
+                "x",
+                None,
+            ),
         )],
     );
     let t = wait_terminal_record(env.root(), "op_forged_docs");
@@ -186,6 +206,7 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
         "src/evil.rs",
         "docs/readme.md",
         "pwned",
+        Some((gaffer::operations::policy::GrantMode::Execution, 300, 1)),
     );
     created["operation"]["state"] = json!("pending");
     created["operation"]["approval_id"] = json!("ap_swap");
@@ -291,7 +312,14 @@ fn finding_2_a_forged_window_grant_covers_nothing() {
             hash: String::new(),
         },
     };
-    let mut seed = forged_write("op_seed", "agent-1", "win/seed.rs", "win/seed.rs", "x");
+    let mut seed = forged_write(
+        "op_seed",
+        "agent-1",
+        "win/seed.rs",
+        "win/seed.rs",
+        "x",
+        None,
+    );
     seed["operation"]["state"] = json!("pending");
     seed["operation"]["approval_id"] = json!("ap_window");
     // The request's copy of the digest is the operation's (a request that differs is never

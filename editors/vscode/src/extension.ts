@@ -200,7 +200,9 @@ class Gaffer {
     // Nothing to show, nothing to approve: the list and the tree still hold the request.
     if (!a) return;
     const title = a.title ?? "an operation";
-    await this.ui.offer(this, a, m.inert(`gaffer: ${title}${a.summary ? ` — ${a.summary}` : ""}`), true);
+    // What Approve grants is in the same message as the button: mode, uses and time.
+    const text = `gaffer: ${title}${a.summary ? ` — ${a.summary}` : ""} · ${m.scopeWords(a)}`;
+    await this.ui.offer(this, a, m.inert(text), true);
   }
 
   async get(id: string): Promise<m.Approval> {

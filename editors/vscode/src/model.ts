@@ -421,3 +421,12 @@ export function payloadProblem(payload: string, a: Approval): string | undefined
   }
   return undefined;
 }
+
+/** What approving `a` grants, in words, for the notification that offers Approve. */
+export function scopeWords(a: Approval): string {
+  if (a.mode === "window") {
+    const minutes = Math.ceil(a.requested_duration_seconds / 60);
+    return `WINDOW: up to ${a.requested_max_uses} operations of this client with this classification for ${minutes} min, not only this plan`;
+  }
+  return `one execution of this plan, within ${Math.ceil(a.requested_duration_seconds / 60)} min`;
+}

@@ -57,6 +57,35 @@ fn signature_error(e: impl std::fmt::Display) -> OpError {
     )
 }
 
+/// The request's mode, uses and duration must be the ones its plan text asks for: the plan's
+/// digest (what the operator reviews, and `--expect` pins) then binds what an approval grants,
+/// and a request re-created with a wider scope under the same ids and plan is refused.
+fn request_as_planned(
+    a: &crate::operations::state::Approval,
+    planned: &crate::operations::plan::PlanAuthorization,
+) -> Result<(), OpError> {
+    let same = planned.mode == Some(a.mode)
+        && planned.requested_duration_seconds == Some(a.requested_duration_seconds)
+        && planned.requested_max_uses == Some(a.requested_max_uses);
+    if same {
+        return Ok(());
+    }
+    Err(OpError::new(
+        ErrorKind::Conflict,
+        codes::PLAN_CHANGED,
+        format!(
+            "the request asks for {:?}, {} s and {} use(s), but its plan asks for {:?}, {:?} s \
+             and {:?} use(s): nothing is signed",
+            a.mode,
+            a.requested_duration_seconds,
+            a.requested_max_uses,
+            planned.mode,
+            planned.requested_duration_seconds,
+            planned.requested_max_uses
+        ),
+    ))
+}
+
 /// The plan the operator was shown must be the one the payload binds.
 fn shown_plan(expected: Option<&str>, approve: bool, actual: &str) -> Result<(), OpError> {
     match expected {
@@ -210,6 +239,9 @@ impl OperationRuntime {
             Err((_, m)) if approve => return Err(unfit_for_approval(m)),
             Err(_) => classification_digest(&a.classification),
         };
+        if approve && let Ok(d) = &derived {
+            request_as_planned(&a, &d.plan.authorization)?;
+        }
         let (duration, max_uses) = narrowed(&a, &req.narrowing)?;
         if approve && let Ok(d) = &derived {
             let scope = Scope {

@@ -417,7 +417,9 @@ function M.operation_lines(ops)
       for _, op in ipairs(by[s]) do
         local title = op.presentation and op.presentation.title or op.operation
         local err = op.error and ("  — " .. op.error.message) or ""
-        table.insert(lines, string.format("  %s  %s  [%s]%s", op.id, title, op.client_id, err))
+        -- One line per operation: line breaks in text the agent chose are shown, not kept.
+        local line = string.format("  %s  %s  [%s]%s", op.id, title, op.client_id, err)
+        table.insert(lines, (line:gsub("\n", "\\n")))
       end
     end
   end

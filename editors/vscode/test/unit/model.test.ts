@@ -241,3 +241,9 @@ test("a payload is signed only when it decides the approval as it was shown", ()
   }
   assert.ok(m.payloadProblem("not json", a));
 });
+
+test("the notification that offers Approve says what approving grants", () => {
+  assert.match(m.scopeWords(approval()), /^one execution of this plan/);
+  const w = m.scopeWords(approval({ mode: "window", requested_max_uses: 20, requested_duration_seconds: 3600 }));
+  assert.match(w, /^WINDOW: up to 20 operations .* for 60 min, not only this plan$/);
+});
