@@ -12,8 +12,8 @@ use common::forge::*;
 use common::gate::*;
 use serde_json::{Value, json};
 
-/// An agent connection on a workspace nobody trusted (everything waits for the operator) and
-/// its pending, harmless write.
+/// An anonymous agent connection and its harmless write (pending where the policy asks the
+/// operator, as on a workspace nobody trusted).
 fn agent_with_a_pending_write(env: &Env) -> (common::Server, Value) {
     let mut agent = env.start(&[]);
     agent.call("initialize", json!({}));
@@ -224,16 +224,7 @@ fn a_request_re_created_with_a_wider_scope_under_the_same_plan_is_not_signed() {
     grant_policy: {mode: window, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 2, max_uses: 20}
 "#,
     ));
-    let mut agent = env.start(&[]);
-    agent.call("initialize", json!({}));
-    let a = ok(&submit(
-        &mut agent,
-        "file.write",
-        json!({"path": "notes/todo.txt"}),
-        json!({"content": "buy milk\n"}),
-        "kA",
-    ))
-    .clone();
+    let (mut agent, a) = agent_with_a_pending_write(&env);
     let op_a = a["id"].as_str().unwrap().to_string();
     assert_eq!(a["state"], "pending", "{a}");
     let mut op = env.operator();
