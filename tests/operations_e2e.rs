@@ -1092,24 +1092,12 @@ fn approved_work_waits_for_a_server_and_a_revoke_before_it_runs_cancels_it() {
     .clone();
     drop(a);
     // No server is running: the approvals are recorded, nothing executes yet.
-    assert_eq!(
-        cli(&[
-            "approve",
-            run["id"].as_str().unwrap(),
-            "--expect",
-            &env.reviewed_digest(run["id"].as_str().unwrap())
-        ])["status"],
-        "active"
-    );
-    assert_eq!(
-        cli(&[
-            "approve",
-            revoked["id"].as_str().unwrap(),
-            "--expect",
-            &env.reviewed_digest(revoked["id"].as_str().unwrap())
-        ])["status"],
-        "active"
-    );
+    for op in [&run, &revoked] {
+        let (code, out, err) = env.approve_reviewed(op["id"].as_str().unwrap(), &[]);
+        assert_eq!(code, 0, "{out}{err}");
+        let decided: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(decided["status"], "active", "{decided}");
+    }
     assert_eq!(
         cli(&["op", "get", run["id"].as_str().unwrap()])["state"],
         "approved"

@@ -28,13 +28,11 @@ use crate::workspace::NewRecord;
 pub enum OperatorCommand {
     /// Approve a pending request (by approval or operation id), signed with the operator key.
     ///
-    /// Prints what the signature grants (the plan, mode, uses, expiry) on stderr before
-    /// signing. A request asking for more than the trusted policy grants for its plan is
+    /// Prints what the signature grants (the plan, mode, uses, expiry) on stderr, then signs
+    /// only once you confirm on the terminal, or, with `--expect`, only the plan you reviewed
+    /// (its `plan_digest` in `gaffer approvals`); off a terminal without `--expect` it signs
+    /// nothing. A request asking for more than the trusted policy grants for its plan is
     /// refused, naming what differs.
-    ///
-    /// It prints what the signature grants, then signs only once you confirm on the terminal,
-    /// or, with `--expect`, only the plan you reviewed (its `plan_digest` in `gaffer
-    /// approvals`); off a terminal without `--expect` it signs nothing.
     Approve {
         id: String,
         /// Approve for fewer seconds than requested.
@@ -206,7 +204,6 @@ fn key_command(c: OperatorCmd, root: &Path) -> Result<ExitCode, ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prepares the payload from the plan text as it is now, signs it here, and records it.
 /// How `gaffer approve` makes sure the operator signs the plan they meant.
 enum Confirm {
     /// The plan must still have this digest (the one the operator reviewed).
@@ -217,6 +214,8 @@ enum Confirm {
     AsPrinted,
 }
 
+/// Prepares the payload from the plan text as it is now, signs it here once `confirm` holds,
+/// and records it.
 async fn decide(
     root: &Path,
     id: &str,

@@ -82,3 +82,12 @@ pub fn declaration_fields(
         .collect();
     fields.insert("declarations".into(), decls);
 }
+
+/// Declarations as a summary shows them: `kind name=reference`, separated by `; `.
+pub fn declarations_shown(declarations: &[crate::bundles::Declaration]) -> String {
+    declarations
+        .iter()
+        .map(|d| format!("{} {}={}", d.kind.as_str(), d.name, d.reference))
+        .collect::<Vec<_>>()
+        .join("; ")
+}

@@ -15,7 +15,9 @@ use super::super::adapter::{
 };
 use super::super::lifecycle::codes;
 use super::super::policy::Classification;
-use super::common::{declaration_fields, decode_closed, decode_typed, ready, schema_of, to_value};
+use super::common::{
+    declaration_fields, declarations_shown, decode_closed, decode_typed, ready, schema_of, to_value,
+};
 use crate::plans::{LaunchSpec, LaunchTarget, PlanRuntime};
 
 pub const PROVIDER: &str = "plan";
@@ -148,11 +150,7 @@ pub fn present(s: &LaunchSpec) -> Presentation {
         // at its bound loses lanes, never these).
         summary: format!(
             "declarations [{}]; secrets [{}]; bundle {} {}; {}",
-            s.declarations
-                .iter()
-                .map(|d| format!("{} {}={}", d.kind.as_str(), d.name, d.reference))
-                .collect::<Vec<_>>()
-                .join("; "),
+            declarations_shown(&s.declarations),
             s.secrets.join(", "),
             s.config_bundle.id,
             s.config_bundle.digest,

@@ -16,7 +16,9 @@ use super::super::adapter::{
 };
 use super::super::lifecycle::codes;
 use super::super::policy::Classification;
-use super::common::{declaration_fields, decode_closed, decode_typed, ready, schema_of, to_value};
+use super::common::{
+    declaration_fields, declarations_shown, decode_closed, decode_typed, ready, schema_of, to_value,
+};
 use crate::bundles::{self, BundleRef, Declaration, InputMode, Profile, ProfileSelector};
 use crate::workers::types::{Segment, WorkerStatus, flatten};
 use crate::workers::{StartSpec, WorkerRuntime};
@@ -284,18 +286,13 @@ impl Adapter for WorkerStartAdapter {
         plan: &'a Resolved,
     ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
         ready(decode_plan(plan).map(|(t, p)| {
-            let decls: Vec<String> = p
-                .declarations
-                .iter()
-                .map(|d| format!("{} {}={}", d.kind.as_str(), d.name, d.reference))
-                .collect();
             Presentation {
                 title: format!("Start worker {} ({})", t.worker_id, t.profile.value()),
                 // What widens the sandbox or hands over secrets comes first: a summary cut at
                 // its bound loses the argv and the input, never these.
                 summary: format!(
                     "declarations [{}]; secrets [{}]; bundle {} {}; argv {:?}; input {:?}{}",
-                    decls.join("; "),
+                    declarations_shown(&p.declarations),
                     p.secrets.join(", "),
                     t.config_bundle.id,
                     t.config_bundle.digest,
