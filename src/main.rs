@@ -41,6 +41,7 @@ fn config(g: &Global) -> AppConfig {
         workspace: g.workspace.clone(),
         patterns_policy: g.patterns_policy.clone(),
         client_token: gaffer::clients::token_from_env(),
+        without_providers: false,
     }
 }
 

@@ -1376,8 +1376,7 @@ fn untrusted_providers_yaml_starts_nothing() {
         format!(
             "providers:\n  - name: kv\n    command: [sh, -c, {:?}]\n    read: [{:?}]\n",
             format!(
-                "touch '{}'; exec python3 '{}'",
-                marker.display(),
+                "touch \"$GAFFER_WORKSPACE/provider-started\"; exec python3 '{}'",
                 dir.join("kv_provider.py").display()
             ),
             dir.display().to_string()

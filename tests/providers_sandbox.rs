@@ -52,9 +52,19 @@ fn a_provider_gets_only_its_declared_environment_and_stays_in_the_sandbox() {
     names.retain(|n| *n != "LC_CTYPE");
     assert_eq!(
         names,
-        ["HOME", "KV_LABEL", "KV_PASSED", "LANG", "PATH"],
+        [
+            "GAFFER_WORKSPACE",
+            "HOME",
+            "KV_LABEL",
+            "KV_PASSED",
+            "LANG",
+            "PATH"
+        ],
         "{got}"
     );
+    // It starts outside the workspace, told where the workspace is.
+    assert_eq!(got["cwd"], "/", "{got}");
+    assert_eq!(seen["GAFFER_WORKSPACE"], env.root().display().to_string());
     assert_eq!(seen["KV_LABEL"], "declared");
     // The provider got the token (it echoed exactly it back), and what it says is scrubbed:
     // the result, the journal and gaffer's log hold the mark, never the value.

@@ -74,8 +74,20 @@ pub(super) fn print(v: &Value) {
 }
 
 pub(super) fn open(root: &Path) -> Result<Arc<App>, ExitCode> {
+    open_with(root, false)
+}
+
+/// [`open`] for an operator command that needs no provider's operation: a provider that
+/// hangs or fails at start can never keep the operator from trusting, revoking or managing
+/// credentials.
+pub(super) fn open_without_providers(root: &Path) -> Result<Arc<App>, ExitCode> {
+    open_with(root, true)
+}
+
+fn open_with(root: &Path, without_providers: bool) -> Result<Arc<App>, ExitCode> {
     let config = AppConfig {
         client_token: crate::clients::token_from_env(),
+        without_providers,
         ..AppConfig::default()
     };
     App::open(root, config).map_err(|e| {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::operations::{call, open, print, random_key};
+use super::operations::{call, open, open_without_providers, print, random_key};
 use crate::methods::App;
 use crate::operations::engine::{DecisionRequest, Narrowing, OpError, PreparedDecision};
 use crate::operations::policy::GrantMode;
@@ -328,7 +328,7 @@ fn about_to_sign(p: &PreparedDecision) -> String {
 
 async fn revoke(root: &Path, id: &str) -> Result<ExitCode, ExitCode> {
     let signer = signer()?;
-    let app = open(root)?;
+    let app = open_without_providers(root)?;
     let (payload, _) = app.operations.prepare_revoke(id, None).map_err(op_failed)?;
     let sig = OperatorSignature::sign(&signer, &payload);
     let view = app
@@ -350,7 +350,7 @@ async fn trust_sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode
         expected.insert(file.trim().to_string(), digest.trim().to_string());
     }
     let signer = signer()?;
-    let app = open(root)?;
+    let app = open_without_providers(root)?;
     let files: Vec<String> = if expected.is_empty() {
         trust::TRUSTED_FILES
             .iter()
@@ -375,14 +375,14 @@ async fn trust_sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode
 
 /// `gaffer trust --show`: read-only; needs only the public key.
 fn trust_show(root: &Path) -> Result<ExitCode, ExitCode> {
-    let app = open(root)?;
+    let app = open_without_providers(root)?;
     let key = crate::operator::current_public();
     print(&json!({ "files": trust::report(&app.workspace, key.as_ref()) }));
     Ok(ExitCode::SUCCESS)
 }
 
 async fn client(c: ClientCmd, root: &Path) -> Result<ExitCode, ExitCode> {
-    let app = open(root)?;
+    let app = open_without_providers(root)?;
     let ws = &app.workspace;
     match c {
         ClientCmd::List => {

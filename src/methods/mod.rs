@@ -30,6 +30,9 @@ pub struct AppConfig {
     /// `GAFFER_CLIENT_TOKEN` as this process was started with: the identity of connections
     /// that present no token of their own.
     pub client_token: Option<String>,
+    /// Leaves the external providers unstarted: for operator commands that need none of their
+    /// operations (trust, client credentials, revocations).
+    pub without_providers: bool,
 }
 
 /// Everything a handler can reach: the workspace and the domain runtimes of this process.
@@ -70,6 +73,7 @@ impl App {
             Default::default(),
             Arc::clone(&workers),
             Arc::clone(&plans),
+            !config.without_providers,
         )
         .map_err(WorkspaceError::Unavailable)?;
         let app = Arc::new(App {

@@ -142,6 +142,11 @@ pub struct CatalogResult {
     /// trusted). Only the built-in operations are listed then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_providers_disabled: Option<String>,
+    /// Trusted providers that did not start, and why (their operations are not listed): a
+    /// command or variable naming the workspace, a failed start or `describe`, a drifted or
+    /// clashing catalog.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external_providers_failed: Vec<crate::operations::adapters::external::ProviderFailure>,
     /// Operator trust of each file that can grant power.
     pub trust: TrustReport,
 }
@@ -286,6 +291,7 @@ pub fn register(r: &mut Router<App>) {
                         providers.describe()
                     )
                 }),
+                external_providers_failed: ops.providers_failed().to_vec(),
                 trust: TrustReport { policy, providers },
             })
         },

@@ -44,12 +44,15 @@ use std::sync::Arc;
 /// provider declared in `.gaffer/providers.yaml`, checked against their catalogs. External
 /// providers start only when the operator has trusted that exact file (`gaffer trust`): the
 /// agent can write workspace files, and must not get to name executables gaffer runs.
+/// `start_providers` false leaves them all out (an operator command that needs none of their
+/// operations: a provider that hangs or fails must never keep the operator from acting).
 pub fn open_runtime(
     ws: Arc<crate::workspace::Workspace>,
     me: &crate::peers::Peer,
     config: engine::RuntimeConfig,
     workers: Arc<crate::workers::WorkerRuntime>,
     plans: Arc<crate::plans::PlanRuntime>,
+    start_providers: bool,
 ) -> Result<Arc<engine::OperationRuntime>, String> {
     let mut catalogs = vec![
         adapters::workspace::catalog(),
@@ -66,17 +69,30 @@ pub fn open_runtime(
     let key = crate::operator::current_public();
     let providers = trust::check(&ws, adapters::external::PROVIDERS_FILE, key.as_ref())
         .map_err(|e| e.to_string())?;
+    let mut failed = Vec::new();
     // The last trusted content is what runs, whatever the file on disk says now.
     match (providers.enforced(), providers.status) {
+        (Some(_), _) if !start_providers => {}
         (Some(bytes), _) => {
             let file = gaffer_dir.join(adapters::external::PROVIDERS_FILE);
-            let text =
-                std::str::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", file.display()))?;
             let sandbox = trust::effective_policy(&ws, key.as_ref()).sandbox;
-            let (ext_catalogs, ext_adapters) =
-                adapters::external::load_text(text, &file, ws.root(), sandbox)?;
-            catalogs.extend(ext_catalogs);
-            all.extend(ext_adapters);
+            let taken = catalogs
+                .iter()
+                .flat_map(|c| c.descriptors.iter().map(|d| d.name.clone()))
+                .collect();
+            let loaded = match std::str::from_utf8(bytes) {
+                Ok(text) => adapters::external::load_text(text, &file, ws.root(), sandbox, &taken),
+                Err(_) => adapters::external::Loaded {
+                    failed: vec![adapters::external::ProviderFailure {
+                        provider: adapters::external::PROVIDERS_FILE.into(),
+                        error: format!("{}: not UTF-8", file.display()),
+                    }],
+                    ..Default::default()
+                },
+            };
+            catalogs.extend(loaded.catalogs);
+            all.extend(loaded.adapters);
+            failed = loaded.failed;
         }
         (None, status)
             if providers.disk.is_some()
@@ -100,7 +116,7 @@ pub fn open_runtime(
         config,
         engine::executor_id(me.pid, me.started_ms),
     );
-    rt.set_providers_trust(providers.status);
+    rt.set_providers_trust(providers.status, failed);
     rt.set_lanes(lanes);
     Ok(rt)
 }

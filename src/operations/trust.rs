@@ -410,7 +410,7 @@ pub async fn sign(
         let disk = read_disk(ws, file)?;
         let sha256 = disk.as_deref().map(crate::util::sha256_hex);
         if let Some(bytes) = &disk {
-            validate(file, &ws.gaffer_dir().join(file), bytes)?;
+            validate(ws, file, bytes)?;
         }
         if let Some(want) = expect.get(file)
             && sha256
@@ -476,14 +476,18 @@ fn floor(ws: &Workspace, file: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// An operator should not sign a file gaffer would refuse to load anyway.
-fn validate(file: &str, path: &std::path::Path, bytes: &[u8]) -> Result<(), TrustError> {
+/// An operator should not sign a file gaffer would refuse to load anyway (nor a provider it
+/// would refuse to start: one whose code lies in the workspace).
+fn validate(ws: &Workspace, file: &str, bytes: &[u8]) -> Result<(), TrustError> {
+    let path = ws.gaffer_dir().join(file);
     let text = std::str::from_utf8(bytes)
         .map_err(|_| TrustError::Invalid(format!("{}: not UTF-8", path.display())))?;
     if file == super::policy::POLICY_FILE {
-        super::policy::Policy::parse(text, path).map_err(|e| TrustError::Invalid(e.to_string()))?;
+        super::policy::Policy::parse(text, &path)
+            .map_err(|e| TrustError::Invalid(e.to_string()))?;
     } else {
-        super::adapters::external::parse_declarations(text, path).map_err(TrustError::Invalid)?;
+        super::adapters::external::check_declarations(text, &path, ws.root())
+            .map_err(TrustError::Invalid)?;
     }
     Ok(())
 }

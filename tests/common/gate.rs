@@ -75,9 +75,23 @@ impl Env {
     /// A workspace whose policy.yaml and providers.yaml the operator has trusted.
     pub fn new(policy: Option<&str>) -> Env {
         let env = Env::untrusted(policy);
-        let (code, out, err) = env.cli(&["trust"]);
+        let (code, out, err) = env.trust_reviewed();
         assert_eq!(code, 0, "gaffer trust: {out} {err}");
         env
+    }
+
+    /// `gaffer trust` as an operator signs off a terminal: exactly the files on disk now, with
+    /// the digests the operator reviewed (`--expect`).
+    pub fn trust_reviewed(&self) -> (i32, String, String) {
+        let mut args = vec!["trust".to_string()];
+        for file in ["policy.yaml", "providers.yaml"] {
+            if let Ok(bytes) = std::fs::read(self.root().join(".gaffer").join(file)) {
+                args.push("--expect".into());
+                args.push(format!("{file}={}", gaffer::util::sha256_hex(&bytes)));
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.cli(&args)
     }
 
     /// The same files, as an agent could have written them: nobody has trusted them.

@@ -18,8 +18,11 @@ import json
 import os
 import sys
 
-STORE = "kv.json"
-EXEC_LOG = "kv-exec.log"
+# gaffer starts a provider in `/` (nothing in the workspace is taken for its code) and says
+# where the workspace is.
+WORKSPACE = os.environ["GAFFER_WORKSPACE"]
+STORE = os.path.join(WORKSPACE, "kv.json")
+EXEC_LOG = os.path.join(WORKSPACE, "kv-exec.log")
 
 
 def descriptor(name, request_ttl):
@@ -60,7 +63,7 @@ def probe(path):
     sys.stderr.buffer.write(b"\xff\xfe not utf-8\n")
     sys.stderr.flush()
     print("probe env: " + json.dumps(dict(os.environ)), file=sys.stderr, flush=True)
-    return {"env": dict(os.environ), "read": read}
+    return {"env": dict(os.environ), "read": read, "cwd": os.getcwd()}
 
 
 def load():

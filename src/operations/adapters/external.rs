@@ -34,7 +34,8 @@ struct ProvidersFile {
 #[serde(deny_unknown_fields)]
 struct ProviderDecl {
     name: String,
-    /// argv; a relative program path is taken from the workspace root.
+    /// argv: an absolute program, or a bare name found in the fixed `PATH`. Nothing in it may
+    /// name the workspace (see [`reaches_workspace`]).
     command: Vec<String>,
     /// When set, the sha256 of the RFC 8785 text of the described catalog must match
     /// (catalog drift is refused at start).
@@ -77,22 +78,39 @@ impl ProviderDecl {
     /// environment or filesystem reaches it.
     fn launch(&self, root: &Path, sandbox: crate::sandbox::Setting) -> Result<Launch, String> {
         let name = &self.name;
-        let mut argv = self.command.clone();
+        let argv = self.command.clone();
         match argv.first() {
             None => return Err(format!("provider {name} has an empty command")),
             Some(p) if p.contains('/') && !Path::new(p).is_absolute() => {
-                argv[0] = root.join(p).to_string_lossy().into_owned();
+                return Err(format!(
+                    "provider {name}: program {p:?} is a relative path; give the absolute path \
+                     of a program installed outside the workspace"
+                ));
             }
             Some(_) => {}
+        }
+        let workspace = WorkspacePaths::of(root);
+        if let Some(arg) = argv.iter().find(|a| workspace.reached_by(a)) {
+            return Err(format!(
+                "provider {name}: command names the workspace ({arg:?}): the agent can write \
+                 there, so a provider's code must be installed outside it (it finds the \
+                 workspace in ${WORKSPACE_ENV})"
+            ));
         }
         let mut passed = Vec::new();
         let mut env: Vec<(String, String)> = super::command::FIXED_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
+        env.push((WORKSPACE_ENV.into(), root.to_string_lossy().into_owned()));
         for (k, v) in &self.env {
             if !super::command::env_name_ok(k) || v.contains('\0') {
                 return Err(format!("provider {name}: env.{k} is not allowed"));
+            }
+            if workspace.reached_by(v) {
+                return Err(format!(
+                    "provider {name}: env.{k} names the workspace, where the agent can write"
+                ));
             }
             env.push((k.clone(), v.clone()));
         }
@@ -137,6 +155,66 @@ impl ProviderDecl {
             scrubber: crate::secrets::Scrubber::new(&passed),
             name: name.clone(),
         })
+    }
+}
+
+/// The variable that tells a provider where the workspace is: it starts in `/`, so that
+/// nothing the agent writes there is taken for its code (`python -m`, `node_modules`, a
+/// sourced script, a tool's configuration file found from the working directory).
+pub const WORKSPACE_ENV: &str = "GAFFER_WORKSPACE";
+
+/// Where a provider starts: outside the workspace (see [`WORKSPACE_ENV`]).
+const PROVIDER_CWD: &str = "/";
+
+/// The spellings of the workspace root a provider's command could use to reach it: as
+/// given and as the kernel resolves it, absolute and relative to `/` (the provider's
+/// working directory).
+struct WorkspacePaths(Vec<String>);
+
+impl WorkspacePaths {
+    fn of(root: &Path) -> Self {
+        let mut roots = vec![root.to_path_buf()];
+        if let Ok(real) = std::fs::canonicalize(root) {
+            roots.push(real);
+        }
+        let mut spelled = Vec::new();
+        for r in roots {
+            let text = r.to_string_lossy().trim_end_matches('/').to_string();
+            let relative = text.trim_start_matches('/').to_string();
+            if !relative.is_empty() {
+                spelled.push(relative);
+            }
+            spelled.push(text);
+        }
+        WorkspacePaths(spelled)
+    }
+
+    /// True when `text` (a program, argument or variable value) names the workspace or a path
+    /// in it: anywhere in the text (`--require=…`, `sh -c '… …'`), or as the place an existing
+    /// path resolves to (a symlink outside pointing in). A root of `/` is reached by anything.
+    fn reached_by(&self, text: &str) -> bool {
+        if self.0.iter().any(|r| r.is_empty()) {
+            return true;
+        }
+        // A path character next to the match makes it another name (`/ws2`, `/a/ws` for the
+        // relative spelling `ws`); a `/` after it is a path inside.
+        let path_char = |c: char| c.is_alphanumeric() || "-_.".contains(c);
+        let named = |t: &str| {
+            self.0.iter().any(|r| {
+                t.match_indices(r.as_str()).any(|(at, _)| {
+                    let before = t[..at].chars().next_back();
+                    let after = t[at + r.len()..].chars().next();
+                    let starts =
+                        before.is_none_or(|c| !path_char(c) && (r.starts_with('/') || c != '/'));
+                    starts && after.is_none_or(|c| !path_char(c))
+                })
+            })
+        };
+        if named(text) {
+            return true;
+        }
+        let path = Path::new(PROVIDER_CWD).join(text);
+        std::fs::canonicalize(&path).is_ok_and(|real| named(&real.to_string_lossy()))
     }
 }
 
@@ -533,12 +611,32 @@ impl Adapter for ExternalAdapter {
     }
 }
 
-/// Catalogs and adapters of the declared external providers.
-pub type Loaded = (Vec<Catalog>, Vec<Arc<dyn Adapter>>);
+/// What starting the declared external providers gave: the catalogs and adapters of those
+/// that run, and why each of the others does not.
+#[derive(Default)]
+pub struct Loaded {
+    pub catalogs: Vec<Catalog>,
+    pub adapters: Vec<Arc<dyn Adapter>>,
+    pub failed: Vec<ProviderFailure>,
+}
 
-/// Parses a providers file without starting anything (the error names file, line and key).
-pub fn parse_declarations(text: &str, file: &Path) -> Result<(), String> {
-    parse_file(text, file).map(|_| ())
+/// A declared provider that did not start (its operations are not offered), and why.
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
+pub struct ProviderFailure {
+    /// The provider's name (`providers.yaml` when the file itself could not be read).
+    pub provider: String,
+    pub error: String,
+}
+
+/// Parses a providers file and checks every declaration as a start would (a command or
+/// variable naming the workspace, a variable that is not allowed), without starting anything:
+/// the error names the file and the provider.
+pub fn check_declarations(text: &str, file: &Path, root: &Path) -> Result<(), String> {
+    for p in parse_file(text, file)?.providers {
+        p.launch(root, crate::sandbox::Setting::Required)
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+    }
+    Ok(())
 }
 
 fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
@@ -555,53 +653,98 @@ fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
 }
 
 /// Starts each provider declared in `text` (the content of `file`, which the caller has
-/// checked is operator-trusted) and asks for its catalog. Blocking: called once at start.
+/// checked is operator-trusted) and asks for its catalog. Blocking: called once at start. A
+/// provider that cannot start, or whose catalog is refused, is left out on its own: the
+/// built-in operations and the other providers go on, and the operator's commands with them.
+/// `taken` holds the names of the operations already offered (a provider may not shadow one).
 pub fn load_text(
     text: &str,
     file: &Path,
     root: &Path,
     sandbox: crate::sandbox::Setting,
-) -> Result<Loaded, String> {
-    let decl = parse_file(text, file)?;
-    let mut catalogs = vec![];
-    let mut adapters: Vec<Arc<dyn Adapter>> = vec![];
+    taken: &std::collections::HashSet<String>,
+) -> Loaded {
+    let mut loaded = Loaded::default();
+    let decl = match parse_file(text, file) {
+        Ok(decl) => decl,
+        Err(error) => {
+            tracing::warn!(%error, "the trusted providers file cannot be read; no external provider is started");
+            loaded.failed.push(ProviderFailure {
+                provider: PROVIDERS_FILE.into(),
+                error,
+            });
+            return loaded;
+        }
+    };
+    let mut taken = taken.clone();
     for p in decl.providers {
-        let launch = p
-            .launch(root, sandbox)
-            .map_err(|e| format!("{}: {e}", file.display()))?;
-        let conn = Arc::new(Conn {
-            launch,
-            cwd: root.to_path_buf(),
-            io: tokio::sync::Mutex::new(None),
-        });
-        let described =
-            describe_blocking(&conn).map_err(|e| format!("provider {}: {e:?}", p.name))?;
-        let ops = described.get("operations").cloned().unwrap_or(Value::Null);
-        if let Some(want) = &p.catalog_sha256 {
-            let got = crate::util::sha256_hex(super::super::canonical::jcs(&ops).as_bytes());
-            if &got != want {
-                return Err(format!(
-                    "provider {}: catalog drifted (sha256 {got}, expected {want})",
-                    p.name
-                ));
+        match start_one(&p, file, root, sandbox, &taken) {
+            Ok((catalog, adapters)) => {
+                taken.extend(catalog.descriptors.iter().map(|d| d.name.clone()));
+                loaded.catalogs.push(catalog);
+                loaded.adapters.extend(adapters);
+            }
+            Err(error) => {
+                tracing::warn!(provider = %p.name, %error, "external provider not started; its operations are not offered");
+                loaded.failed.push(ProviderFailure {
+                    provider: p.name.clone(),
+                    error,
+                });
             }
         }
-        let descs: Vec<Descriptor> = serde_json::from_value(ops)
-            .map_err(|e| format!("provider {}: bad catalog: {e}", p.name))?;
-        for d in &descs {
-            if d.implemented {
-                adapters.push(Arc::new(ExternalAdapter {
-                    desc: d.clone(),
-                    conn: Arc::clone(&conn),
-                }));
-            }
-        }
-        catalogs.push(Catalog {
-            provider: p.name.clone(),
-            descriptors: descs,
-        });
     }
-    Ok((catalogs, adapters))
+    loaded
+}
+
+/// Starts one provider, asks for its catalog and checks it: its digest when the file pins
+/// one, and no operation named twice or after one already offered.
+fn start_one(
+    p: &ProviderDecl,
+    file: &Path,
+    root: &Path,
+    sandbox: crate::sandbox::Setting,
+    taken: &std::collections::HashSet<String>,
+) -> Result<(Catalog, Vec<Arc<dyn Adapter>>), String> {
+    let launch = p
+        .launch(root, sandbox)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let conn = Arc::new(Conn {
+        launch,
+        cwd: PathBuf::from(PROVIDER_CWD),
+        io: tokio::sync::Mutex::new(None),
+    });
+    let described = describe_blocking(&conn).map_err(|e| format!("describe: {e:?}"))?;
+    let ops = described.get("operations").cloned().unwrap_or(Value::Null);
+    if let Some(want) = &p.catalog_sha256 {
+        let got = crate::util::sha256_hex(super::super::canonical::jcs(&ops).as_bytes());
+        if &got != want {
+            return Err(format!("catalog drifted (sha256 {got}, expected {want})"));
+        }
+    }
+    let descs: Vec<Descriptor> =
+        serde_json::from_value(ops).map_err(|e| format!("bad catalog: {e}"))?;
+    let mut names = std::collections::HashSet::new();
+    if let Some(d) = descs
+        .iter()
+        .find(|d| taken.contains(&d.name) || !names.insert(d.name.as_str()))
+    {
+        return Err(format!("its catalog names {:?} a second time", d.name));
+    }
+    let adapters = descs
+        .iter()
+        .filter(|d| d.implemented)
+        .map(|d| {
+            Arc::new(ExternalAdapter {
+                desc: d.clone(),
+                conn: Arc::clone(&conn),
+            }) as Arc<dyn Adapter>
+        })
+        .collect();
+    let catalog = Catalog {
+        provider: p.name.clone(),
+        descriptors: descs,
+    };
+    Ok((catalog, adapters))
 }
 
 fn describe_blocking(conn: &Arc<Conn>) -> Result<Value, CallError> {
@@ -623,4 +766,43 @@ fn describe_blocking(conn: &Arc<Conn>) -> Result<Value, CallError> {
         .join()
         .unwrap_or_else(|_| Err(CallError::Transport("describe panicked".into())))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkspacePaths;
+
+    #[test]
+    fn every_spelling_of_the_workspace_is_caught_and_its_neighbours_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ws");
+        std::fs::create_dir_all(root.join("tools")).unwrap();
+        let w = WorkspacePaths::of(&root);
+        let r = root.display().to_string();
+        for reaching in [
+            r.clone(),
+            format!("{r}/tools/p.py"),
+            format!("--require={r}/x.js"),
+            format!("python3 {r}/tools/p.py && true"),
+            format!("/{}", r.trim_start_matches('/')),
+            r.trim_start_matches('/').to_string(),
+            format!("{}/tools", r.trim_start_matches('/')),
+        ] {
+            assert!(w.reached_by(&reaching), "{reaching}");
+        }
+        for other in [
+            format!("{r}2/p.py"),
+            format!("{r}.bak"),
+            format!("/elsewhere/{}", r.trim_start_matches('/')),
+            "/usr/bin/python3".to_string(),
+            "-u".to_string(),
+        ] {
+            assert!(!w.reached_by(&other), "{other}");
+        }
+        // A symlink outside that points in is the workspace too.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(root.join("tools"), &link).unwrap();
+        assert!(w.reached_by(&link.display().to_string()));
+        assert!(WorkspacePaths::of(std::path::Path::new("/")).reached_by("/usr/bin/env"));
+    }
 }
