@@ -181,18 +181,24 @@ pub fn input(key: &str) -> SubmitInput {
 }
 
 pub fn workspace_with_allow() -> tempfile::TempDir {
+    workspace_with_policy("rules:\n  - id: all\n    effect: allow\n    operations: [\"bench.*\"]\n")
+}
+
+/// A workspace whose policy, `policy`, the operator signed.
+pub fn workspace_with_policy(policy: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join(".gaffer")).expect("mkdir");
-    std::fs::write(
-        dir.path().join(".gaffer/policy.yaml"),
-        "rules:\n  - id: all\n    effect: allow\n    operations: [\"bench.*\"]\n",
-    )
-    .expect("policy");
-    // Allow rules count only when the operator signed the policy (`gaffer trust`).
+    std::fs::write(dir.path().join(".gaffer/policy.yaml"), policy).expect("policy");
+    // Allow rules count only when the operator signed the policy (`gaffer trust`), here the
+    // exact text written above.
+    let pin = format!(
+        "policy.yaml={}",
+        gaffer::util::sha256_hex(policy.as_bytes())
+    );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
         .arg("--workspace")
         .arg(dir.path())
-        .arg("trust")
+        .args(["trust", "--expect", &pin])
         .output()
         .expect("gaffer trust");
     assert!(out.status.success(), "gaffer trust failed");

@@ -311,7 +311,7 @@ impl OperationRuntime {
         let chain_ok = self.ws.chain_ok() && self.signed_head_on_chain(op);
         let store_refusal = self.ws.standing().refusal();
         let executor = self.executor.clone();
-        let vouched = self.vouched(&op.id);
+        let vouch = self.vouch_of(&op.id);
         let lane_scope = self.lane_scope(&op.client_id);
         let (id, revision) = (op.id.clone(), op.revision);
         let checked = match derived {
@@ -362,7 +362,11 @@ impl OperationRuntime {
                 workspace_id: workspace_id.as_deref(),
                 chain_ok,
                 store_refusal: store_refusal.as_deref(),
-                vouched,
+                // Vouched only for the client and plan accepted: the operation under this id
+                // now, its plan read from its text.
+                vouched: vouch
+                    .as_ref()
+                    .is_some_and(|v| v.client == op.client_id && v.plan_digest == *digest),
                 lane_scope: lane_scope.as_deref(),
                 now_ms: now,
             };

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::adapter::{AdapterCtx, AdapterError, Registry};
+use super::adapters::external::ProviderFailure;
 use super::lifecycle::{OpState, codes};
 use super::policy::Policy;
 use super::state::{
@@ -220,6 +221,16 @@ pub(super) struct Authority {
 /// (client, idempotency key)
 type SubmitKey = (String, String);
 
+/// What this process accepted under an operation id: the client whose identity it checked
+/// and the digest of the plan it accepted. Only that pair is vouched for: the journal can
+/// hold another operation under the same id by the time it is claimed (cancelled, pruned and
+/// created again by whoever writes the store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Vouch {
+    pub client: String,
+    pub plan_digest: String,
+}
+
 pub struct OperationRuntime {
     ws: Arc<Workspace>,
     registry: Registry,
@@ -227,15 +238,16 @@ pub struct OperationRuntime {
     /// This process, recorded as executor of what it claims.
     executor: String,
     running: Mutex<HashSet<String>>,
-    /// Operations this process accepted from an authenticated connection and has not yet run
-    /// (see [`super::authorize::Check::vouched`]). In memory only: nothing on disk vouches.
-    vouched: Mutex<HashSet<String>>,
+    /// Operations this process accepted from an authenticated connection and has not yet run,
+    /// with what it accepted (see [`super::authorize::Check::vouched`]). In memory only:
+    /// nothing on disk vouches.
+    vouched: Mutex<HashMap<String, Vouch>>,
     submit_locks: Mutex<HashMap<SubmitKey, Weak<tokio::sync::Mutex<()>>>>,
     policy_cache: Mutex<Option<(PolicyStamp, Arc<Policy>)>>,
     /// The policy file and the operator key, looked at once per commit batch.
     grounds: Arc<grounds::GroundsWatch>,
     /// Whether `providers.yaml` was trusted when this process loaded its providers.
-    providers_trust: std::sync::OnceLock<TrustStatus>,
+    providers_trust: std::sync::OnceLock<(TrustStatus, Vec<ProviderFailure>)>,
     /// Only a serving process executes; one-shot CLI processes leave approved work to it.
     autorun: std::sync::atomic::AtomicBool,
     /// The plan lanes this process runs (their scopes feed `lane_scope` rules).
@@ -284,7 +296,7 @@ impl OperationRuntime {
             config,
             executor,
             running: Mutex::new(HashSet::new()),
-            vouched: Mutex::new(HashSet::new()),
+            vouched: Mutex::new(HashMap::new()),
             submit_locks: Mutex::new(HashMap::new()),
             policy_cache: Mutex::new(None),
             providers_trust: std::sync::OnceLock::new(),
@@ -441,13 +453,20 @@ impl OperationRuntime {
     pub fn providers_trust(&self) -> TrustStatus {
         self.providers_trust
             .get()
-            .copied()
-            .unwrap_or(TrustStatus::Absent)
+            .map_or(TrustStatus::Absent, |(status, _)| *status)
     }
 
-    /// Records the trust check [`super::open_runtime`] made before starting providers.
-    pub fn set_providers_trust(&self, status: TrustStatus) {
-        let _ = self.providers_trust.set(status);
+    /// The trusted providers that did not start, and why.
+    pub fn providers_failed(&self) -> &[ProviderFailure] {
+        self.providers_trust
+            .get()
+            .map_or(&[], |(_, failed)| failed.as_slice())
+    }
+
+    /// Records the trust check [`super::open_runtime`] made before starting providers, and
+    /// which of them did not start.
+    pub fn set_providers_trust(&self, status: TrustStatus, failed: Vec<ProviderFailure>) {
+        let _ = self.providers_trust.set((status, failed));
     }
 
     // ---------- reads ----------

@@ -126,6 +126,7 @@ impl OperationRuntime {
             now,
         );
         let sandbox_policy = Arc::clone(&auth.policy);
+        let accepted_digest = op.plan_digest.clone();
         let Some((view, created, claimed)) = self.record(op, approval, &prepared, auth).await?
         else {
             prepared
@@ -135,8 +136,10 @@ impl OperationRuntime {
             return Ok(None);
         };
         if created {
-            if view.state == OpState::Approved {
-                self.vouch(&view.id);
+            if view.state == OpState::Approved
+                && let Some(digest) = &accepted_digest
+            {
+                self.vouch(&view.id, client, digest);
             }
             failpoint("after_submit");
             if view.state.is_terminal() {
@@ -312,15 +315,28 @@ impl OperationRuntime {
         .map_err(commit_err)
     }
 
-    fn vouch(&self, id: &str) {
+    fn vouch(&self, id: &str, client: &str, plan_digest: &str) {
         let mut v = self.vouched.lock().unwrap_or_else(|p| p.into_inner());
-        v.insert(id.to_string());
+        v.insert(
+            id.to_string(),
+            Vouch {
+                client: client.to_string(),
+                plan_digest: plan_digest.to_string(),
+            },
+        );
     }
 
-    /// Whether this process accepted `id` from a connection whose identity it checked.
+    /// Whether this process accepted something under `id` from a connection whose identity
+    /// it checked (what it accepted is [`Self::vouch_of`]'s to say).
     pub(super) fn vouched(&self, id: &str) -> bool {
         let v = self.vouched.lock().unwrap_or_else(|p| p.into_inner());
-        v.contains(id)
+        v.contains_key(id)
+    }
+
+    /// What this process accepted under `id`, if anything.
+    pub(super) fn vouch_of(&self, id: &str) -> Option<Vouch> {
+        let v = self.vouched.lock().unwrap_or_else(|p| p.into_inner());
+        v.get(id).cloned()
     }
 
     pub(super) fn unvouch(&self, id: &str) {
