@@ -199,10 +199,8 @@ class Gaffer {
     const a = await this.get(approvalId).catch(() => undefined);
     // Nothing to show, nothing to approve: the list and the tree still hold the request.
     if (!a) return;
-    const title = a.title ?? "an operation";
-    // What Approve grants is in the same message as the button: mode, uses and time.
-    const text = `gaffer: ${title}${a.summary ? ` — ${a.summary}` : ""} · ${m.scopeWords(a)}`;
-    await this.ui.offer(this, a, m.inert(text), true);
+    // What Approve grants is in the same message as the button, ahead of the agent's text.
+    await this.ui.offer(this, a, m.approvalMessage(a), true);
   }
 
   async get(id: string): Promise<m.Approval> {

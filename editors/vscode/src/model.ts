@@ -374,6 +374,57 @@ export function inert(s: string): string {
   return s.replace(/\]\s*\(/g, "] (");
 }
 
+/**
+ * Characters that show nothing, or break or reorder what is around them: controls (C0, DEL,
+ * C1), line and paragraph separators, format characters (bidi overrides and isolates,
+ * zero-width, BOM, tags), lone surrogates and the rest of Unicode's default-ignorables
+ * (variation selectors, Hangul fillers). An agent could hide or reorder text with them, or pad
+ * a message with nothing visible.
+ */
+const HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Cs}\p{Default_Ignorable_Code_Point}]/u;
+
+/** One character as shown: itself, or `\u{…}` (as `gaffer approve` prints it) when hidden. */
+function shownChar(c: string): string {
+  return HIDDEN.test(c) ? `\\u{${c.codePointAt(0)!.toString(16)}}` : c;
+}
+
+/** Text the agent chose with every hidden character spelled out (see HIDDEN). */
+export function visible(s: string): string {
+  let out = "";
+  for (const c of s) out += shownChar(c);
+  return out;
+}
+
+/** VS Code cuts a notification over 1000 UTF-16 code units, silently but for "...": stay below. */
+export const NOTIFICATION_MAX = 900;
+const CUT = " … (see Show)";
+
+/**
+ * `s` spelled out (visible) and made inert, in at most `max` UTF-16 code units: cut between
+ * characters (never inside a surrogate pair or an escape) and marked when cut.
+ */
+export function shownAtMost(s: string, max: number): string {
+  const whole = inert(visible(s));
+  if (whole.length <= max) return whole;
+  let out = "";
+  for (const c of s) {
+    const next = inert(out + shownChar(c));
+    if (next.length > max - CUT.length) break;
+    out = next;
+  }
+  return out + CUT;
+}
+
+/**
+ * The notification that offers Approve: what approving grants first (mode, uses, time: the
+ * agent's text cannot push it out of view), then the agent's title and summary, bounded.
+ */
+export function approvalMessage(a: Approval): string {
+  const head = `gaffer: ${scopeWords(a)} — `;
+  const told = `${a.title ?? "an operation"}${a.summary ? ` — ${a.summary}` : ""}`;
+  return head + shownAtMost(told, NOTIFICATION_MAX - head.length);
+}
+
 /** The fields of a decision payload the extension checks before signing it. */
 interface DecisionPayloadFields {
   approval_id?: string;

@@ -247,3 +247,41 @@ test("the notification that offers Approve says what approving grants", () => {
   const w = m.scopeWords(approval({ mode: "window", requested_max_uses: 20, requested_duration_seconds: 3600 }));
   assert.match(w, /^WINDOW: up to 20 operations .* for 60 min, not only this plan$/);
 });
+
+// VS Code shows a notification's first 1000 UTF-16 code units and "..."; an astral character
+// counts twice there but once in gaffer's bounds.
+const vscodeShows = (msg: string) => (msg.length > 1000 ? msg.slice(0, 1000) + "..." : msg);
+
+test("the notification that offers Approve names the grant first, whatever the agent's text holds", () => {
+  const tags = "\u{E0020}".repeat(600);
+  const a = approval({
+    mode: "window",
+    requested_max_uses: 20,
+    requested_duration_seconds: 3600,
+    title: `Write notes/${tags}todo.txt`,
+    summary: `Replace notes/${tags}todo.txt with 12 bytes`,
+  });
+  const msg = m.approvalMessage(a);
+  assert.ok(msg.startsWith(`gaffer: ${m.scopeWords(a)} — Write notes/`), msg.slice(0, 200));
+  assert.ok(vscodeShows(msg).includes("WINDOW: up to 20 operations"), "the scope words are in view");
+  assert.ok(msg.length <= m.NOTIFICATION_MAX, `${msg.length} code units`);
+  assert.ok(msg.endsWith(" … (see Show)"), "a cut says so");
+  assert.ok(msg.includes("\\u{e0020}"), "the padding is spelled out, not invisible");
+  assert.equal(m.approvalMessage(approval()), "gaffer: one execution of this plan, within 10 min — Write notes/todo.txt — Replace notes/todo.txt with 12 bytes");
+});
+
+test("agent text in the notification shows its hidden characters and is cut between characters", () => {
+  const msg = m.approvalMessage(approval({ title: "Write notes/\u202Etxt.exe\n\nApprove: safe\u200B\u2028\u{FEFF}\u0085\u0000" }));
+  assert.ok(!/[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/u.test(msg), JSON.stringify(msg));
+  for (const e of ["\\u{202e}", "\\u{a}\\u{a}Approve", "\\u{200b}", "\\u{2028}", "\\u{feff}", "\\u{85}", "\\u{0}"]) {
+    assert.ok(msg.includes(e), `${e} in ${msg}`);
+  }
+  // A cut never leaves half a surrogate pair or half an escape, and never forms a link.
+  for (const pad of ["😀", "\u202E", "[x](command:y)"]) {
+    const cut = m.approvalMessage(approval({ title: "x".repeat(7) + pad.repeat(900) }));
+    assert.ok(cut.length <= m.NOTIFICATION_MAX, `${pad}: ${cut.length}`);
+    assert.ok(!/\p{Cs}/u.test(cut), `${pad}: a lone surrogate`);
+    assert.ok(!/\\u\{[0-9a-f]*$/.test(cut.slice(0, -" … (see Show)".length)), `${pad}: half an escape`);
+    assert.ok(!/\]\(/.test(cut), `${pad}: a link`);
+  }
+});
