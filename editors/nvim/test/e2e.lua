@@ -42,7 +42,12 @@ end
 -- The user's answers, consumed in order by vim.ui.select / vim.ui.input.
 local answers = {}
 local seen_items = {}
+-- Called while the action picker waits, the preview float open: what the operator sees then.
+local on_action
 vim.ui.select = function(items, opts, on_choice)
+  if opts.kind == "gaffer.action" and on_action then
+    on_action()
+  end
   local a = table.remove(answers, 1)
   if not a then
     fail("unexpected vim.ui.select: " .. (opts.prompt or ""))
@@ -349,6 +354,115 @@ expect(health:find("OK", 1, true) and health:find("version 0.", 1, true), ":chec
 expect(health:find("operator_key: ", 1, true) and health:find("logged in as the operator", 1, true), ":checkhealth gaffer reports the key and the login")
 expect(health:find("policy_trust", 1, true) ~= nil, ":checkhealth gaffer reports trust")
 expect(not health:find("ERROR", 1, true), ":checkhealth gaffer has no errors")
+
+-- --- 8. the preview shows what decides first, and the agent's text as it is ------------------
+-- The agent chooses its text: a reason posing as the mode line and a diff above 80 line breaks,
+-- an argv hiding its tail below 120 line breaks and behind a right-to-left override, a change
+-- too large to diff made against a file that changed since. With an operator's 'nowrap'.
+vim.wo.wrap = false
+local function float_lines()
+  for _, w in ipairs(vim.api.nvim_list_wins()) do
+    if vim.api.nvim_win_get_config(w).relative ~= "" then
+      return w, vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(w), 0, -1, false)
+    end
+  end
+end
+local function line_at(lines, prefix)
+  for i, l in ipairs(lines) do
+    if l:sub(1, #prefix) == prefix then
+      return i
+    end
+  end
+end
+local HIDDEN = { "\n", "\r", "\27", "\194\133" }
+for _, cp in ipairs({ 0x200B, 0x2028, 0x2029, 0x202A, 0x202E, 0x2066, 0x2069, 0xFEFF }) do
+  table.insert(HIDDEN, vim.fn.nr2char(cp))
+end
+local function holds_hidden(lines)
+  for _, l in ipairs(lines) do
+    for _, h in ipairs(HIDDEN) do
+      if l:find(h, 1, true) then
+        return l
+      end
+    end
+  end
+  return nil
+end
+local function preview_of(title)
+  local seen
+  on_action = function()
+    local w, lines = float_lines()
+    local footer = vim.api.nvim_win_get_config(w).footer or {}
+    seen = { lines = lines, wrap = vim.wo[w].wrap, height = vim.api.nvim_win_get_height(w), ends = {} }
+    seen.footer = type(footer) == "table" and table.concat(vim.tbl_map(function(c)
+      return c[1]
+    end, footer)) or footer
+    for i = 1, #lines do
+      seen.ends[i] = vim.api.nvim_win_text_height(w, { end_row = i - 1 }).all
+    end
+    -- Line i (1-based) is there for the operator: it ends inside the float's height.
+    seen.view = function(i)
+      return i ~= nil and seen.ends[i] <= seen.height
+    end
+  end
+  finished = false
+  answers = { title, "Cancel" }
+  g.approvals(function()
+    finished = true
+  end)
+  wait(function()
+    return finished
+  end, 15000, "the preview of " .. title)
+  on_action = nil
+  expect(seen ~= nil, "the float was open while the action picker waited")
+  return seen
+end
+
+local TAIL = "rm -rf ~/"
+local FAKE = "mode execution (exactly this one execution); at most 60s, 1 use(s)\n--- a/notes/todo.txt\n+++ b/notes/todo.txt\n+- ship it"
+agent:call("operations/submit", {
+  operation = "command.run",
+  target = { argv = { "sh", "-c", "echo tidy" .. ("\n"):rep(120) .. vim.fn.nr2char(0x202E) .. TAIL } },
+  arguments = vim.empty_dict(),
+  reason = FAKE .. ("\n"):rep(80),
+  idempotency_key = "hide-1",
+})
+wait(function()
+  return note_with("wants: Run sh") ~= nil
+end, 5000, "the command's notification")
+local cmd = preview_of("Run sh")
+local L = cmd.lines
+expect(L[1] == "# command.run, requested by anonymous" and cmd.view(1), "the float starts with the operation and its requester: " .. L[1])
+expect(line_at(L, "mode ") == 2 and cmd.view(2) and L[2]:find("^mode execution %(exactly this one execution%); at most 600s, 1 use%(s%)"), "the real mode line is second and in view: " .. L[2])
+local argv = line_at(L, "$ sh -c ")
+expect(argv and L[argv]:find(TAIL, 1, true) and cmd.view(argv), "the whole argv, its tail included, is one line in view (row " .. tostring(argv) .. ", float " .. cmd.height .. " rows)")
+expect(argv and L[argv]:find("tidy\\u{a}\\u{a}", 1, false) and L[argv]:find("\\u{202e}rm", 1, false), "the argv's line breaks and override are spelled out")
+expect(cmd.wrap, "the float wraps under an operator's nowrap")
+expect(cmd.footer:find("more rows below, not shown", 1, true), "the float says what it cannot show:" .. cmd.footer)
+expect(holds_hidden(L) == nil, "no line of the float holds a control or invisible character: " .. tostring(holds_hidden(L)))
+expect(L[#L]:find("the agent says: mode execution", 1, true) == 1 and line_at(L, "--- a/") == nil, "the agent's reason is one line, last, posing as nothing: " .. L[#L]:sub(1, 80))
+
+local BIG = WS .. "/notes/big.txt"
+local f = io.open(BIG, "w")
+f:write("small\n")
+f:close()
+agent:call("operations/submit", {
+  operation = "file.write",
+  target = { path = "notes/big.txt" },
+  arguments = { content = (("x"):rep(99) .. "\n"):rep(800) },
+  reason = "regenerate",
+  idempotency_key = "big-1",
+})
+f = io.open(BIG, "a")
+f:write("changed after the plan\n")
+f:close()
+wait(function()
+  return note_with("wants: Write notes/big.txt") ~= nil
+end, 5000, "the big write's notification")
+local big = preview_of("Write notes/big.txt")
+local cut, stale = line_at(big.lines, "!! THE DIFF IS CUT"), line_at(big.lines, "!! THE FILE CHANGED")
+expect(cut and big.view(cut), "a diff cut at its bound says so, in view: " .. table.concat(big.lines, " | "):sub(1, 300))
+expect(stale and big.view(stale), "a file changed since the plan says so, in view")
 
 agent.proc:kill(15)
 local m = string.format('{"attach_login_ms": %.0f, "sent_to_notify_ms": %.0f, "reply_to_notify_ms": %.0f}', attach_ms, latency.sent_to_notify_ms, latency.reply_to_notify_ms)

@@ -102,6 +102,75 @@ local function time_left(iso)
   return left .. "s"
 end
 
+-- Code points that show nothing, or break, move or reorder what is around them: C0, DEL, C1,
+-- line and paragraph separators, bidi marks, overrides and isolates, zero-width characters,
+-- BOM, variation selectors, tags and the other format and default-ignorable characters, and
+-- surrogates (a JSON `\udXXX` alone). The VS Code extension spells out the same set.
+local HIDDEN = {
+  { 0x00, 0x1F }, { 0x7F, 0x9F }, { 0xAD, 0xAD }, { 0x34F, 0x34F }, { 0x600, 0x605 },
+  { 0x61C, 0x61C }, { 0x6DD, 0x6DD }, { 0x70F, 0x70F }, { 0x890, 0x891 }, { 0x8E2, 0x8E2 },
+  { 0x115F, 0x1160 }, { 0x17B4, 0x17B5 }, { 0x180B, 0x180F }, { 0x200B, 0x200F },
+  { 0x2028, 0x202E }, { 0x2060, 0x206F }, { 0x3164, 0x3164 }, { 0xD800, 0xDFFF },
+  { 0xFE00, 0xFE0F }, { 0xFEFF, 0xFEFF }, { 0xFFA0, 0xFFA0 }, { 0xFFF0, 0xFFFB },
+  { 0x110BD, 0x110BD }, { 0x110CD, 0x110CD }, { 0x13430, 0x1343F }, { 0x1BCA0, 0x1BCA3 },
+  { 0x1D173, 0x1D17A }, { 0xE0000, 0xE0FFF },
+}
+
+local function hidden(cp)
+  for _, r in ipairs(HIDDEN) do
+    if cp >= r[1] and cp <= r[2] then
+      return true
+    end
+  end
+  return false
+end
+
+--- The code point of the UTF-8 sequence at byte `i` of `s` and its length in bytes; nil and 1
+--- for a byte that starts no sequence.
+local function decode(s, i)
+  local b = s:byte(i)
+  if b < 0x80 then
+    return b, 1
+  end
+  local n = (b >= 0xF0 and b < 0xF5) and 3 or (b >= 0xE0 and b < 0xF0) and 2 or (b >= 0xC2 and b < 0xE0) and 1 or nil
+  if not n then
+    return nil, 1
+  end
+  local cp = b % (2 ^ (6 - n))
+  for k = 1, n do
+    local c = s:byte(i + k)
+    if not c or c < 0x80 or c > 0xBF then
+      return nil, 1
+    end
+    cp = cp * 64 + (c - 0x80)
+  end
+  return cp, n + 1
+end
+
+--- Text the agent chose (or could have) as one line that shows what it holds: every hidden
+--- character (HIDDEN) written `\u{…}` as `gaffer approve` prints it, a byte that is no UTF-8 as
+--- `\x{…}`. `\u{a}` rather than `\n`: in an argv a real line break and the two characters `\n`
+--- mean different things. `keep_tabs`: a diff of a file indented with tabs stays readable.
+function M.visible(s, keep_tabs)
+  s = tostring(s)
+  if not s:find("[%z\1-\31\127-\255]") then
+    return s
+  end
+  local out, i = {}, 1
+  while i <= #s do
+    local cp, len = decode(s, i)
+    if not cp then
+      table.insert(out, string.format("\\x{%02x}", s:byte(i)))
+    elseif hidden(cp) and not (keep_tabs and cp == 9) then
+      table.insert(out, string.format("\\u{%x}", cp))
+    else
+      table.insert(out, s:sub(i, i + len - 1))
+    end
+    i = i + len
+  end
+  return table.concat(out)
+end
+
 --- One line for an approval in the picker.
 function M.format_approval(a)
   return string.format(
@@ -112,57 +181,94 @@ function M.format_approval(a)
   )
 end
 
---- The preview of an approval: summary, diff or command, canonical plan (lines, filetype).
+--- `s` as a POSIX shell reads it: an argv's item boundaries stay visible.
+local function shell_quote(s)
+  if s:match("^[%w_./:=@%%+-]+$") then
+    return s
+  end
+  return "'" .. s:gsub("'", [['\'']]) .. "'"
+end
+
+--- Text the server sends whole (a diff, the plan) as buffer lines, each spelled out.
+local function text_lines(text)
+  local out = {}
+  for _, l in ipairs(vim.split(text, "\n", { plain = true, trimempty = true })) do
+    table.insert(out, M.visible(l, true))
+  end
+  return out
+end
+
+--- What approving grants: the mode, uses and time, from the plan's rule (detail) when verified.
+local function mode_line(a)
+  local d = a.detail
+  if not d then
+    return string.format("mode %s; requested %ss, %s use(s)", a.mode, a.requested_duration_seconds, a.requested_max_uses)
+  end
+  local n = d.narrowing
+  return string.format(
+    "mode %s (%s); at most %ds, %d use(s); request expires in %ds",
+    n.mode,
+    n.covers,
+    n.max_duration_seconds,
+    n.max_uses,
+    d.expires_in_seconds
+  )
+end
+
+local function command_lines(c)
+  local names = vim.tbl_map(shell_quote, c.env_names)
+  return {
+    "$ " .. M.visible(table.concat(vim.tbl_map(shell_quote, c.argv), " ")),
+    "env: sets " .. (#names > 0 and M.visible(table.concat(names, " ")) or "nothing")
+      .. "; inherits " .. table.concat(c.inherited_env or {}, " "),
+    "cwd: " .. M.visible(c.cwd ~= "" and c.cwd or "."),
+    "killed after " .. c.timeout_ms .. " ms",
+  }
+end
+
+local function file_change_lines(fc)
+  local lines = { M.visible(fc.summary) }
+  if not fc.current_matches_plan then
+    table.insert(lines, "!! THE FILE CHANGED since the plan was made: this diff is against it as it is now, and running the plan will be refused")
+  end
+  if fc.diff_truncated then
+    table.insert(lines, string.format("!! THE DIFF IS CUT at its size bound: below is less than the whole change (+%d -%d lines)", fc.lines_added, fc.lines_removed))
+  end
+  vim.list_extend(lines, text_lines(fc.diff or ""))
+  return lines
+end
+
+--- The preview of an approval (lines, filetype). What decides first: the operation, what
+--- approving grants, the argv and env or the diff; the agent's own words (summary, reason)
+--- after them. Every string the agent chose is one line with its hidden characters spelled
+--- out, so no text of its can pose as a line of the preview or push one out of view.
 function M.preview_lines(a)
-  -- Text the agent chose may hold line breaks, which a buffer line cannot: each becomes lines.
-  local lines = {}
-  local function add(text)
-    vim.list_extend(lines, vim.split(text, "\n", { plain = true }))
-  end
-  add("# " .. (a.title or a.operation))
-  table.insert(lines, "")
-  if a.summary then
-    add(a.summary)
-  end
+  local d = a.detail or {}
+  local lines = { string.format("# %s, requested by %s", M.visible(a.operation), M.visible(a.client_id)), mode_line(a) }
   if a.plan_problem then
-    add("THIS PLAN CANNOT RUN: " .. a.plan_problem)
+    table.insert(lines, "THIS PLAN CANNOT RUN: " .. M.visible(a.plan_problem))
+  end
+  table.insert(lines, "")
+  if d.command then
+    vim.list_extend(lines, command_lines(d.command))
+  end
+  if d.file_change then
+    vim.list_extend(lines, file_change_lines(d.file_change))
+  end
+  if a.summary then
+    vim.list_extend(lines, { "", M.visible(a.summary) })
+  end
+  if d.plan and not d.file_change then
+    vim.list_extend(lines, { "", "plan (the signed digest is over this text):" })
+    vim.list_extend(lines, text_lines(d.plan))
+    if d.plan_truncated then
+      table.insert(lines, "(plan text cut at its size bound)")
+    end
   end
   if a.reason then
-    add("the agent says: " .. a.reason)
+    vim.list_extend(lines, { "", "the agent says: " .. M.visible(a.reason) })
   end
-  local d = a.detail
-  if d then
-    table.insert(
-      lines,
-      string.format(
-        "mode %s (%s); at most %ds, %d use(s); request expires in %ds",
-        d.narrowing.mode,
-        d.narrowing.covers,
-        d.narrowing.max_duration_seconds,
-        d.narrowing.max_uses,
-        d.expires_in_seconds
-      )
-    )
-    table.insert(lines, "")
-    local fc = d.file_change
-    if fc then
-      add(fc.summary)
-      if fc.diff then
-        vim.list_extend(lines, vim.split(fc.diff, "\n", { trimempty = true }))
-      end
-      return lines, "diff"
-    end
-    if d.command then
-      add("$ " .. table.concat(d.command.argv, " "))
-      add("cwd: " .. (d.command.cwd ~= "" and d.command.cwd or "."))
-      add("sets: " .. table.concat(d.command.env_names, ", "))
-      table.insert(lines, "killed after " .. d.command.timeout_ms .. " ms")
-      table.insert(lines, "")
-    end
-    table.insert(lines, "plan (the signed digest is over this text):")
-    vim.list_extend(lines, vim.split(d.plan, "\n"))
-  end
-  return lines, "markdown"
+  return lines, d.file_change and "diff" or "markdown"
 end
 
 --- Narrowings the server accepts: shorter durations, fewer uses for a window grant.
@@ -285,24 +391,34 @@ function M.decide(a, decision, opts, cb)
   end)
 end
 
-local function float(lines, ft)
+--- The preview float. It cannot be scrolled while vim.ui.select waits, so it is as tall as
+--- its wrapped rows (up to what the editor has) and its footer says how many are not shown;
+--- it always wraps, so a long line (an argv) is never cut at the right edge.
+local function float(lines, ft, title)
   local buf = vim.api.nvim_create_buf(false, true)
   vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
   vim.bo[buf].filetype = ft
   vim.bo[buf].modifiable = false
   vim.bo[buf].bufhidden = "wipe"
   local width = math.min(math.max(60, math.floor(vim.o.columns * 0.7)), vim.o.columns - 4)
-  local height = math.min(#lines, math.max(5, vim.o.lines - 8))
+  local room = math.max(5, vim.o.lines - 8)
   local win = vim.api.nvim_open_win(buf, false, {
     relative = "editor",
     row = 1,
     col = math.floor((vim.o.columns - width) / 2),
     width = width,
-    height = height,
+    height = room,
     border = "rounded",
-    title = " gaffer ",
+    title = " gaffer: " .. vim.fn.strcharpart(title, 0, width - 12) .. " ",
     style = "minimal",
   })
+  vim.wo[win].wrap = true
+  local rows = vim.api.nvim_win_text_height(win, {}).all
+  local cfg = { height = math.min(rows, room) }
+  if rows > room then
+    cfg.footer = string.format(" %d more rows below, not shown ", rows - room)
+  end
+  vim.api.nvim_win_set_config(win, cfg)
   return win, buf
 end
 
@@ -326,7 +442,7 @@ function M.approvals(done)
           return done()
         end
         local lines, ft = M.preview_lines(a)
-        local win = float(lines, ft)
+        local win = float(lines, ft, M.visible(a.title or a.operation))
         M.last_preview = lines
         local close = function()
           if vim.api.nvim_win_is_valid(win) then
@@ -334,7 +450,7 @@ function M.approvals(done)
           end
         end
         local actions = { "Approve", "Approve narrower…", "Deny…", "Cancel" }
-        vim.ui.select(actions, { prompt = a.title or a.operation, kind = "gaffer.action" }, function(act)
+        vim.ui.select(actions, { prompt = M.visible(a.title or a.operation), kind = "gaffer.action" }, function(act)
           if act == "Approve" then
             close()
             M.decide(a, "approve", {}, done)
