@@ -442,6 +442,14 @@ expect(cmd.footer:find("more rows below, not shown", 1, true), "the float says w
 expect(holds_hidden(L) == nil, "no line of the float holds a control or invisible character: " .. tostring(holds_hidden(L)))
 expect(L[#L]:find("the agent says: mode execution", 1, true) == 1 and line_at(L, "--- a/") == nil, "the agent's reason is one line, last, posing as nothing: " .. L[#L]:sub(1, 80))
 
+-- The picker and the operations list hold the agent's title the same way.
+local TITLE = "Write a\r\27[2K" .. vim.fn.nr2char(0x202E) .. "txt.exe"
+local listed = {
+  g.format_approval({ title = TITLE, client_id = "anonymous", pending_expires_at = "" }),
+  g.operation_lines({ { id = "op_x", state = "pending", client_id = "anonymous", operation = "file.write", presentation = { title = TITLE } } })[2],
+}
+expect(holds_hidden(listed) == nil and listed[1]:find("a\\u{d}\\u{1b}%[2K\\u{202e}txt") and listed[2]:find("\\u{202e}txt", 1, false), "the picker and :Gaffer ops spell out what the agent's title holds: " .. table.concat(listed, " | "))
+
 local BIG = WS .. "/notes/big.txt"
 local f = io.open(BIG, "w")
 f:write("small\n")

@@ -175,8 +175,8 @@ end
 function M.format_approval(a)
   return string.format(
     "%s  [%s, %s left]",
-    a.title or (a.operation .. " (plan does not verify)"),
-    a.client_id,
+    M.visible(a.title or (a.operation .. " (plan does not verify)")),
+    M.visible(a.client_id),
     time_left(a.pending_expires_at or "")
   )
 end
@@ -380,7 +380,7 @@ function M.decide(a, decision, opts, cb)
       end
       M.request("approvals/decide", { payload = prep.payload, signature = sig }, function(r)
         if r then
-          notify(string.format("%s %s", decision == "approve" and "approved" or "denied", a.title or a.operation))
+          notify(string.format("%s %s", decision == "approve" and "approved" or "denied", M.visible(a.title or a.operation)))
           if decision == "approve" then
             M.follow(a.operation_id)
           end
@@ -533,9 +533,8 @@ function M.operation_lines(ops)
       for _, op in ipairs(by[s]) do
         local title = op.presentation and op.presentation.title or op.operation
         local err = op.error and ("  — " .. op.error.message) or ""
-        -- One line per operation: line breaks in text the agent chose are shown, not kept.
-        local line = string.format("  %s  %s  [%s]%s", op.id, title, op.client_id, err)
-        table.insert(lines, (line:gsub("\n", "\\n")))
+        -- One line per operation: what the agent's text holds is shown, never obeyed.
+        table.insert(lines, M.visible(string.format("  %s  %s  [%s]%s", op.id, title, op.client_id, err)))
       end
     end
   end
@@ -568,7 +567,7 @@ function M.workers(done)
     vim.ui.select(r.workers, {
       prompt = "gaffer workers",
       format_item = function(w)
-        return string.format("%s  %s  (%s)", w.id, w.display_name or "", w.status)
+        return M.visible(string.format("%s  %s  (%s)", w.id, w.display_name or "", w.status))
       end,
       kind = "gaffer.worker",
     }, function(w)
@@ -707,7 +706,7 @@ handlers["approvals/requested"] = function(_, p)
   M.pending = (M.pending or 0) + 1
   if M.config.notify then
     notify(
-      string.format("%s wants: %s — :Gaffer approvals", p.client_id or "an agent", p.title or p.operation or "?"),
+      M.visible(string.format("%s wants: %s — :Gaffer approvals", p.client_id or "an agent", p.title or p.operation or "?")),
       vim.log.levels.WARN
     )
   end
@@ -782,7 +781,7 @@ function M.setup(opts)
       if c and c.name == "gaffer" and type(v) == "table" and (v.message or v.title) then
         M.progress_log = M.progress_log or {}
         table.insert(M.progress_log, { kind = v.kind, title = v.title, message = v.message })
-        vim.api.nvim_echo({ { "gaffer: " .. (v.title or "") .. " " .. (v.message or "") } }, false, {})
+        vim.api.nvim_echo({ { "gaffer: " .. M.visible((v.title or "") .. " " .. (v.message or "")) } }, false, {})
       end
     end,
   })
