@@ -231,7 +231,7 @@ class Gaffer {
     // What is signed must decide the approval as it was shown, whatever the server says.
     const problem = m.payloadProblem(prep.payload, a);
     if (problem) throw new Error(`nothing was signed: the payload is not the approval you were shown (${problem})`);
-    const out = await withServerProgress(c, `gaffer: ${decision === "approve" ? "approving" : "denying"} ${a.title ?? a.operation}`, "approvals/decide", {
+    const out = await withServerProgress(c, `gaffer: ${decision === "approve" ? "approving" : "denying"} ${m.visible(a.title ?? a.operation)}`, "approvals/decide", {
       payload: prep.payload,
       signature: this.key.sign(prep.payload),
       idempotency_key: crypto.randomUUID(),
@@ -246,7 +246,7 @@ class Gaffer {
     if (!c) return;
     let wc = this.workerChannels.get(w.id);
     if (!wc) {
-      const ch = vscode.window.createOutputChannel(`gaffer worker ${w.display_name || w.id}`);
+      const ch = vscode.window.createOutputChannel(`gaffer worker ${m.visible(w.display_name || w.id)}`);
       wc = { ch, shown: 0, loading: [] };
       this.workerChannels.set(w.id, wc);
       try {
@@ -354,7 +354,7 @@ class Tree implements vscode.TreeDataProvider<Node> {
         return t;
       }
       case "worker": {
-        const t = new vscode.TreeItem(n.w.display_name || n.w.id);
+        const t = new vscode.TreeItem(m.visible(n.w.display_name || n.w.id));
         t.description = n.w.status + where(n.g);
         t.contextValue = "worker";
         t.iconPath = new vscode.ThemeIcon("server-process");
@@ -458,8 +458,8 @@ class Ui {
 
   async approve(g: Gaffer, a: m.Approval): Promise<void> {
     const r = await g.decide(a, "approve");
-    void vscode.window.showInformationMessage(m.inert(`gaffer: approved ${r.title ?? r.operation}`));
-    void this.follow(g, r.operation_id, r.title ?? r.operation);
+    void vscode.window.showInformationMessage(m.inert(`gaffer: approved ${m.visible(r.title ?? r.operation)}`));
+    void this.follow(g, r.operation_id, m.visible(r.title ?? r.operation));
   }
 
   /** After an approval: the operation's progress in the window, then its outcome. */
@@ -479,7 +479,7 @@ class Ui {
         rev = op.revision;
       } while (!m.TERMINAL.has(op.state) && ++i < 20);
       event("outcome", { operation_id: opId, state: op.state });
-      const text = m.inert(`gaffer: ${title} ${op.state}${op.error ? `: ${op.error.message}` : ""}`);
+      const text = m.inert(`gaffer: ${title} ${op.state}${op.error ? `: ${m.visible(op.error.message)}` : ""}`);
       if (op.state === "succeeded") void vscode.window.showInformationMessage(text);
       else if (m.TERMINAL.has(op.state)) void vscode.window.showWarningMessage(text);
     } catch (e) {
@@ -492,14 +492,14 @@ class Ui {
     const choices = m.narrowingChoices(a.detail.narrowing);
     const pick = await vscode.window.showQuickPick(
       choices.map((c) => ({ label: c.label, detail: c.detail, c })),
-      { title: `Approve ${a.title ?? a.operation}`, placeHolder: "How much to allow" },
+      { title: `Approve ${m.visible(a.title ?? a.operation)}`, placeHolder: "How much to allow" },
     );
     if (!pick) return;
     await g.decide(a, "approve", {
       constraints: { duration_seconds: pick.c.duration_seconds, max_uses: pick.c.max_uses },
     });
-    void vscode.window.showInformationMessage(m.inert(`gaffer: approved ${a.title ?? a.operation} (${pick.label})`));
-    void this.follow(g, a.operation_id, a.title ?? a.operation);
+    void vscode.window.showInformationMessage(m.inert(`gaffer: approved ${m.visible(a.title ?? a.operation)} (${pick.label})`));
+    void this.follow(g, a.operation_id, m.visible(a.title ?? a.operation));
   }
 
   async deny(g: Gaffer, a: m.Approval): Promise<void> {

@@ -97,14 +97,16 @@ export interface Item {
   tooltip: string;
 }
 
+/** An Approvals view item; the agent's text in it spelled out (visible): the row has an inline
+ * Approve button. */
 export function approvalItem(a: Approval, nowMs: number): Item {
-  const label = a.title ?? `${a.operation} (plan does not verify)`;
+  const label = visible(a.title ?? `${a.operation} (plan does not verify)`);
   return {
     label,
-    description: `${a.client_id} · ${timeLeft(a.pending_expires_at, nowMs)} left`,
+    description: `${visible(a.client_id)} · ${timeLeft(a.pending_expires_at, nowMs)} left`,
     tooltip: [
-      a.plan_problem ? `this plan cannot run: ${a.plan_problem}` : (a.summary ?? ""),
-      a.reason ? `agent's reason: ${a.reason}` : "",
+      visible(a.plan_problem ? `this plan cannot run: ${a.plan_problem}` : (a.summary ?? "")),
+      a.reason ? `agent's reason: ${visible(a.reason)}` : "",
       `${a.mode} · requested ${a.requested_duration_seconds}s, ${a.requested_max_uses} use(s)`,
     ]
       .filter((l) => l !== "")
@@ -155,9 +157,9 @@ export function groupOperations(ops: Operation[]): Group<Operation>[] {
 
 export function operationItem(op: Operation): Item {
   return {
-    label: op.presentation?.title || op.operation,
-    description: `${op.state} · ${op.client_id}`,
-    tooltip: [op.presentation?.summary ?? "", op.error ? `${op.error.code}: ${op.error.message}` : ""]
+    label: visible(op.presentation?.title || op.operation),
+    description: `${op.state} · ${visible(op.client_id)}`,
+    tooltip: [visible(op.presentation?.summary ?? ""), op.error ? visible(`${op.error.code}: ${op.error.message}`) : ""]
       .filter((l) => l !== "")
       .join("\n"),
   };

@@ -285,3 +285,22 @@ test("agent text in the notification shows its hidden characters and is cut betw
     assert.ok(!/\]\(/.test(cut), `${pad}: a link`);
   }
 });
+
+test("the Approvals and Operations views spell out what the agent's text holds", () => {
+  const title = "Write notes/\u202Etxt.exe\r\nok";
+  const it = m.approvalItem(approval({ title, summary: "a\u200Bb", reason: "fine\u2028really" }), now);
+  assert.equal(it.label, "Write notes/\\u{202e}txt.exe\\u{d}\\u{a}ok");
+  assert.deepEqual(it.tooltip.split("\n").slice(0, 2), ["a\\u{200b}b", "agent's reason: fine\\u{2028}really"]);
+  const op = m.operationItem({
+    id: "op",
+    client_id: "a",
+    operation: "file.write",
+    state: "failed",
+    target: {},
+    presentation: { title, summary: "" },
+    updated_at: "",
+    error: { code: "x", message: "no\u202Ething" },
+  });
+  assert.equal(op.label, "Write notes/\\u{202e}txt.exe\\u{d}\\u{a}ok");
+  assert.equal(op.tooltip, "x: no\\u{202e}thing");
+});
