@@ -131,6 +131,7 @@ impl WorkerStartAdapter {
                 let first = created_input_in(s, &w.id);
                 Some((w, first))
             })
+            .filter(|(w, _)| gated_by(w, ctx))
             .ok_or_else(|| AdapterError::coded(codes::PRECONDITION_FAILED, "no such worker"))?;
         let started_by_this = w.operation_id.as_deref() == Some(&ctx.operation_id)
             && w.status != WorkerStatus::PendingApproval;
@@ -174,6 +175,17 @@ impl WorkerStartAdapter {
             initial_input,
         })
     }
+}
+
+/// Whether `ctx`'s operation may start `w`: it is the creator's own start (the worker's
+/// creator submitted it, and no other operation gates the worker). Another client naming the
+/// worker's id gets the answer a missing worker gets: it neither starts it under its own rules
+/// nor learns that it exists or what its first input says.
+fn gated_by(w: &crate::workers::Worker, ctx: &AdapterCtx) -> bool {
+    w.created_by.as_deref() == Some(ctx.client_id.as_str())
+        && w.operation_id
+            .as_deref()
+            .is_none_or(|op| op == ctx.operation_id)
 }
 
 /// The input the worker was created with (its `worker.created` record, the first for its id),
