@@ -34,7 +34,7 @@ const LEAKY: &[(&str, &str)] = &[
 fn env() -> Env {
     let env = Env::untrusted(Some(POLICY));
     std::fs::remove_file(env.root().join(".gaffer/providers.yaml")).expect("no providers");
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     env
 }
@@ -127,7 +127,7 @@ fn doctor_flags_a_program_only_command_rule_as_broad() {
         "rules:\n  - id: any-git\n    effect: allow\n    operations: [\"command.run\"]\n    targets: [{kind: command, fields: {program: [git]}}]\n",
     ));
     std::fs::remove_file(env.root().join(".gaffer/providers.yaml")).expect("no providers");
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     let (code, out, _) = env.cli(&["doctor"]);
     assert_eq!(code, 1, "{out}");
@@ -145,7 +145,7 @@ fn doctor_flags_a_program_only_command_rule_as_broad() {
     );
     // Naming the arguments is not broad.
     std::fs::write(env.root().join(".gaffer/policy.yaml"), POLICY).expect("policy");
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     let (_, out, _) = env.cli(&["doctor"]);
     let report: Value = serde_json::from_str(&out).expect("doctor JSON");
@@ -157,4 +157,37 @@ fn doctor_flags_a_program_only_command_rule_as_broad() {
             .any(|c| c["name"] == "command_rules" && c["ok"] == true),
         "{report}"
     );
+}
+
+/// Deception pass: `git status` with three `GIT_CONFIG_*` variables runs the agent's hook.
+/// What the operator reads before signing (the summary `gaffer approvals` lists, `gaffer
+/// approve` prints and the editors show) names every variable and value first, and the argv with its bounds, so a
+/// long argv never pushes them out.
+#[test]
+fn the_operator_reads_every_variable_a_command_sets_before_its_argv() {
+    // Nothing trusted: everything waits for the operator.
+    let env = Env::untrusted(None);
+    let mut agent = env.agent("agent");
+    let hook = "echo agent-was-here > PWNED; false";
+    let padding = "x".repeat(600);
+    let r = submit(
+        &mut agent,
+        "command.run",
+        json!({"argv": ["git", "status", "--short", padding]}),
+        json!({"env": {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor",
+                       "GIT_CONFIG_VALUE_0": hook}}),
+        "hooked",
+    );
+    let op = ok(&r).clone();
+    assert_eq!(op["state"], "pending", "{op}");
+    let (code, out, err) = env.cli(&["approvals"]);
+    assert_eq!(code, 0, "{out} {err}");
+    let listed: Value = serde_json::from_str(&out).expect("approvals json");
+    let summary = listed["approvals"][0]["summary"]
+        .as_str()
+        .expect("a summary");
+    let named = format!(
+        "env [GIT_CONFIG_COUNT=\"1\", GIT_CONFIG_KEY_0=\"core.fsmonitor\", GIT_CONFIG_VALUE_0={hook:?}]; argv [\"git\", \"status\", \"--short\", "
+    );
+    assert!(summary.starts_with(&named), "{summary}");
 }

@@ -262,11 +262,23 @@ impl Adapter for CommandAdapter {
     ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
         ready(
             decode_input(&plan.target, &plan.arguments).and_then(|(t, a)| {
-                let line = t.argv.join(" ");
+                // The variables come first (`GIT_CONFIG_*` alone can make `git status` run a
+                // hook), then the argv with its arguments' bounds and escapes shown: a cut at
+                // the summary's bound loses the tail, never what changes what runs.
+                let env = a
+                    .env
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v:?}"))
+                    .collect::<Vec<_>>();
+                let env = match env.is_empty() {
+                    true => String::new(),
+                    false => format!("env [{}]; ", env.join(", ")),
+                };
                 Presentation {
                     title: format!("Run {}", t.argv[0]),
                     summary: format!(
-                        "{line} (in ./{}, timeout {} ms)",
+                        "{env}argv {:?} (in ./{}, timeout {} ms)",
+                        t.argv,
                         a.cwd.unwrap_or_default(),
                         a.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)
                     ),
