@@ -29,10 +29,12 @@ export GAFFER_OPERATOR_KEY_FILE GAFFER_OPERATOR_PUBLIC_KEY_FILE GAFFER_STATE_DIR
 step "1. operator: a throwaway key pair for this demo (gaffer operator init)"
 gaffer operator init
 
-step "2. operator: trust demo/policy.yaml (the echo worker may start; notes/** waits for a human)"
+step "2. operator: trust demo/policy.yaml, exactly the text reviewed (the echo worker may start; notes/** waits for a human)"
 mkdir -p "$demo/.gaffer"
 cp "$demo/policy.yaml" "$demo/.gaffer/policy.yaml"
-gaffer trust
+# Off a terminal `gaffer trust` signs only the digests named: what the operator reviewed.
+reviewed=$(sha256sum "$demo/policy.yaml" | cut -d ' ' -f 1)
+gaffer trust --expect "policy.yaml=$reviewed"
 
 step "3. agent session: demo/session.jsonl through gaffer serve (one JSON reply or notification per line)"
 gaffer serve < "$demo/session.jsonl" | tee "$keys/session.out"

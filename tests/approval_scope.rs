@@ -335,7 +335,7 @@ fn a_window_covers_no_other_plan_once_the_trusted_policy_narrows() {
     assert_ne!(narrowed, POLICY);
     std::fs::write(env.root().join(".gaffer/policy.yaml"), narrowed).unwrap();
     let before = agent.call("gaffer/status", json!({}))["store"]["seq"].clone();
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     let seen = agent.call(
         "gaffer/status",

@@ -13,7 +13,7 @@ fn fifo_and_sparse_targets_get_clear_errors_while_other_requests_are_answered() 
         "rules:\n  - id: w\n    effect: allow\n    operations: [\"file.*\"]\n",
     ));
     std::fs::remove_file(env.root().join(".gaffer/providers.yaml")).unwrap();
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     let fifo = std::ffi::CString::new(env.root().join("pipe").to_str().unwrap()).unwrap();
     // SAFETY: mkfifo on a NUL-terminated path.

@@ -842,7 +842,9 @@ fn cli_operator_init_approve_and_submit() {
     assert_eq!(run(&["operator", "init"]).0, 0);
     assert_ne!(run(&["operator", "init"]).0, 0, "init must not overwrite");
     // The workspace files were trusted under another key; this operator trusts them anew.
-    assert_eq!(run(&["trust"]).0, 0);
+    let trust = env.trust_args();
+    let trust: Vec<&str> = trust.iter().map(String::as_str).collect();
+    assert_eq!(run(&trust).0, 0);
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -1147,7 +1149,7 @@ fn agent_written_allow_rule_is_ignored_until_the_operator_trusts_it() {
     assert_eq!(p["state"], "pending", "{p}");
     assert!(!env.root().join("docs/a.md").exists());
 
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out}{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     let policy_bytes = std::fs::read(env.root().join(".gaffer/policy.yaml")).unwrap();
@@ -1237,7 +1239,7 @@ fn an_older_trusted_policy_restored_with_its_record_is_not_trusted_again() {
         ws.read(|s| s.trust.files["policy.yaml"].last().cloned().unwrap())
     };
     std::fs::write(&policy, ALLOW_DOCS).unwrap();
-    assert_eq!(env.cli(&["trust"]).0, 0);
+    assert_eq!(env.trust_reviewed().0, 0);
     // The agent puts the broad file back and re-appends the old, validly signed record.
     std::fs::write(&policy, broad).unwrap();
     append_as_agent(
@@ -1405,7 +1407,7 @@ fn untrusted_providers_yaml_starts_nothing() {
     drop(a);
     assert!(!marker.exists(), "an untrusted provider was started");
 
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("providers.yaml"), "{out}");
     let mut op = env.operator();
@@ -1491,7 +1493,7 @@ fn cli_trust_show_reports_each_file() {
         "no_operator_key"
     );
 
-    assert_eq!(env.cli(&["trust"]).0, 0);
+    assert_eq!(env.trust_reviewed().0, 0);
     let shown = show(&env, &env.key_file);
     for f in ["policy.yaml", "providers.yaml"] {
         assert_eq!(status_in(&shown, f), "trusted", "{shown}");
@@ -1519,7 +1521,7 @@ fn cli_trust_show_reports_each_file() {
         "rules:\n  - id: a\n    effect: maybe\n",
     )
     .unwrap();
-    let (code, _, err) = env.cli(&["trust"]);
+    let (code, _, err) = env.trust_reviewed();
     assert_ne!(code, 0);
     assert!(err.contains("rules[0].effect"), "{err}");
     assert_eq!(

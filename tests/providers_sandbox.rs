@@ -32,7 +32,7 @@ fn a_provider_gets_only_its_declared_environment_and_stays_in_the_sandbox() {
         common::gate::kv_providers_yaml()
     );
     std::fs::write(env.root().join(".gaffer/providers.yaml"), declared).expect("providers");
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     // KV_UNSET is declared but gaffer does not have it: the provider goes without.
     let leaky = [

@@ -19,7 +19,7 @@ rules:
 fn env() -> Env {
     let env = Env::untrusted(Some(POLICY));
     std::fs::remove_file(env.root().join(".gaffer/providers.yaml")).unwrap();
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     env
 }

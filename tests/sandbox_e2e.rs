@@ -79,7 +79,7 @@ fn fixture() -> Fixture {
     );
     let env = Env::untrusted(Some(POLICY));
     std::fs::remove_file(env.root().join(".gaffer/providers.yaml")).unwrap();
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("private.txt"), "outside data\n").unwrap();
@@ -332,7 +332,7 @@ fn where_the_kernel_refuses_a_proc_of_its_own_nothing_starts_unless_the_operator
     let policy = f.env.root().join(".gaffer/policy.yaml");
     let text = std::fs::read_to_string(&policy).unwrap();
     std::fs::write(&policy, format!("sandbox: shared_proc\n{text}")).unwrap();
-    let (code, out, err) = f.env.cli(&["trust"]);
+    let (code, out, err) = f.env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     let check = doctor_with_proc_masked(&f);
     assert_eq!(check["ok"], false, "{check}");

@@ -69,7 +69,7 @@ fn sandbox_off_counts_only_once_the_operator_trusted_it() {
     drop((agent, op));
 
     // Trusted by the operator: commands start unconfined, and doctor says so.
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     let check = doctor_sandbox(&env);
     assert_eq!(check["ok"], false, "{check}");

@@ -211,7 +211,7 @@ fn a_rule_must_name_the_secrets_digest_and_profile_to_start_a_secret_bundle() {
         digest(&named)
     );
     std::fs::write(env.root().join(".gaffer/policy.yaml"), policy).unwrap();
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     drop(agent);
     let mut agent = mcp_agent(&env, "agent");

@@ -49,7 +49,7 @@ impl Ws {
 fn workspace() -> Ws {
     let env = common::gate::Env::untrusted(Some(WORKER_POLICY));
     std::fs::remove_file(env.root().join(".gaffer/providers.yaml")).unwrap();
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "gaffer trust: {out} {err}");
     let ws = env.root();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts");

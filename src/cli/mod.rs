@@ -9,6 +9,7 @@ pub mod output;
 pub mod patterns;
 pub mod plans;
 pub mod store;
+pub mod trust;
 pub mod workers;
 
 use std::path::PathBuf;

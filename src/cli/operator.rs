@@ -2,7 +2,6 @@
 //! (`approve`, `deny`, `revoke`), `approvals`, `trust`, client credentials, and the key itself
 //! (`operator init|path|sign`). Nothing here sends the private key anywhere.
 
-use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read};
 use std::path::Path;
 use std::process::ExitCode;
@@ -16,7 +15,6 @@ use crate::methods::App;
 use crate::operations::engine::{DecisionRequest, Narrowing, OpError, PreparedDecision};
 use crate::operations::policy::GrantMode;
 use crate::operations::state::DecisionKind;
-use crate::operations::trust;
 use crate::operations::views::rfc3339;
 use crate::operator::signed::OperatorSignature;
 use crate::operator::{OperatorSigner, key_path, public_key_path};
@@ -66,7 +64,9 @@ pub enum OperatorCommand {
     /// workspace; the trusted bytes are kept, so later edits never loosen them).
     ///
     /// Until the operator trusts them, allow rules are ignored (everything not denied waits
-    /// for approval) and no external provider is started. Review the files first.
+    /// for approval) and no external provider is started. It prints each file's digest and
+    /// how it differs from what is trusted now, then asks on the terminal; off a terminal it
+    /// signs only with `--expect` (the agent may have edited the files since you wrote them).
     Trust {
         /// Only report each file's trust status and drift.
         #[arg(long, conflicts_with = "expect")]
@@ -107,12 +107,12 @@ pub enum ClientCmd {
     Revoke { name_or_id: String },
 }
 
-fn fail(e: impl std::fmt::Display, code: u8) -> ExitCode {
+pub(super) fn fail(e: impl std::fmt::Display, code: u8) -> ExitCode {
     eprintln!("gaffer: {e}");
     ExitCode::from(code)
 }
 
-fn signer() -> Result<OperatorSigner, ExitCode> {
+pub(super) fn signer() -> Result<OperatorSigner, ExitCode> {
     OperatorSigner::load().map_err(|e| fail(e, 3))
 }
 
@@ -127,8 +127,8 @@ fn op_failed(e: OpError) -> ExitCode {
 pub async fn run(cmd: OperatorCommand, root: &Path) -> Result<ExitCode, ExitCode> {
     match cmd {
         OperatorCommand::Operator(c) => key_command(c, root),
-        OperatorCommand::Trust { show: true, .. } => trust_show(root),
-        OperatorCommand::Trust { expect, .. } => trust_sign(root, &expect).await,
+        OperatorCommand::Trust { show: true, .. } => super::trust::show(root),
+        OperatorCommand::Trust { expect, .. } => super::trust::sign(root, &expect).await,
         OperatorCommand::Client(c) => client(c, root).await,
         OperatorCommand::Approvals { all } => {
             signer()?;
@@ -268,7 +268,7 @@ async fn decide(
 }
 
 /// Asks on the terminal whether to sign what was printed.
-fn confirmed() -> Result<bool, ExitCode> {
+pub(super) fn confirmed() -> Result<bool, ExitCode> {
     eprint!("gaffer: sign this? [y/N] ");
     let mut answer = String::new();
     std::io::stdin()
@@ -337,47 +337,6 @@ async fn revoke(root: &Path, id: &str) -> Result<ExitCode, ExitCode> {
         .await
         .map_err(op_failed)?;
     print(&serde_json::to_value(view).unwrap_or(Value::Null));
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `gaffer trust`: signs what is on disk now (exactly the `--expect` files when given).
-async fn trust_sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode> {
-    let mut expected = BTreeMap::new();
-    for e in expect {
-        let Some((file, digest)) = e.split_once('=') else {
-            return Err(fail(format!("--expect {e:?}: write FILE=SHA256"), 2));
-        };
-        expected.insert(file.trim().to_string(), digest.trim().to_string());
-    }
-    let signer = signer()?;
-    let app = open_without_providers(root)?;
-    let files: Vec<String> = if expected.is_empty() {
-        trust::TRUSTED_FILES
-            .iter()
-            .filter(|f| app.workspace.gaffer_dir().join(f).exists())
-            .map(|f| f.to_string())
-            .collect()
-    } else {
-        expected.keys().cloned().collect()
-    };
-    if files.is_empty() {
-        eprintln!("gaffer: neither policy.yaml nor providers.yaml exists; nothing to trust");
-    }
-    let signed = trust::sign(&app.workspace, &signer, &files, &expected)
-        .await
-        .map_err(|e| fail(format!("nothing trusted: {e}"), 1))?;
-    print(&json!({
-        "trusted": signed,
-        "note": "a running gaffer applies the policy at once; restart it to start trusted providers",
-    }));
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `gaffer trust --show`: read-only; needs only the public key.
-fn trust_show(root: &Path) -> Result<ExitCode, ExitCode> {
-    let app = open_without_providers(root)?;
-    let key = crate::operator::current_public();
-    print(&json!({ "files": trust::report(&app.workspace, key.as_ref()) }));
     Ok(ExitCode::SUCCESS)
 }
 

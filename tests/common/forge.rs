@@ -166,7 +166,7 @@ pub fn a_docs_write_under_v1(env: &Env) -> (Vec<u8>, Server) {
 /// The operator turns v1's docs rule to deny and trusts the result as v2 (`gaffer trust`).
 pub fn trust_v2(env: &Env, v1: &[u8]) {
     std::fs::write(env.root().join(".gaffer/policy.yaml"), deny_docs(v1)).unwrap();
-    let (code, out, err) = env.cli(&["trust"]);
+    let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "gaffer trust (v2): {out}{err}");
 }
 

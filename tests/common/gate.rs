@@ -83,6 +83,13 @@ impl Env {
     /// `gaffer trust` as an operator signs off a terminal: exactly the files on disk now, with
     /// the digests the operator reviewed (`--expect`).
     pub fn trust_reviewed(&self) -> (i32, String, String) {
+        let args = self.trust_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.cli(&args)
+    }
+
+    /// `trust --expect FILE=SHA256 …` for the trust-gated files on disk now.
+    pub fn trust_args(&self) -> Vec<String> {
         let mut args = vec!["trust".to_string()];
         for file in ["policy.yaml", "providers.yaml"] {
             if let Ok(bytes) = std::fs::read(self.root().join(".gaffer").join(file)) {
@@ -90,8 +97,7 @@ impl Env {
                 args.push(format!("{file}={}", gaffer::util::sha256_hex(&bytes)));
             }
         }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.cli(&args)
+        args
     }
 
     /// The same files, as an agent could have written them: nobody has trusted them.

@@ -1,0 +1,140 @@
+//! `gaffer trust`: the operator signs `policy.yaml` and `providers.yaml` as trusted. The agent
+//! can edit both between the operator's last look and the signature, so what is signed is
+//! exactly what was shown: each file's digest and how it differs from what is trusted now,
+//! confirmed on the terminal, or the digests the operator names with `--expect`.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::json;
+
+use super::operations::{open_without_providers, print};
+use super::operator::{confirmed, fail, signer};
+use crate::operations::trust;
+use crate::operator::OperatorPublic;
+use crate::util::visible;
+use crate::workspace::Workspace;
+
+/// Most edits and bytes of one file's difference printed before the review says it stopped.
+const REVIEW_EDITS: usize = 20_000;
+const REVIEW_BYTES: usize = 64 * 1024;
+
+/// Signs the files on disk now: the `--expect` ones, or those the operator confirmed after
+/// reading the review (only on a terminal).
+pub async fn sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode> {
+    let mut expected = BTreeMap::new();
+    for e in expect {
+        let Some((file, digest)) = e.split_once('=') else {
+            return Err(fail(format!("--expect {e:?}: write FILE=SHA256"), 2));
+        };
+        expected.insert(file.trim().to_string(), digest.trim().to_string());
+    }
+    let signer = signer()?;
+    let app = open_without_providers(root)?;
+    let ws = &app.workspace;
+    if expected.is_empty() {
+        let files: Vec<String> = trust::TRUSTED_FILES
+            .iter()
+            .filter(|f| ws.gaffer_dir().join(f).exists())
+            .map(|f| f.to_string())
+            .collect();
+        if files.is_empty() {
+            eprintln!("gaffer: neither policy.yaml nor providers.yaml exists; nothing to trust");
+        }
+        let (text, shown) = review(ws, &signer.public(), &files);
+        eprint!("{text}");
+        if !std::io::stdin().is_terminal() {
+            return Err(fail(
+                "nothing signed: confirm on a terminal, or pass --expect FILE=SHA256 for each \
+                 file you reviewed (the digests above)",
+                2,
+            ));
+        }
+        if !confirmed()? {
+            return Err(fail("nothing signed", 1));
+        }
+        expected = shown;
+    }
+    let files: Vec<String> = expected.keys().cloned().collect();
+    let signed = trust::sign(ws, &signer, &files, &expected)
+        .await
+        .map_err(|e| fail(format!("nothing trusted: {e}"), 1))?;
+    print(&json!({
+        "trusted": signed,
+        "note": "a running gaffer applies the policy at once; restart it to start trusted providers",
+    }));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `gaffer trust --show`: read-only; needs only the public key.
+pub fn show(root: &Path) -> Result<ExitCode, ExitCode> {
+    let app = open_without_providers(root)?;
+    let key = crate::operator::current_public();
+    print(&json!({ "files": trust::report(&app.workspace, key.as_ref()) }));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What signing `files` would trust, in words, and the digest of each as shown (what the
+/// signature will be bound to): per file its digest, then its difference from the trusted
+/// content (all of it when nothing is trusted), the agent's text spelled out.
+fn review(
+    ws: &Workspace,
+    key: &OperatorPublic,
+    files: &[String],
+) -> (String, BTreeMap<String, String>) {
+    let mut out = String::from("gaffer: signing with the operator key, as trusted:\n");
+    let mut shown = BTreeMap::new();
+    for file in files {
+        let checked = match trust::check(ws, file, Some(key)) {
+            Ok(c) => c,
+            Err(e) => {
+                out.push_str(&format!("  {file}: cannot be read: {e}\n"));
+                continue;
+            }
+        };
+        let Some(disk) = &checked.disk else {
+            out.push_str(&format!("  {file}: absent; not signed\n"));
+            continue;
+        };
+        let digest = crate::util::sha256_hex(disk);
+        out.push_str(&format!("  {file} sha256 {digest}\n"));
+        out.push_str(&difference(file, checked.trusted_bytes.as_deref(), disk));
+        shown.insert(file.clone(), digest);
+    }
+    (out, shown)
+}
+
+/// How `disk` differs from the trusted bytes, as a unified diff with every line passed
+/// through [`visible`].
+fn difference(file: &str, trusted: Option<&[u8]>, disk: &[u8]) -> String {
+    if trusted == Some(disk) {
+        return "    (already trusted: unchanged)\n".into();
+    }
+    let old = trusted.map(String::from_utf8_lossy).unwrap_or_default();
+    let new = String::from_utf8_lossy(disk);
+    let old_name = match trusted {
+        Some(_) => format!("{file} (trusted now)"),
+        None => "(nothing trusted)".to_string(),
+    };
+    let diff = crate::operations::diff::unified(
+        &old,
+        &new,
+        &old_name,
+        &format!("{file} (to sign)"),
+        REVIEW_EDITS,
+        REVIEW_BYTES,
+    );
+    let mut out = String::new();
+    for line in diff.text.lines() {
+        out.push_str(&format!("    {}\n", visible(line)));
+    }
+    if diff.truncated {
+        out.push_str(&format!(
+            "    [the difference goes on: {} lines added, {} removed in all; read the file]\n",
+            diff.added, diff.removed
+        ));
+    }
+    out
+}
