@@ -157,27 +157,51 @@ pub fn read_regular_file(path: &std::path::Path, limit: Option<u64>) -> std::io:
     Ok(bytes)
 }
 
-/// `s` as a terminal shows it without obeying it: control characters (C0, DEL, C1), line and
-/// paragraph separators, and the invisible or reordering format characters (soft hyphen,
-/// zero-width, bidirectional marks, overrides and isolates, BOM, interlinear annotations,
-/// tags) written as `\u{…}`, so text the agent chose can neither move the cursor,
-/// erase what was printed, write the clipboard, nor hide or reorder what is read.
+/// Whether a terminal would obey `c` or show nothing for it: every control character (C0,
+/// DEL, C1: U+009B alone is a CSI on xterm), every format character (Unicode 16 `Cf`: bidi
+/// marks, overrides and isolates, zero-width, soft hyphen, Arabic and Syriac marks, BOM,
+/// interlinear annotations, Egyptian and shorthand format controls, tags), line and paragraph
+/// separators, and the default-ignorable code points (variation selectors, combining grapheme
+/// joiner, Hangul fillers, Khmer inherent vowels, Mongolian selectors, U+FFF0-FFF8, the
+/// E0000 plane block) plus the braille blank, which render as nothing or as blank space.
+/// Text the agent chose must not move the cursor, erase or pad away what is printed, or
+/// reorder what is read; `unicode_sets_are_hidden` holds this table to the Unicode data.
+pub fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c as u32,
+            0xad | 0x34f
+                | 0x600..=0x605
+                | 0x61c
+                | 0x6dd
+                | 0x70f
+                | 0x890..=0x891
+                | 0x8e2
+                | 0x115f..=0x1160
+                | 0x17b4..=0x17b5
+                | 0x180b..=0x180f
+                | 0x200b..=0x200f
+                | 0x2028..=0x202e
+                | 0x2060..=0x206f
+                | 0x2800
+                | 0x3164
+                | 0xfe00..=0xfe0f
+                | 0xfeff
+                | 0xffa0
+                | 0xfff0..=0xfffb
+                | 0x110bd
+                | 0x110cd
+                | 0x13430..=0x1343f
+                | 0x1bca0..=0x1bca3
+                | 0x1d173..=0x1d17a
+                | 0xe0000..=0xe0fff
+        )
+}
+
+/// `s` as a terminal shows it without obeying it: every [`hidden`] character written as
+/// `\u{…}`, so text the agent chose can neither move the cursor, erase what was printed,
+/// write the clipboard, nor hide, pad away or reorder what is read.
 pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
-    let hidden = |c: char| {
-        c.is_control()
-            || matches!(
-                c,
-                '\u{ad}'
-                    | '\u{61c}'
-                    | '\u{180e}'
-                    | '\u{200b}'..='\u{200f}'
-                    | '\u{2028}'..='\u{202e}'
-                    | '\u{2060}'..='\u{206f}'
-                    | '\u{feff}'
-                    | '\u{fff9}'..='\u{fffb}'
-                    | '\u{e0000}'..='\u{e007f}'
-            )
-    };
     if !s.chars().any(hidden) {
         return std::borrow::Cow::Borrowed(s);
     }
@@ -537,6 +561,50 @@ mod tests {
             "a long draw is filled to its end"
         );
         assert!(big[69_000..].iter().any(|&x| x != 0));
+    }
+
+    #[test]
+    fn unicode_sets_are_hidden() {
+        use unicode_general_category::{GeneralCategory as G, get_general_category};
+        for c in (0..=0x10ffff).filter_map(char::from_u32) {
+            let must = matches!(
+                get_general_category(c),
+                G::Control | G::Format | G::LineSeparator | G::ParagraphSeparator
+            );
+            assert!(!must || hidden(c), "U+{:04X} is not hidden", c as u32);
+        }
+        // Default_Ignorable_Code_Point (DerivedCoreProperties) outside Cf, and the blanks.
+        let ignorable = [
+            0x34f, 0x115f, 0x1160, 0x17b4, 0x17b5, 0x180b, 0x180f, 0x2065, 0x2800, 0x3164, 0xfe00,
+            0xfe0f, 0xffa0, 0xfff0, 0xfff8, 0xe0000, 0xe0100, 0xe01ef, 0xe0fff,
+        ];
+        for u in ignorable {
+            assert!(
+                char::from_u32(u).is_some_and(hidden),
+                "U+{u:04X} is not hidden"
+            );
+        }
+    }
+
+    #[test]
+    fn visible_spells_out_what_hides_and_keeps_ordinary_text() {
+        let ordinary = "make test -j4 # héllo 世界 😀 ~/src";
+        assert!(matches!(visible(ordinary), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(
+            visible("a\u{9b}30Db\u{7f}\u{2028}\u{3164}\u{e0101}"),
+            "a\\u{9b}30Db\\u{7f}\\u{2028}\\u{3164}\\u{e0101}"
+        );
+        for c in [
+            'a',
+            ' ',
+            '\u{a0}',
+            '\u{e9}',
+            '\u{4e16}',
+            '\u{1f600}',
+            '\u{2013}',
+        ] {
+            assert!(!hidden(c), "{c:?}");
+        }
     }
 
     #[test]
