@@ -215,11 +215,14 @@ async fn call(g: &Global, method: &str, params: &str) -> ExitCode {
     };
     match methods::call_local(app, Role::Agent, method, params).await {
         Ok(v) => {
-            gaffer::outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            gaffer::outln!("{}", gaffer::cli::output::json(&v));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            gaffer::outln!("{}", serde_json::json!({ "error": e }));
+            gaffer::outln!(
+                "{}",
+                gaffer::cli::output::json_line(&serde_json::json!({ "error": e }))
+            );
             ExitCode::FAILURE
         }
     }
@@ -227,10 +230,7 @@ async fn call(g: &Global, method: &str, params: &str) -> ExitCode {
 
 fn doctor(root: &Path) -> ExitCode {
     let report = gaffer::cli::doctor::run(root);
-    gaffer::outln!(
-        "{}",
-        serde_json::to_string_pretty(&report).unwrap_or_default()
-    );
+    gaffer::outln!("{}", gaffer::cli::output::json(&report));
     if report.ok {
         ExitCode::SUCCESS
     } else {

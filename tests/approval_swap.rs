@@ -170,6 +170,50 @@ fn control_sequences_in_a_plan_are_printed_not_obeyed() {
     assert!(err.contains("\\u{1b}[2K\\u{d}"), "{err}");
 }
 
+/// The agent's argv hides a command behind C1 CSIs (U+009B is `ESC [` to xterm.js): `echo
+/// evil > PWNED # CSI 30D make test CSI K` showed in `gaffer approvals` as `bash -c make test`.
+/// Every JSON the CLI prints has such characters (C1, DEL, separators, fillers, variation
+/// selectors) as `\uXXXX` escapes, and still parses to the agent's text.
+#[test]
+fn c1_and_invisible_characters_in_printed_json_are_escapes() {
+    anchor_outside_the_workspace();
+    let env = Env::untrusted(None);
+    let mut agent = env.start(&[]);
+    agent.call("initialize", json!({}));
+    let trick = "echo evil > PWNED # \u{9b}30Dmake test\u{9b}K\u{7f}\u{2028}\u{3164}\u{e0101}";
+    let argv = json!(["bash", "-c", trick]);
+    let p = ok(&submit(
+        &mut agent,
+        "command.run",
+        json!({ "argv": argv }),
+        json!({}),
+        "c1",
+    ))
+    .clone();
+    assert_eq!(p["state"], "pending", "{p}");
+    let id = p["id"].as_str().unwrap();
+    for args in [&["approvals"][..], &["op", "get", id], &["store", "log"]] {
+        let (code, out, err) = env.cli(args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+        let raw: Vec<char> = out
+            .chars()
+            .filter(|&c| gaffer::util::hidden(c) && c != '\n')
+            .collect();
+        assert!(
+            raw.is_empty(),
+            "{args:?}: {raw:?} reached the terminal: {out}"
+        );
+        assert!(
+            out.contains("\\u009b30Dmake test\\u009bK"),
+            "{args:?}: {out}"
+        );
+        assert!(out.contains("\\udb40\\udd01"), "{args:?}: {out}");
+    }
+    let (_, out, _) = env.cli(&["op", "get", id]);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["target"]["argv"], argv, "the same text: {out}");
+}
+
 /// The other half of the same swap: the request the operator reads carries, beside a harmless
 /// plan, the digest of the plan the agent means to swap in next (so an editor or `--expect`
 /// holding that digest would accept the swap). A request whose copies of the digest, client

@@ -49,11 +49,11 @@ pub async fn print_call(app: Arc<App>, method: &str, params: Value) -> ExitCode 
 pub async fn print_call_as(app: Arc<App>, role: Role, method: &str, params: Value) -> ExitCode {
     match methods::call_local(app, role, method, params).await {
         Ok(v) => {
-            emit!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            emit!("{}", super::output::json(&v));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            emit!("{}", json!({ "error": e }));
+            emit!("{}", super::output::json_line(&json!({ "error": e })));
             ExitCode::FAILURE
         }
     }

@@ -70,7 +70,7 @@ pub enum OpCmd {
 }
 
 pub(super) fn print(v: &Value) {
-    crate::outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    crate::outln!("{}", super::output::json(v));
 }
 
 pub(super) fn open(root: &Path) -> Result<Arc<App>, ExitCode> {
@@ -105,7 +105,7 @@ pub(super) async fn call(
     call_local(Arc::clone(app), role, method, params)
         .await
         .map_err(|e| {
-            crate::outln!("{}", json!({ "error": e }));
+            crate::outln!("{}", super::output::json_line(&json!({ "error": e })));
             ExitCode::FAILURE
         })
 }

@@ -117,9 +117,9 @@ pub(super) fn signer() -> Result<OperatorSigner, ExitCode> {
 }
 
 fn op_failed(e: OpError) -> ExitCode {
-    println!(
+    crate::outln!(
         "{}",
-        json!({"error": {"code": e.code, "message": e.message}})
+        super::output::json_line(&json!({"error": {"code": e.code, "message": e.message}}))
     );
     ExitCode::FAILURE
 }

@@ -330,7 +330,7 @@ fn request(
                     }
                 };
             // Sorted keys, two-space indent, no trailing newline, as the reference prints.
-            serde_json::to_string_pretty(&wrapped[key]).unwrap_or_default()
+            super::output::json(&wrapped[key])
         }
     };
     emit(&text)
@@ -371,7 +371,7 @@ fn context(workspace: &Path, policy_file: Option<&Path>) -> Result<SelectContext
 fn validate_roster(path: &Path, as_json: bool) -> ExitCode {
     let report = roster::validate_roster(path);
     let text = if as_json {
-        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
+        super::output::json(&report) + "\n"
     } else {
         let mut t = format!(
             "{} roster {} ({} worker{})\n",
@@ -578,7 +578,7 @@ fn doctor(
         warnings,
     };
     let text = if as_json {
-        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
+        super::output::json(&report) + "\n"
     } else {
         doctor_text(&report)
     };

@@ -105,13 +105,13 @@ async fn call(app: &Arc<App>, role: Role, method: &str, params: Value) -> Result
     methods::call_local(Arc::clone(app), role, method, params)
         .await
         .map_err(|e| {
-            emit!("{}", json!({ "error": e }));
+            emit!("{}", super::output::json_line(&json!({ "error": e })));
             ExitCode::FAILURE
         })
 }
 
 fn pretty(v: &Value) {
-    emit!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    emit!("{}", super::output::json(v));
 }
 
 /// The operator role when this machine holds the operator key, else the agent's identity.
@@ -311,7 +311,7 @@ async fn follow(app: &Arc<App>, plan_id: &str) -> ExitCode {
         };
         let summary = json!({"status": plan["status"], "lanes": plan["lanes"].as_array().map(|ls| ls.iter().map(|l| json!({"lane_id": l["lane_id"], "status": l["status"]})).collect::<Vec<_>>())});
         if summary != last {
-            emit!("{summary}");
+            emit!("{}", super::output::json_line(&summary));
             last = summary;
         }
         match plan["status"].as_str() {

@@ -73,10 +73,7 @@ fn verify(root: &Path, dir: &Path) -> ExitCode {
     shown["standing"] = serde_json::to_value(&standing).unwrap_or_default();
     let intact = standing.is_intact();
     shown["ok"] = serde_json::Value::Bool(report.ok && intact);
-    crate::outln!(
-        "{}",
-        serde_json::to_string_pretty(&shown).unwrap_or_default()
-    );
+    crate::outln!("{}", super::output::json(&shown));
     if let Some(why) = standing.refusal() {
         eprintln!("gaffer: store verify: {why}");
     }
@@ -129,7 +126,7 @@ fn log(dir: &Path, kind: Option<&str>, after_seq: u64, limit: Option<usize>) -> 
             "kind": rec.kind,
             "payload": rec.payload,
         });
-        writeln!(out, "{line}").map_err(|e| StoreError::Io {
+        writeln!(out, "{}", super::output::json_line(&line)).map_err(|e| StoreError::Io {
             path: "stdout".into(),
             source: e,
         })
@@ -156,7 +153,10 @@ fn reanchor(root: &Path) -> ExitCode {
     let before = ws.standing();
     match ws.reanchor() {
         Ok(head) => {
-            crate::outln!("{}", serde_json::json!({"anchored": head, "was": before}));
+            crate::outln!(
+                "{}",
+                super::output::json_line(&serde_json::json!({"anchored": head, "was": before}))
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -177,7 +177,10 @@ async fn compact(root: &Path) -> ExitCode {
     };
     match ws.compact().await {
         Ok(seq) => {
-            crate::outln!("{}", serde_json::json!({"snapshot_seq": seq}));
+            crate::outln!(
+                "{}",
+                super::output::json_line(&serde_json::json!({"snapshot_seq": seq}))
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {

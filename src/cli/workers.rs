@@ -16,6 +16,7 @@ use clap::Subcommand;
 use serde_json::{Value, json};
 
 use super::bundles::{emit, open, print_call, print_call_as, read_bundle_file};
+use super::output::json_line;
 use crate::methods::{self, App, AppConfig};
 use crate::operator::OperatorSigner;
 use crate::rpc::Role;
@@ -124,7 +125,7 @@ pub async fn run(cmd: WorkerCmd, root: &Path, config: AppConfig) -> ExitCode {
                 Ok(v) => v["worker"].clone(),
                 Err(code) => return code,
             };
-            emit!("{}", json!({ "worker": worker }));
+            emit!("{}", json_line(&json!({ "worker": worker })));
             let id = worker["id"].as_str().unwrap_or_default().to_string();
             follow(&app, &id, 0, true).await
         }
@@ -192,7 +193,7 @@ async fn call_as(
     methods::call_local(Arc::clone(app), role, method, params)
         .await
         .map_err(|e| {
-            emit!("{}", json!({ "error": e }));
+            emit!("{}", json_line(&json!({ "error": e })));
             ExitCode::FAILURE
         })
 }
@@ -214,7 +215,7 @@ async fn follow(app: &Arc<App>, id: &str, mut after: u64, keep: bool) -> ExitCod
             Err(code) => return code,
         };
         for e in page["entries"].as_array().into_iter().flatten() {
-            emit!("{e}");
+            emit!("{}", json_line(e));
         }
         after = page["next_after_seq"].as_u64().unwrap_or(after);
         if page["has_more"].as_bool() == Some(true) {
@@ -227,7 +228,7 @@ async fn follow(app: &Arc<App>, id: &str, mut after: u64, keep: bool) -> ExitCod
         let ended = worker["status"] == "stopped" || worker["status"] == "failed";
         if !keep || (ended && worker["last_seq"].as_u64().unwrap_or(0) <= after) {
             if ended {
-                emit!("{}", json!({ "ended": worker }));
+                emit!("{}", json_line(&json!({ "ended": worker })));
             }
             return if worker["status"] == "failed" {
                 ExitCode::FAILURE
