@@ -152,10 +152,13 @@ pub enum PinnedError {
     Unreadable,
     #[error("the stored bundle does not have the pinned digest")]
     DigestMismatch,
+    #[error("the stored bundle breaks the boundary rules: {0}")]
+    Invalid(FieldError),
 }
 
-/// The bundle a reference pins, read from the store with its digest recomputed from the body:
-/// a record saying "synced" is not enough.
+/// The bundle a reference pins, read from the store with its digest recomputed from the body
+/// and the boundary rules checked again: a record saying "synced" is not enough (the agent
+/// may write `.gaffer/`, blob and record alike, around sync's checks).
 pub fn load_pinned(
     ws: &crate::workspace::Workspace,
     pinned: &BundleRef,
@@ -170,5 +173,6 @@ pub fn load_pinned(
     if digest::digest(&bundle) != pinned.digest {
         return Err(PinnedError::DigestMismatch);
     }
+    validate::validate_bundle(&bundle).map_err(PinnedError::Invalid)?;
     Ok(bundle)
 }

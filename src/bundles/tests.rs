@@ -208,6 +208,18 @@ fn boundary_rules_name_the_field() {
         ("declarations[0].kind", |v| {
             v["declarations"][0]["kind"] = json!("unsupported")
         }),
+        ("declarations[0].name", |v| {
+            v["declarations"][0]["name"] = json!("")
+        }),
+        ("declarations[0].name", |v| {
+            v["declarations"][0]["name"] = json!("docs=mount:read:DOCS]; secrets []")
+        }),
+        ("declarations[0].name", |v| {
+            v["declarations"][0]["name"] = json!("x".repeat(65))
+        }),
+        ("declarations[0].name", |v| {
+            v["declarations"][0]["name"] = json!("token\u{3164}")
+        }),
         ("metadata.workspace_root", |v| {
             v["metadata"]["workspace_root"] = json!("x")
         }),
@@ -242,6 +254,15 @@ fn accepted_reference_prefixes() {
         let mut v = vector_bundle();
         v["declarations"][0] = json!({"kind": kind, "name": "n", "reference": reference});
         prepare(&bundle(v)).unwrap_or_else(|e| panic!("{kind} {reference}: {e}"));
+    }
+}
+
+#[test]
+fn a_declaration_name_is_a_token() {
+    for name in ["n", "api.key", "GITHUB_TOKEN", "team-1", &"x".repeat(64)] {
+        let mut v = vector_bundle();
+        v["declarations"][0]["name"] = json!(name);
+        prepare(&bundle(v)).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
 

@@ -157,6 +157,7 @@ impl DeclarationKind {
 #[serde(deny_unknown_fields)]
 pub struct Declaration {
     pub kind: DeclarationKind,
+    /// 1 to 64 letters, digits and `.` `_` `-`: a label (a `secret_ref`'s is the secret's).
     pub name: String,
     /// A typed token such as `env:GITHUB_TOKEN` or `vault:team.api-key`; never the value.
     pub reference: String,

@@ -32,6 +32,8 @@ impl FieldError {
 pub const MAX_TEXT_BYTES: usize = 2048;
 /// Longest bundle id, in bytes.
 pub const MAX_ID_BYTES: usize = 128;
+/// Longest declaration name, in bytes.
+pub const MAX_NAME_BYTES: usize = 64;
 /// Largest bundle document accepted by sync, in bytes.
 pub const MAX_BUNDLE_BYTES: usize = 8 * 1024 * 1024;
 pub const MAX_PROFILES: usize = 4096;
@@ -135,6 +137,22 @@ pub fn check_bundle_id(field: &str, id: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// A declaration's name (a secret's name too): 1..=64 bytes of `[A-Za-z0-9._-]`. It is shown
+/// to the operator beside what the declaration grants, so it is a label, never text: free
+/// text could pose as other declarations or pad the real ones out of a summary's bound.
+pub fn check_name(field: &str, name: &str) -> Result<(), FieldError> {
+    let token = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if name.is_empty() || name.len() > MAX_NAME_BYTES || !token {
+        return Err(FieldError::new(
+            field,
+            format!("must be 1 to {MAX_NAME_BYTES} letters, digits and . _ - (a name, not text)"),
+        ));
+    }
+    Ok(())
+}
+
 /// A digest as gaffer writes it: `sha256:` and 64 lower-case hex digits.
 pub fn check_digest(field: &str, digest: &str) -> Result<(), FieldError> {
     let ok = digest.strip_prefix("sha256:").is_some_and(|hex| {
@@ -191,7 +209,7 @@ pub fn validate_bundle(bundle: &Bundle) -> Result<(), FieldError> {
     let mut names = BTreeSet::new();
     for (i, d) in bundle.declarations.iter().enumerate() {
         let at = format!("declarations[{i}]");
-        check_required_text(&format!("{at}.name"), &d.name)?;
+        check_name(&format!("{at}.name"), &d.name)?;
         check_reference(&format!("{at}.reference"), d.kind, &d.reference)?;
         if !names.insert((d.kind, d.name.as_str())) {
             return Err(FieldError::new(

@@ -83,11 +83,92 @@ pub fn declaration_fields(
     fields.insert("declarations".into(), decls);
 }
 
-/// Declarations as a summary shows them: `kind name=reference`, separated by `; `.
+/// Longest reference or name a summary shows of one declaration, in characters.
+const SHOWN_FIELD_CHARS: usize = 64;
+
+/// Declarations as a summary shows them, what they grant first: how many of each kind, then
+/// every declaration's kind and reference, then their names (`declarations 2 (secret_ref 1,
+/// mount_grant 1): secret_ref env:TOKEN, mount_grant mount:read:HOME; named token, home`).
+/// A summary is cut at its bound, so no one field may push the grants out of it: each
+/// reference and name shows at most 64 characters, and a list too long to fit still begins
+/// with its count of each kind.
 pub fn declarations_shown(declarations: &[crate::bundles::Declaration]) -> String {
-    declarations
+    if declarations.is_empty() {
+        return "declarations none".to_string();
+    }
+    let counts: Vec<String> = crate::bundles::DeclarationKind::ALL
+        .into_iter()
+        .filter_map(|k| {
+            let n = declarations.iter().filter(|d| d.kind == k).count();
+            (n > 0).then(|| format!("{} {n}", k.as_str()))
+        })
+        .collect();
+    let grants: Vec<String> = declarations
         .iter()
-        .map(|d| format!("{} {}={}", d.kind.as_str(), d.name, d.reference))
-        .collect::<Vec<_>>()
-        .join("; ")
+        .map(|d| format!("{} {}", d.kind.as_str(), shown_field(&d.reference)))
+        .collect();
+    let names: Vec<String> = declarations.iter().map(|d| shown_field(&d.name)).collect();
+    format!(
+        "declarations {} ({}): {}; named {}",
+        declarations.len(),
+        counts.join(", "),
+        grants.join(", "),
+        names.join(", ")
+    )
+}
+
+/// `s` cut to [`SHOWN_FIELD_CHARS`], the cut marked.
+fn shown_field(s: &str) -> String {
+    if s.chars().count() <= SHOWN_FIELD_CHARS {
+        return s.to_string();
+    }
+    let mut cut: String = s.chars().take(SHOWN_FIELD_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bundles::{Declaration, DeclarationKind};
+
+    fn decl(kind: DeclarationKind, name: &str, reference: &str) -> Declaration {
+        Declaration {
+            kind,
+            name: name.into(),
+            reference: reference.into(),
+        }
+    }
+
+    #[test]
+    fn every_kind_and_reference_comes_before_the_names() {
+        let shown = declarations_shown(&[
+            decl(DeclarationKind::SecretRef, "token", "env:TOKEN"),
+            decl(
+                DeclarationKind::MountGrant,
+                &"n".repeat(64),
+                "mount:write:HOME",
+            ),
+        ]);
+        assert_eq!(
+            shown,
+            format!(
+                "declarations 2 (secret_ref 1, mount_grant 1): secret_ref env:TOKEN, \
+                 mount_grant mount:write:HOME; named token, {}",
+                "n".repeat(64)
+            )
+        );
+        assert_eq!(declarations_shown(&[]), "declarations none");
+    }
+
+    #[test]
+    fn a_long_field_is_cut_and_marked() {
+        let long = format!("mount:write:{}", "H".repeat(300));
+        let shown = declarations_shown(&[decl(DeclarationKind::MountGrant, "m", &long)]);
+        let cut = format!("{}…", &long[..63]);
+        assert!(
+            shown.contains(&format!("mount_grant {cut}; named m")),
+            "{shown}"
+        );
+    }
 }

@@ -149,7 +149,7 @@ pub fn present(s: &LaunchSpec) -> Presentation {
         // What widens every lane's sandbox or hands over secrets comes first (a summary cut
         // at its bound loses lanes, never these).
         summary: format!(
-            "declarations [{}]; secrets [{}]; bundle {} {}; {}",
+            "{}; secrets [{}]; bundle {} {}; {}",
             declarations_shown(&s.declarations),
             s.secrets.join(", "),
             s.config_bundle.id,

@@ -303,7 +303,7 @@ impl Adapter for WorkerStartAdapter {
                 // What widens the sandbox or hands over secrets comes first: a summary cut at
                 // its bound loses the argv and the input, never these.
                 summary: format!(
-                    "declarations [{}]; secrets [{}]; bundle {} {}; argv {:?}; input {:?}{}",
+                    "{}; secrets [{}]; bundle {} {}; argv {:?}; input {:?}{}",
                     declarations_shown(&p.declarations),
                     p.secrets.join(", "),
                     t.config_bundle.id,
