@@ -186,8 +186,29 @@ fn the_operator_reads_every_variable_a_command_sets_before_its_argv() {
     let summary = listed["approvals"][0]["summary"]
         .as_str()
         .expect("a summary");
-    let named = format!(
-        "env [GIT_CONFIG_COUNT=\"1\", GIT_CONFIG_KEY_0=\"core.fsmonitor\", GIT_CONFIG_VALUE_0={hook:?}]; argv [\"git\", \"status\", \"--short\", "
+    let named = "env 3 [GIT_CONFIG_COUNT, GIT_CONFIG_KEY_0, GIT_CONFIG_VALUE_0]; argv [\"git\", \"status\", \"--short\", ";
+    assert!(summary.starts_with(named), "{summary}");
+    // The values follow the argv, each cut short (the whole plan holds them all).
+    let mut env = std::collections::BTreeMap::new();
+    env.insert("A_PADDED", "x".repeat(480));
+    env.insert("GIT_CONFIG_VALUE_0", hook.to_string());
+    let r = submit(
+        &mut agent,
+        "command.run",
+        json!({"argv": ["git", "status"]}),
+        json!({ "env": env }),
+        "padded",
     );
-    assert!(summary.starts_with(&named), "{summary}");
+    let summary = ok(&r)["presentation"]["summary"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        summary.starts_with("env 2 [A_PADDED, GIT_CONFIG_VALUE_0]; argv [\"git\", \"status\"]"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains(&format!("GIT_CONFIG_VALUE_0={hook:?}")),
+        "{summary}"
+    );
 }

@@ -1376,11 +1376,8 @@ fn untrusted_providers_yaml_starts_nothing() {
     std::fs::write(
         env.root().join(".gaffer/providers.yaml"),
         format!(
-            "providers:\n  - name: kv\n    command: [sh, -c, {:?}]\n    read: [{:?}]\n",
-            format!(
-                "touch \"$GAFFER_WORKSPACE/provider-started\"; exec python3 '{}'",
-                dir.join("kv_provider.py").display()
-            ),
+            "providers:\n  - name: kv\n    command: [python3, {:?}, provider-started, kv]\n    read: [{:?}]\n",
+            dir.join("announce.py").display().to_string(),
             dir.display().to_string()
         ),
     )

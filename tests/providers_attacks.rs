@@ -68,6 +68,23 @@ fn a_provider_whose_code_lies_in_the_workspace_is_never_signed_nor_started() {
     assert_ne!(code, 0);
     assert!(err.contains("relative path"), "{err}");
 
+    // However it is spelled (a second reader's): the variable gaffer sets, doubled
+    // separators inside a longer argument, a value in a list.
+    let root = env.root().display().to_string();
+    for spelled in [
+        "command: [sh, -c, 'exec python3 \"$GAFFER_WORKSPACE/tools/kv_provider.py\"']".to_string(),
+        format!(
+            "command: [python3, -c, \"import runpy; runpy.run_path('{}/tools/kv_provider.py')\"]",
+            root.replace('/', "//")
+        ),
+        format!("command: [ruby, /opt/p.rb]\n    env: {{RUBYLIB: \"/opt/lib:{root}/./tools\"}}"),
+    ] {
+        let yaml = format!("providers:\n  - name: kv\n    {spelled}\n");
+        std::fs::write(env.root().join(".gaffer/providers.yaml"), &yaml).unwrap();
+        let (code, _, err) = env.cli(&["trust", "--expect", &pin(&env, "providers.yaml")]);
+        assert_ne!(code, 0, "signed: {yaml}");
+        assert!(err.contains("names the workspace"), "{yaml}: {err}");
+    }
     // A file trusted before gaffer refused these: the agent rewrites the script.
     trusted_before(&env, &inside);
     let (code, out, err) = env.cli(&["trust", "--expect", &pin(&env, "policy.yaml")]);
@@ -83,16 +100,7 @@ fn a_provider_whose_code_lies_in_the_workspace_is_never_signed_nor_started() {
     assert!(failed_providers(&c).contains("names the workspace"), "{c}");
     assert!(!env.root().join("AGENT-CODE-RAN").exists());
     // The built-in operations go on.
-    let p = ok(&submit(
-        &mut a,
-        "file.write",
-        json!({"path": "docs/a.md"}),
-        json!({"content": "x"}),
-        "k",
-    ))
-    .clone();
-    let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["succeeded", "failed"]);
-    assert_eq!(v["state"], "succeeded", "{v}");
+    a_builtin_write_succeeds(&mut a, "docs/a.md");
     assert!(!env.root().join("AGENT-CODE-RAN").exists());
 }
 
@@ -140,8 +148,12 @@ fn a_provider_starts_outside_the_workspace_so_nothing_there_is_taken_for_its_cod
 fn a_provider_that_fails_or_hangs_keeps_nothing_else_from_working() {
     let env = Env::untrusted(Some(ALLOW_DOCS));
     // One provider hangs at start (and says so in the workspace), one exits at once.
-    let yaml = "providers:\n  - name: stuck\n    command: [sh, -c, 'touch \"$GAFFER_WORKSPACE/stuck-started\"; exec sleep 3600']\n  - name: gone\n    command: [sh, -c, 'exit 3']\n";
-    std::fs::write(env.root().join(".gaffer/providers.yaml"), yaml).unwrap();
+    let yaml = format!(
+        "providers:\n  - name: stuck\n    command: [python3, {:?}, stuck-started, hang]\n    read: [{:?}]\n  - name: gone\n    command: [sh, -c, 'exit 3']\n",
+        kv_dir().join("announce.py").display().to_string(),
+        kv_dir().display().to_string()
+    );
+    std::fs::write(env.root().join(".gaffer/providers.yaml"), &yaml).unwrap();
     let (code, out, err) = env.trust_reviewed();
     assert_eq!(code, 0, "{out} {err}");
     // The operator's commands that need no provider never start one.
@@ -165,15 +177,20 @@ fn a_provider_that_fails_or_hangs_keeps_nothing_else_from_working() {
     let failed = failed_providers(&c);
     assert!(failed.contains("\"gone\""), "{c}");
     assert!(catalog_names(&c).iter().any(|n| n == "file.write"), "{c}");
-    let p = ok(&submit(
-        &mut a,
+    a_builtin_write_succeeds(&mut a, "docs/b.md");
+}
+
+/// A `file.write` to `path` (which the trusted policy allows) runs to success.
+fn a_builtin_write_succeeds(a: &mut common::Server, path: &str) {
+    let r = submit(
+        a,
         "file.write",
-        json!({"path": "docs/b.md"}),
-        json!({"content": "y"}),
-        "k",
-    ))
-    .clone();
-    let v = wait_state(&mut a, p["id"].as_str().unwrap(), &["succeeded", "failed"]);
+        json!({ "path": path }),
+        json!({"content": "x"}),
+        path,
+    );
+    let id = ok(&r)["id"].as_str().unwrap().to_string();
+    let v = wait_state(a, &id, &["succeeded", "failed"]);
     assert_eq!(v["state"], "succeeded", "{v}");
 }
 

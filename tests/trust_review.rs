@@ -7,25 +7,15 @@
 mod common;
 
 use common::gate::*;
-use serde_json::Value;
 
 const WIDENED: &str = "    pass_env: [OTHER_TOKEN]\n    tcp_connect: [22]\n";
 
 fn status(env: &Env, file: &str) -> String {
-    let (code, out, err) = env.cli(&["trust", "--show"]);
-    assert_eq!(code, 0, "{out} {err}");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["file"] == file)
-        .map(|f| f["status"].as_str().unwrap_or("").to_string())
-        .unwrap_or_default()
+    status_in(&show(env, &env.key_file), file)
 }
 
-/// Runs `gaffer trust` on a terminal (a pty, by Python's `pty`): waits for its question, runs
-/// `between` (the agent's move), answers `y`. Returns (exit code, everything it printed).
+/// Runs `gaffer trust` on a terminal (a pty, by Python's `pty`): waits for its question (or its
+/// end), runs `between` (the agent's move), answers `y`. Returns (exit code, everything it printed).
 fn trust_on_a_terminal(env: &Env, between: impl FnOnce()) -> (i32, String) {
     const DRIVER: &str = r#"
 import os, pty, sys
@@ -36,13 +26,19 @@ if pid == 0:
     os.execv(bin, [bin, "--workspace", ws, "trust"])
 seen = b""
 while b"[y/N]" not in seen:
-    chunk = os.read(fd, 4096)
+    try:
+        chunk = os.read(fd, 4096)
+    except OSError:
+        chunk = b""
     if not chunk:
         break
     seen += chunk
 sys.stdout.write("ASKED\n"); sys.stdout.flush()
 sys.stdin.readline()
-os.write(fd, b"y\n")
+try:
+    os.write(fd, b"y\n")
+except OSError:
+    pass
 while True:
     try:
         chunk = os.read(fd, 4096)
@@ -123,4 +119,29 @@ fn on_a_terminal_a_file_changed_after_it_was_shown_is_not_signed() {
     assert!(printed.contains("(nothing trusted)"), "{printed}");
     assert_eq!(status(&env, "providers.yaml"), "trusted");
     assert_eq!(status(&env, "policy.yaml"), "trusted");
+}
+
+/// A second reader's padding: the agent appends 1,700 comment lines and then an allow rule, so
+/// the difference passes the review's bound and the rule was never shown. A review that could
+/// not show everything signs nothing, on a terminal too.
+#[test]
+fn a_difference_longer_than_the_review_is_never_signed_from_it() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let policy = env.root().join(".gaffer/policy.yaml");
+    let mut text = std::fs::read_to_string(&policy).unwrap();
+    for i in 0..1700 {
+        text.push_str(&format!(
+            "# housekeeping note {i}: nothing to see here, keep scrolling\n"
+        ));
+    }
+    text.push_str("  - id: housekeeping\n    effect: allow\n    operations: [\"command.run\"]\n");
+    std::fs::write(&policy, text).unwrap();
+    let (code, printed) = trust_on_a_terminal(&env, || {});
+    assert_ne!(code, 0, "{printed}");
+    assert!(
+        printed.contains("longer than this review shows"),
+        "{printed}"
+    );
+    assert!(!printed.contains("[y/N]"), "it asked: {printed}");
+    assert_eq!(status(&env, "policy.yaml"), "changed", "nothing was signed");
 }

@@ -321,7 +321,7 @@ fn a_worker_starts_summary_never_cuts_away_what_widens_its_sandbox() {
     let summary = got["presentation"]["summary"].as_str().unwrap();
     assert!(
         summary.starts_with(
-            "declarations 1 (mount_grant 1): mount_grant mount:read:HOME; named home; secrets []"
+            "declarations 1 (mount:read 1): mount_grant mount:read:HOME; named home; secrets []"
         ),
         "{summary}"
     );
@@ -438,7 +438,8 @@ fn a_bundle_written_into_the_store_around_sync_meets_the_same_rules() {
 
 /// Many declarations with the longest names allowed, a padded argv and a long first input:
 /// the summary the operator approves from still names every declaration's kind and reference,
-/// with the count of each kind first, and a cut says how much it left out.
+/// with the count of each grant first and the riskiest first, and a cut says how much it left
+/// out.
 #[test]
 fn a_worker_starts_summary_shows_every_grant_of_a_long_valid_set() {
     let env = Env::new(Some(ASK_TO_START));
@@ -480,7 +481,10 @@ fn a_worker_starts_summary_shows_every_grant_of_a_long_valid_set() {
     let summary = got["presentation"]["summary"].as_str().unwrap();
     assert!(summary.chars().count() <= 500, "{summary}");
     assert!(
-        summary.starts_with("declarations 8 (secret_ref 1, mount_grant 6, network_policy 1): "),
+        summary.starts_with(
+            "declarations 8 (mount:write 1, network:tcp-connect 1, env 1, mount:read 5): \
+             mount_grant mount:write:HOME, "
+        ),
         "{summary}"
     );
     for d in &decls {

@@ -301,6 +301,12 @@ fn about_to_sign(p: &PreparedDecision) -> String {
         (Some(summary), None) => out.push_str(&format!("  plan: {title}: {summary}\n")),
         (None, None) => out.push_str(&format!("  plan: {title}\n")),
     }
+    // Whole, whatever the summary had to cut: every argument and variable that runs.
+    for (what, v) in [("target", &a.target), ("arguments", &a.arguments)] {
+        if let Some(v) = v {
+            out.push_str(&format!("  {what}: {}\n", super::output::json_line(v)));
+        }
+    }
     if let Some(expires) = d.expires_at_ms {
         let (mode, covers) = match d.mode {
             GrantMode::Execution => ("execution", "exactly this one execution".to_string()),

@@ -43,8 +43,15 @@ pub async fn sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode> 
         if files.is_empty() {
             eprintln!("gaffer: neither policy.yaml nor providers.yaml exists; nothing to trust");
         }
-        let (text, shown) = review(ws, &signer.public(), &files);
+        let (text, shown, whole) = review(ws, &signer.public(), &files);
         eprint!("{text}");
+        if !whole {
+            return Err(fail(
+                "nothing signed: a difference is longer than this review shows; read the files \
+                 and sign them with --expect FILE=SHA256 (the digests above)",
+                2,
+            ));
+        }
         if !std::io::stdin().is_terminal() {
             return Err(fail(
                 "nothing signed: confirm on a terminal, or pass --expect FILE=SHA256 for each \
@@ -76,16 +83,18 @@ pub fn show(root: &Path) -> Result<ExitCode, ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What signing `files` would trust, in words, and the digest of each as shown (what the
-/// signature will be bound to): per file its digest, then its difference from the trusted
-/// content (all of it when nothing is trusted), the agent's text spelled out.
+/// What signing `files` would trust, in words, the digest of each as shown (what the
+/// signature will be bound to), and whether every difference was shown whole: per file its
+/// digest, then its difference from the trusted content (all of it when nothing is trusted),
+/// the agent's text spelled out.
 fn review(
     ws: &Workspace,
     key: &OperatorPublic,
     files: &[String],
-) -> (String, BTreeMap<String, String>) {
+) -> (String, BTreeMap<String, String>, bool) {
     let mut out = String::from("gaffer: signing with the operator key, as trusted:\n");
     let mut shown = BTreeMap::new();
+    let mut whole = true;
     for file in files {
         let checked = match trust::check(ws, file, Some(key)) {
             Ok(c) => c,
@@ -100,17 +109,20 @@ fn review(
         };
         let digest = crate::util::sha256_hex(disk);
         out.push_str(&format!("  {file} sha256 {digest}\n"));
-        out.push_str(&difference(file, checked.trusted_bytes.as_deref(), disk));
+        let (text, complete) = difference(file, checked.trusted_bytes.as_deref(), disk);
+        out.push_str(&text);
+        whole &= complete;
         shown.insert(file.clone(), digest);
     }
-    (out, shown)
+    (out, shown, whole)
 }
 
 /// How `disk` differs from the trusted bytes, as a unified diff with every line passed
-/// through [`visible`].
-fn difference(file: &str, trusted: Option<&[u8]>, disk: &[u8]) -> String {
+/// through [`visible`], and whether it is all there (a padded file's difference is cut: the
+/// lines after the cut were never shown, so they are never signed from this review).
+fn difference(file: &str, trusted: Option<&[u8]>, disk: &[u8]) -> (String, bool) {
     if trusted == Some(disk) {
-        return "    (already trusted: unchanged)\n".into();
+        return ("    (already trusted: unchanged)\n".into(), true);
     }
     let old = trusted.map(String::from_utf8_lossy).unwrap_or_default();
     let new = String::from_utf8_lossy(disk);
@@ -136,5 +148,5 @@ fn difference(file: &str, trusted: Option<&[u8]>, disk: &[u8]) -> String {
             diff.added, diff.removed
         ));
     }
-    out
+    (out, !diff.truncated)
 }

@@ -116,6 +116,23 @@ pub(super) fn env_name_ok(name: &str) -> bool {
         && !FORBIDDEN_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
+/// A command's variables as its summary shows them: their count and names (before the argv),
+/// and each value, cut to 64 characters, after it.
+fn shown_env(env: &BTreeMap<String, String>) -> (String, String) {
+    if env.is_empty() {
+        return (String::new(), String::new());
+    }
+    let names: Vec<&str> = env.keys().map(String::as_str).collect();
+    let values: Vec<String> = env
+        .iter()
+        .map(|(k, v)| format!("{k}={:?}", super::common::shown_field(v)))
+        .collect();
+    (
+        format!("env {} [{}]; ", env.len(), names.join(", ")),
+        format!("; values {}", values.join(", ")),
+    )
+}
+
 fn decode_input(
     target: &Value,
     arguments: &Value,
@@ -262,22 +279,15 @@ impl Adapter for CommandAdapter {
     ) -> BoxFuture<'a, Result<Presentation, AdapterError>> {
         ready(
             decode_input(&plan.target, &plan.arguments).and_then(|(t, a)| {
-                // The variables come first (`GIT_CONFIG_*` alone can make `git status` run a
-                // hook), then the argv with its arguments' bounds and escapes shown: a cut at
-                // the summary's bound loses the tail, never what changes what runs.
-                let env = a
-                    .env
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v:?}"))
-                    .collect::<Vec<_>>();
-                let env = match env.is_empty() {
-                    true => String::new(),
-                    false => format!("env [{}]; ", env.join(", ")),
-                };
+                // The variables' names come first (`GIT_CONFIG_*` alone can make `git status`
+                // run a hook), then the argv with its arguments' bounds and escapes shown, then
+                // each value cut short: a cut at the summary's bound, or one padded value, loses
+                // a tail, never which variables are set.
+                let (names, values) = shown_env(&a.env);
                 Presentation {
                     title: format!("Run {}", t.argv[0]),
                     summary: format!(
-                        "{env}argv {:?} (in ./{}, timeout {} ms)",
+                        "{names}argv {:?} (in ./{}, timeout {} ms){values}",
                         t.argv,
                         a.cwd.unwrap_or_default(),
                         a.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)

@@ -96,18 +96,24 @@ pub fn declarations_shown(declarations: &[crate::bundles::Declaration]) -> Strin
     if declarations.is_empty() {
         return "declarations none".to_string();
     }
-    let counts: Vec<String> = crate::bundles::DeclarationKind::ALL
-        .into_iter()
-        .filter_map(|k| {
-            let n = declarations.iter().filter(|d| d.kind == k).count();
-            (n > 0).then(|| format!("{} {n}", k.as_str()))
-        })
-        .collect();
-    let grants: Vec<String> = declarations
+    // Riskiest first, counted by what they grant (a write mount apart from read mounts), so
+    // padding with harmless ones cannot push a write mount, a port or a secret past the cut.
+    let mut ordered: Vec<&crate::bundles::Declaration> = declarations.iter().collect();
+    ordered.sort_by_key(|d| risk_rank(&d.reference));
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for d in &ordered {
+        let grant = grant_of(&d.reference);
+        match counts.iter_mut().find(|(g, _)| *g == grant) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((grant, 1)),
+        }
+    }
+    let counts: Vec<String> = counts.iter().map(|(g, n)| format!("{g} {n}")).collect();
+    let grants: Vec<String> = ordered
         .iter()
         .map(|d| format!("{} {}", d.kind.as_str(), shown_field(&d.reference)))
         .collect();
-    let names: Vec<String> = declarations.iter().map(|d| shown_field(&d.name)).collect();
+    let names: Vec<String> = ordered.iter().map(|d| shown_field(&d.name)).collect();
     format!(
         "declarations {} ({}): {}; named {}",
         declarations.len(),
@@ -117,8 +123,31 @@ pub fn declarations_shown(declarations: &[crate::bundles::Declaration]) -> Strin
     )
 }
 
+/// What a declaration's reference grants, without the variable or port it names:
+/// `mount:write`, `mount:read`, `network:tcp-connect`, `env` (a secret).
+fn grant_of(reference: &str) -> String {
+    let mut parts = reference.splitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(scheme), Some(mode), Some(_)) => shown_field(&format!("{scheme}:{mode}")),
+        (Some(scheme), _, _) => shown_field(scheme),
+        _ => String::new(),
+    }
+}
+
+/// How much a reference widens the sandbox: write mounts, then networks, then secrets, then
+/// read mounts, then anything else.
+fn risk_rank(reference: &str) -> u8 {
+    match grant_of(reference).as_str() {
+        "mount:write" => 0,
+        g if g.starts_with("network:") => 1,
+        "env" => 2,
+        "mount:read" => 3,
+        _ => 4,
+    }
+}
+
 /// `s` cut to [`SHOWN_FIELD_CHARS`], the cut marked.
-fn shown_field(s: &str) -> String {
+pub fn shown_field(s: &str) -> String {
     if s.chars().count() <= SHOWN_FIELD_CHARS {
         return s.to_string();
     }
@@ -153,12 +182,45 @@ mod tests {
         assert_eq!(
             shown,
             format!(
-                "declarations 2 (secret_ref 1, mount_grant 1): secret_ref env:TOKEN, \
-                 mount_grant mount:write:HOME; named token, {}",
+                "declarations 2 (mount:write 1, env 1): mount_grant mount:write:HOME, \
+                 secret_ref env:TOKEN; named {}, token",
                 "n".repeat(64)
             )
         );
         assert_eq!(declarations_shown(&[]), "declarations none");
+    }
+
+    /// A second reader's padding: six read mounts with long references before a write mount
+    /// pushed it past a summary's cut. The riskiest come first, counted by what they grant.
+    #[test]
+    fn a_write_mount_comes_first_whatever_precedes_it() {
+        let mut decls: Vec<Declaration> = (0..6)
+            .map(|i| {
+                decl(
+                    DeclarationKind::MountGrant,
+                    &format!("docs{i}"),
+                    &format!("mount:read:DOCS_DIR_{i}_{}", "A".repeat(50)),
+                )
+            })
+            .collect();
+        decls.push(decl(
+            DeclarationKind::MountGrant,
+            "home",
+            "mount:write:HOME",
+        ));
+        decls.push(decl(
+            DeclarationKind::NetworkPolicy,
+            "api",
+            "network:tcp-connect:443",
+        ));
+        let shown = declarations_shown(&decls);
+        assert!(
+            shown.starts_with(
+                "declarations 8 (mount:write 1, network:tcp-connect 1, mount:read 6): \
+                 mount_grant mount:write:HOME, network_policy network:tcp-connect:443, "
+            ),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -166,56 +166,88 @@ pub const WORKSPACE_ENV: &str = "GAFFER_WORKSPACE";
 /// Where a provider starts: outside the workspace (see [`WORKSPACE_ENV`]).
 const PROVIDER_CWD: &str = "/";
 
-/// The spellings of the workspace root a provider's command could use to reach it: as
-/// given and as the kernel resolves it, absolute and relative to `/` (the provider's
-/// working directory).
-struct WorkspacePaths(Vec<String>);
+/// The workspace root a provider's command could name, as given and as the kernel resolves
+/// it, each also as text relative to `/` (the provider's working directory).
+struct WorkspacePaths {
+    roots: Vec<PathBuf>,
+    spelled: Vec<String>,
+}
 
 impl WorkspacePaths {
     fn of(root: &Path) -> Self {
-        let mut roots = vec![root.to_path_buf()];
+        let mut roots = vec![lexical(&Path::new(PROVIDER_CWD).join(root))];
         if let Ok(real) = std::fs::canonicalize(root) {
             roots.push(real);
         }
+        roots.dedup();
         let mut spelled = Vec::new();
-        for r in roots {
+        for r in &roots {
             let text = r.to_string_lossy().trim_end_matches('/').to_string();
-            let relative = text.trim_start_matches('/').to_string();
-            if !relative.is_empty() {
-                spelled.push(relative);
-            }
+            spelled.push(text.trim_start_matches('/').to_string());
             spelled.push(text);
         }
-        WorkspacePaths(spelled)
+        WorkspacePaths { roots, spelled }
     }
 
     /// True when `text` (a program, argument or variable value) names the workspace or a path
-    /// in it: anywhere in the text (`--require=…`, `sh -c '… …'`), or as the place an existing
-    /// path resolves to (a symlink outside pointing in). A root of `/` is reached by anything.
+    /// in it, however spelled: any path in the text (`--require=…`, `a:b` lists, `sh -c '…'`,
+    /// quoted in a script) taken relative to `/`, with `//`, `.`, `..` and `/proc/*/root`
+    /// undone and symlinks resolved, or the root's own text anywhere in it (a root with spaces),
+    /// or the variable that holds it. A check of what the file says, not of what a program
+    /// computes: the provider's code is the operator's to choose.
     fn reached_by(&self, text: &str) -> bool {
-        if self.0.iter().any(|r| r.is_empty()) {
+        if text.contains(WORKSPACE_ENV) || self.roots.iter().any(|r| r == Path::new("/")) {
             return true;
         }
-        // A path character next to the match makes it another name (`/ws2`, `/a/ws` for the
-        // relative spelling `ws`); a `/` after it is a path inside.
-        let path_char = |c: char| c.is_alphanumeric() || "-_.".contains(c);
-        let named = |t: &str| {
-            self.0.iter().any(|r| {
-                t.match_indices(r.as_str()).any(|(at, _)| {
-                    let before = t[..at].chars().next_back();
-                    let after = t[at + r.len()..].chars().next();
-                    let starts =
-                        before.is_none_or(|c| !path_char(c) && (r.starts_with('/') || c != '/'));
-                    starts && after.is_none_or(|c| !path_char(c))
-                })
-            })
+        let path_char = |c: char| c.is_alphanumeric() || "/._-~@%+#".contains(c);
+        let inside = |p: &Path| self.roots.iter().any(|r| p.starts_with(r));
+        let reaches = |token: &str| {
+            let path = lexical(&Path::new(PROVIDER_CWD).join(token));
+            inside(&path) || std::fs::canonicalize(&path).is_ok_and(|real| inside(&real))
         };
-        if named(text) {
-            return true;
-        }
-        let path = Path::new(PROVIDER_CWD).join(text);
-        std::fs::canonicalize(&path).is_ok_and(|real| named(&real.to_string_lossy()))
+        // Each token as a path, and from its first `/` on (a flag glued to it: `-r/…`, `-I/…`).
+        let named = text.split(|c: char| !path_char(c)).any(|token| {
+            !token.is_empty()
+                && (reaches(token) || token.find('/').is_some_and(|at| reaches(&token[at..])))
+        });
+        named || self.spelled_in(text)
     }
+
+    /// The root's text appears in `text` as a whole name (not `/ws2`, nor `/a/ws` for `ws`).
+    fn spelled_in(&self, text: &str) -> bool {
+        let path_char = |c: char| c.is_alphanumeric() || "-_.".contains(c);
+        self.spelled.iter().filter(|r| !r.is_empty()).any(|r| {
+            text.match_indices(r.as_str()).any(|(at, _)| {
+                let before = text[..at].chars().next_back();
+                let after = text[at + r.len()..].chars().next();
+                let starts =
+                    before.is_none_or(|c| !path_char(c) && (r.starts_with('/') || c != '/'));
+                starts && after.is_none_or(|c| !path_char(c))
+            })
+        })
+    }
+}
+
+/// `path` (absolute) with `.`, `..` and repeated separators undone, and `/proc/<pid>/root` or
+/// `/proc/<pid>/cwd` (both `/` to a provider) taken for `/`, without touching the disk.
+fn lexical(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut parts: Vec<std::ffi::OsString> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => parts.push(n.to_os_string()),
+            Component::ParentDir => {
+                parts.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+        if parts.len() == 3 && parts[0] == "proc" && (parts[2] == "root" || parts[2] == "cwd") {
+            parts.clear();
+        }
+    }
+    let mut out = PathBuf::from("/");
+    out.extend(parts);
+    out
 }
 
 /// One provider process, started on demand and restarted after it dies. Calls to one
@@ -787,6 +819,15 @@ mod tests {
             format!("/{}", r.trim_start_matches('/')),
             r.trim_start_matches('/').to_string(),
             format!("{}/tools", r.trim_start_matches('/')),
+            // A second reader's spellings: the variable, doubled separators and `.` segments
+            // inside longer text, a relative path from `/`, `/proc/self/root`, `..`, lists.
+            "exec python3 \"$GAFFER_WORKSPACE/tools/p.py\"".to_string(),
+            format!("runpy.run_path('{}')", r.replacen('/', "//", 2)),
+            format!("run_path('./{}/tools/q.py')", r.trim_start_matches('/')),
+            format!("/opt/lib:{}", r.replace('/', "/./")),
+            format!("-r{}/x.rb", r.replace('/', "//")),
+            format!("/proc/self/root{r}/tools"),
+            format!("/usr/../{}/tools", r.trim_start_matches('/')),
         ] {
             assert!(w.reached_by(&reaching), "{reaching}");
         }
