@@ -80,16 +80,7 @@ pub fn open_runtime(
                 .iter()
                 .flat_map(|c| c.descriptors.iter().map(|d| d.name.clone()))
                 .collect();
-            let loaded = match std::str::from_utf8(bytes) {
-                Ok(text) => adapters::external::load_text(text, &file, ws.root(), sandbox, &taken),
-                Err(_) => adapters::external::Loaded {
-                    failed: vec![adapters::external::ProviderFailure {
-                        provider: adapters::external::PROVIDERS_FILE.into(),
-                        error: format!("{}: not UTF-8", file.display()),
-                    }],
-                    ..Default::default()
-                },
-            };
+            let loaded = adapters::external::load(bytes, &file, ws.root(), sandbox, &taken);
             catalogs.extend(loaded.catalogs);
             all.extend(loaded.adapters);
             failed = loaded.failed;

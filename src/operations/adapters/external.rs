@@ -35,7 +35,7 @@ struct ProvidersFile {
 struct ProviderDecl {
     name: String,
     /// argv: an absolute program, or a bare name found in the fixed `PATH`. Nothing in it may
-    /// name the workspace (see [`reaches_workspace`]).
+    /// name the workspace (see [`WorkspacePaths::reached_by`]).
     command: Vec<String>,
     /// When set, the sha256 of the RFC 8785 text of the described catalog must match
     /// (catalog drift is refused at start).
@@ -684,20 +684,21 @@ fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
     })
 }
 
-/// Starts each provider declared in `text` (the content of `file`, which the caller has
+/// Starts each provider declared in `bytes` (the content of `file`, which the caller has
 /// checked is operator-trusted) and asks for its catalog. Blocking: called once at start. A
 /// provider that cannot start, or whose catalog is refused, is left out on its own: the
 /// built-in operations and the other providers go on, and the operator's commands with them.
 /// `taken` holds the names of the operations already offered (a provider may not shadow one).
-pub fn load_text(
-    text: &str,
+pub fn load(
+    bytes: &[u8],
     file: &Path,
     root: &Path,
     sandbox: crate::sandbox::Setting,
     taken: &std::collections::HashSet<String>,
 ) -> Loaded {
     let mut loaded = Loaded::default();
-    let decl = match parse_file(text, file) {
+    let text = std::str::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", file.display()));
+    let decl = match text.and_then(|text| parse_file(text, file)) {
         Ok(decl) => decl,
         Err(error) => {
             tracing::warn!(%error, "the trusted providers file cannot be read; no external provider is started");
