@@ -1376,7 +1376,7 @@ fn untrusted_providers_yaml_starts_nothing() {
     std::fs::write(
         env.root().join(".gaffer/providers.yaml"),
         format!(
-            "providers:\n  - name: kv\n    command: [python3, {:?}, provider-started, kv]\n    read: [{:?}]\n",
+            "providers:\n  - name: kv\n    command: [python3, {:?}, provider-started, kv]\n    read: [{:?}]\n    workspace: write\n",
             dir.join("announce.py").display().to_string(),
             dir.display().to_string()
         ),

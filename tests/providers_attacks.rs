@@ -111,7 +111,7 @@ fn a_provider_starts_outside_the_workspace_so_nothing_there_is_taken_for_its_cod
     // looks for modules in the working directory first.
     let script = kv_dir().join("kv_provider.py").display().to_string();
     let yaml = format!(
-        "providers:\n  - name: kv\n    command: [python3, -c, {:?}]\n    read: [{:?}]\n",
+        "providers:\n  - name: kv\n    command: [python3, -c, {:?}]\n    read: [{:?}]\n    workspace: write\n",
         format!("import runpy; runpy.run_path({script:?}, run_name='__main__')"),
         kv_dir().display().to_string()
     );
@@ -149,7 +149,7 @@ fn a_provider_that_fails_or_hangs_keeps_nothing_else_from_working() {
     let env = Env::untrusted(Some(ALLOW_DOCS));
     // One provider hangs at start (and says so in the workspace), one exits at once.
     let yaml = format!(
-        "providers:\n  - name: stuck\n    command: [python3, {:?}, stuck-started, hang]\n    read: [{:?}]\n  - name: gone\n    command: [sh, -c, 'exit 3']\n",
+        "providers:\n  - name: stuck\n    command: [python3, {:?}, stuck-started, hang]\n    read: [{:?}]\n    workspace: write\n  - name: gone\n    command: [sh, -c, 'exit 3']\n",
         kv_dir().join("announce.py").display().to_string(),
         kv_dir().display().to_string()
     );

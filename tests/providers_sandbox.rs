@@ -111,3 +111,25 @@ fn a_provider_gets_only_its_declared_environment_and_stays_in_the_sandbox() {
         "the provider read the store"
     );
 }
+
+/// A provider whose declaration does not say `workspace:` cannot open anything in the
+/// workspace: whatever its command names (a path however spelled, a module found through
+/// the working directory), nothing the agent writes there can become its code.
+#[test]
+fn a_provider_reaches_the_workspace_only_when_its_declaration_says_so() {
+    let env = Env::untrusted(Some(POLICY));
+    let yaml = common::gate::kv_providers_yaml().replace("    workspace: write\n", "");
+    assert!(!yaml.contains("workspace:"), "{yaml}");
+    std::fs::write(env.root().join(".gaffer/providers.yaml"), yaml).expect("providers");
+    let (code, out, err) = env.trust_reviewed();
+    assert_eq!(code, 0, "{out} {err}");
+    std::fs::write(env.root().join("evil.py"), "print('agent code')\n").expect("planted");
+    let mut s = env.agent("agent");
+    let planted = env.root().join("evil.py").display().to_string();
+    let got = probe(&mut s, &planted, "planted");
+    assert_eq!(got["read"]["error"], "PermissionError", "{got}");
+    // The sandbox's own view of itself does not lead there either.
+    let via_proc = format!("/proc/self/task/2/root{planted}");
+    let got = probe(&mut s, &via_proc, "via-proc");
+    assert!(got["read"].get("ok").is_none(), "{got}");
+}

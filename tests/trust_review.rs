@@ -145,3 +145,52 @@ fn a_difference_longer_than_the_review_is_never_signed_from_it() {
     assert!(!printed.contains("[y/N]"), "it asked: {printed}");
     assert_eq!(status(&env, "policy.yaml"), "changed", "nothing was signed");
 }
+
+/// A third reader's edits: two added lines, far apart, open and close one quoted string, which
+/// swallows the `docs` rule's operations and targets and the whole `secrets` deny rule (an
+/// allow of every operation). The review shows each rule as gaffer reads it, so the change
+/// shows; and a carriage return, which YAML takes for a line end, is refused outright.
+#[test]
+fn the_review_shows_what_the_lines_mean_and_no_line_hides_another() {
+    let env = Env::new(Some(ALLOW_DOCS));
+    let policy = env.root().join(".gaffer/policy.yaml");
+    let swallowing = ALLOW_DOCS
+        .replacen(
+            "    effect: allow\n",
+            "    effect: allow\n    description: 'docs writes are fine,\n",
+            1,
+        )
+        .replacen(
+            "  - id: ask",
+            "    as reviewed by the docs team'\n  - id: ask",
+            1,
+        );
+    assert_ne!(swallowing, ALLOW_DOCS, "the edit applies");
+    std::fs::write(&policy, &swallowing).unwrap();
+    let (code, _, err) = env.cli(&["trust"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("as gaffer reads it:"), "{err}");
+    assert!(
+        err.contains(
+            r#"rule {"id":"docs","effect":"allow","clients":["**"],"operations":["*"],"targets":[]"#
+        ),
+        "{err}"
+    );
+    assert!(
+        !err.contains(r#""id":"secrets""#),
+        "the deny rule is gone: {err}"
+    );
+
+    let disguised = format!(
+        "{ALLOW_DOCS}  # fix: docs rule reviewed\r  - id: z\r    effect: allow\r    operations: [command.run]\n"
+    );
+    std::fs::write(&policy, &disguised).unwrap();
+    let pin = format!(
+        "policy.yaml={}",
+        gaffer::util::sha256_hex(disguised.as_bytes())
+    );
+    let (code, _, err) = env.cli(&["trust", "--expect", &pin]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("a line break other than"), "{err}");
+    assert_eq!(status(&env, "policy.yaml"), "changed", "nothing was signed");
+}

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::operations::{open_without_providers, print};
 use super::operator::{confirmed, fail, signer};
+use super::output::json_line;
 use crate::operations::trust;
 use crate::operator::OperatorPublic;
 use crate::util::visible;
@@ -111,10 +112,50 @@ fn review(
         out.push_str(&format!("  {file} sha256 {digest}\n"));
         let (text, complete) = difference(file, checked.trusted_bytes.as_deref(), disk);
         out.push_str(&text);
+        out.push_str(&as_read(ws, file, disk));
         whole &= complete;
         shown.insert(file.clone(), digest);
     }
     (out, shown, whole)
+}
+
+/// The file as gaffer reads it, one line per rule or provider with every default filled in:
+/// a text difference can look harmless while it changes what the lines around it mean (a
+/// quoted string opened on one added line and closed on another swallows the rule between).
+fn as_read(ws: &Workspace, file: &str, disk: &[u8]) -> String {
+    let path = ws.gaffer_dir().join(file);
+    let Ok(text) = std::str::from_utf8(disk) else {
+        return "    (not UTF-8: it will not be signed)\n".into();
+    };
+    let read = if file == crate::operations::policy::POLICY_FILE {
+        crate::operations::policy::Policy::parse(text, &path)
+            .map(|p| {
+                let mut lines: Vec<String> = p
+                    .rules
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|r| format!("rule {}", json_line(r)))
+                    .collect();
+                if p.sandbox != crate::sandbox::Setting::Required {
+                    lines.push(format!("sandbox {:?}", p.sandbox));
+                }
+                lines
+            })
+            .map_err(|e| e.to_string())
+    } else {
+        crate::operations::adapters::external::declared(text, &path)
+    };
+    match read {
+        Ok(lines) if lines.is_empty() => "    as gaffer reads it: nothing declared\n".into(),
+        Ok(lines) => {
+            let mut out = String::from("    as gaffer reads it:\n");
+            for l in lines {
+                out.push_str(&format!("      {l}\n"));
+            }
+            out
+        }
+        Err(e) => format!("    it will not be signed: {}\n", visible(&e)),
+    }
 }
 
 /// How `disk` differs from the trusted bytes, as a unified diff with every line passed

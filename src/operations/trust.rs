@@ -482,6 +482,19 @@ fn validate(ws: &Workspace, file: &str, bytes: &[u8]) -> Result<(), TrustError> 
     let path = ws.gaffer_dir().join(file);
     let text = std::str::from_utf8(bytes)
         .map_err(|_| TrustError::Invalid(format!("{}: not UTF-8", path.display())))?;
+    // YAML ends a line at each of these too, so a review showing one line could hide several.
+    if let Some((n, _)) = text
+        .split('\n')
+        .enumerate()
+        .find(|(_, l)| l.contains(['\r', '\u{85}', '\u{2028}', '\u{2029}']))
+    {
+        return Err(TrustError::Invalid(format!(
+            "{}:{}: a line break other than \\n (\\r, U+0085, U+2028 or U+2029), which YAML \
+             takes for a line end the review does not show; write plain \\n line ends",
+            path.display(),
+            n + 1
+        )));
+    }
     if file == super::policy::POLICY_FILE {
         super::policy::Policy::parse(text, &path)
             .map_err(|e| TrustError::Invalid(e.to_string()))?;

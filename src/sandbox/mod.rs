@@ -53,10 +53,25 @@ pub struct Grant {
     pub write: bool,
 }
 
+/// How much of the workspace a sandboxed process may reach (`.gaffer/` is covered whatever
+/// this says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkspaceAccess {
+    /// Read, write and execute: workers and commands work there.
+    #[default]
+    ReadWrite,
+    /// Read and execute only.
+    Read,
+    /// Nothing: not even a file's existence can be read, so nothing the agent writes there
+    /// can become this process's code (an external provider by default).
+    None,
+}
+
 /// What one process may reach.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Spec {
     pub workspace: PathBuf,
+    pub workspace_access: WorkspaceAccess,
     pub grants: Vec<Grant>,
     /// TCP ports it may connect to; empty means no network at all.
     pub tcp_connect: Vec<u16>,

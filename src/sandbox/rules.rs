@@ -81,7 +81,11 @@ pub fn build(spec: &Spec) -> Result<RulesetCreated, SandboxError> {
     {
         add(p, AccessFs::from_file(ABI_USED) & !AccessFs::IoctlDev)?;
     }
-    add(&spec.workspace, all)?;
+    match spec.workspace_access {
+        super::WorkspaceAccess::ReadWrite => add(&spec.workspace, all)?,
+        super::WorkspaceAccess::Read => add(&spec.workspace, read)?,
+        super::WorkspaceAccess::None => {}
+    }
     for g in &spec.grants {
         add(&g.path, if g.write { all } else { read })?;
     }

@@ -51,11 +51,12 @@ rules:
 "#;
 
 /// The tests' Python provider, sandboxed like every process gaffer starts: it may read its
-/// own directory (outside the workspace) and nothing else outside.
+/// own directory (outside the workspace) and nothing else outside, and write the workspace
+/// (its `kv.json`), which a provider may only when its declaration says so.
 pub fn kv_providers_yaml() -> String {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/providers");
     format!(
-        "providers:\n  - name: kv\n    command: [python3, {:?}]\n    read: [{:?}]\n",
+        "providers:\n  - name: kv\n    command: [python3, {:?}]\n    read: [{:?}]\n    workspace: write\n",
         dir.join("kv_provider.py").display().to_string(),
         dir.display().to_string()
     )

@@ -54,6 +54,20 @@ struct ProviderDecl {
     /// TCP ports it may connect to; without any it has no network at all.
     #[serde(default)]
     tcp_connect: Vec<u16>,
+    /// How much of the workspace it may reach: `none` (the default: nothing the agent writes
+    /// there can become its code), `read` or `write`.
+    #[serde(default)]
+    workspace: ProviderWorkspace,
+}
+
+/// `workspace:` in a provider's declaration.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ProviderWorkspace {
+    #[default]
+    None,
+    Read,
+    Write,
 }
 
 /// How one provider process is started: argv, its whole environment, its sandbox.
@@ -147,6 +161,11 @@ impl ProviderDecl {
             });
         }
         spec.tcp_connect = self.tcp_connect.clone();
+        spec.workspace_access = match self.workspace {
+            ProviderWorkspace::None => crate::sandbox::WorkspaceAccess::None,
+            ProviderWorkspace::Read => crate::sandbox::WorkspaceAccess::Read,
+            ProviderWorkspace::Write => crate::sandbox::WorkspaceAccess::ReadWrite,
+        };
         Ok(Launch {
             argv,
             env,
@@ -228,8 +247,9 @@ impl WorkspacePaths {
     }
 }
 
-/// `path` (absolute) with `.`, `..` and repeated separators undone, and `/proc/<pid>/root` or
-/// `/proc/<pid>/cwd` (both `/` to a provider) taken for `/`, without touching the disk.
+/// `path` (absolute) with `.`, `..` and repeated separators undone, and any `/proc/…/root` or
+/// `/proc/…/cwd` (`/` to a provider, `/proc/self/task/N/root` included) taken for `/`, without
+/// touching the disk.
 fn lexical(path: &Path) -> PathBuf {
     use std::path::Component;
     let mut parts: Vec<std::ffi::OsString> = Vec::new();
@@ -241,7 +261,10 @@ fn lexical(path: &Path) -> PathBuf {
             }
             Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
         }
-        if parts.len() == 3 && parts[0] == "proc" && (parts[2] == "root" || parts[2] == "cwd") {
+        let at_root = parts.len() >= 3
+            && parts[0] == "proc"
+            && parts.last().is_some_and(|p| p == "root" || p == "cwd");
+        if at_root {
             parts.clear();
         }
     }
@@ -671,6 +694,21 @@ pub fn check_declarations(text: &str, file: &Path, root: &Path) -> Result<(), St
     Ok(())
 }
 
+/// Each declared provider as gaffer reads it (every default filled in), one line each, for the
+/// operator's review before trusting the file.
+pub fn declared(text: &str, file: &Path) -> Result<Vec<String>, String> {
+    Ok(parse_file(text, file)?
+        .providers
+        .iter()
+        .map(|p| {
+            format!(
+                "provider {:?}: command {:?}, env {:?}, pass_env {:?}, read {:?}, tcp_connect {:?}, workspace {:?}, catalog_sha256 {:?}",
+                p.name, p.command, p.env, p.pass_env, p.read, p.tcp_connect, p.workspace, p.catalog_sha256
+            )
+        })
+        .collect())
+}
+
 fn parse_file(text: &str, file: &Path) -> Result<ProvidersFile, String> {
     let de = serde_yaml::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
@@ -828,6 +866,7 @@ mod tests {
             format!("/opt/lib:{}", r.replace('/', "/./")),
             format!("-r{}/x.rb", r.replace('/', "//")),
             format!("/proc/self/root{r}/tools"),
+            format!("/proc/self/task/2/root{r}/tools/p.py"),
             format!("/usr/../{}/tools", r.trim_start_matches('/')),
         ] {
             assert!(w.reached_by(&reaching), "{reaching}");
