@@ -712,7 +712,8 @@ fn approval_round_trips(n: usize) -> (Vec<Duration>, String) {
         let t = Instant::now();
         let prep = op.call(
             "approvals/prepare",
-            json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"]}),
+            json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"],
+                   "expected_plan_digest": ap["plan_digest"]}),
         );
         let payload = prep["payload"].as_str().expect("payload").to_string();
         op.call(
