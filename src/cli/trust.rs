@@ -150,7 +150,7 @@ fn as_read(ws: &Workspace, file: &str, disk: &[u8]) -> String {
         Ok(lines) => {
             let mut out = String::from("    as gaffer reads it:\n");
             for l in lines {
-                out.push_str(&format!("      {l}\n"));
+                out.push_str(&format!("      {}\n", visible(&l)));
             }
             out
         }
