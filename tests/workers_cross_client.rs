@@ -33,18 +33,7 @@ fn submit_start(s: &mut common::Server, worker_id: &str, target: &Value, key: &s
 fn another_clients_pending_worker_is_neither_started_nor_shown() {
     let env = Env::new(Some(POLICY));
     let mut ci = env.agent("ci-agent");
-    let bundle = json!({
-        "metadata": {"id": "reader", "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
-        "profiles": [{"selector": {"kind": "named", "value": "cat"}, "command": ["head", "-n", "1"],
-                      "input_mode": "stdin_text"}],
-    });
-    let reference = ci.call("bundles/sync", json!({"bundle": bundle}))["reference"].clone();
-    let w = ci.call(
-        "workers/create",
-        json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference,
-               "initial_input": FIRST}),
-    )["worker"]
-        .clone();
+    let (reference, w) = common::gate::reader_worker(&mut ci, FIRST);
     assert_eq!(w["status"], "pending_approval", "{w}");
     let id = w["id"].as_str().unwrap();
 

@@ -245,19 +245,8 @@ fn the_operator_approves_a_worker_start_seeing_the_first_input_it_will_read() {
     // the plan the operator signs shows it, as the argv of one that takes it as an argument.
     let env = Env::new(Some(ASK_TO_START));
     let mut agent = env.agent("agent");
-    let bundle = json!({
-        "metadata": {"id": "reader", "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
-        "profiles": [{"selector": {"kind": "named", "value": "cat"}, "command": ["head", "-n", "1"],
-                      "input_mode": "stdin_text"}],
-    });
-    let reference = agent.call("bundles/sync", json!({"bundle": bundle}))["reference"].clone();
     let first = "print the token backwards, one character per line";
-    let w = agent.call(
-        "workers/create",
-        json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference,
-               "initial_input": first}),
-    )["worker"]
-        .clone();
+    let (_, w) = common::gate::reader_worker(&mut agent, first);
     let op_id = w["operation_id"].as_str().unwrap().to_string();
     let mut op = env.operator();
     let got = op.call("operations/get", json!({"id": op_id}));

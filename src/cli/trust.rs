@@ -36,34 +36,7 @@ pub async fn sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode> 
     let app = open_without_providers(root)?;
     let ws = &app.workspace;
     if expected.is_empty() {
-        let files: Vec<String> = trust::TRUSTED_FILES
-            .iter()
-            .filter(|f| ws.gaffer_dir().join(f).exists())
-            .map(|f| f.to_string())
-            .collect();
-        if files.is_empty() {
-            eprintln!("gaffer: neither policy.yaml nor providers.yaml exists; nothing to trust");
-        }
-        let (text, shown, whole) = review(ws, &signer.public(), &files);
-        eprint!("{text}");
-        if !whole {
-            return Err(fail(
-                "nothing signed: a difference is longer than this review shows; read the files \
-                 and sign them with --expect FILE=SHA256 (the digests above)",
-                2,
-            ));
-        }
-        if !std::io::stdin().is_terminal() {
-            return Err(fail(
-                "nothing signed: confirm on a terminal, or pass --expect FILE=SHA256 for each \
-                 file you reviewed (the digests above)",
-                2,
-            ));
-        }
-        if !confirmed()? {
-            return Err(fail("nothing signed", 1));
-        }
-        expected = shown;
+        expected = confirmed_review(ws, &signer.public())?;
     }
     let files: Vec<String> = expected.keys().cloned().collect();
     let signed = trust::sign(ws, &signer, &files, &expected)
@@ -74,6 +47,43 @@ pub async fn sign(root: &Path, expect: &[String]) -> Result<ExitCode, ExitCode> 
         "note": "a running gaffer applies the policy at once; restart it to start trusted providers",
     }));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Without `--expect`: prints what signing the files on disk now would trust and asks on a
+/// terminal; returns the digests shown (what the signature is then bound to). Signs nothing
+/// off a terminal, nor from a review cut at its bound.
+fn confirmed_review(
+    ws: &Workspace,
+    key: &OperatorPublic,
+) -> Result<BTreeMap<String, String>, ExitCode> {
+    let files: Vec<String> = trust::TRUSTED_FILES
+        .iter()
+        .filter(|f| ws.gaffer_dir().join(f).exists())
+        .map(|f| f.to_string())
+        .collect();
+    if files.is_empty() {
+        eprintln!("gaffer: neither policy.yaml nor providers.yaml exists; nothing to trust");
+    }
+    let (text, shown, whole) = review(ws, key, &files);
+    eprint!("{text}");
+    if !whole {
+        return Err(fail(
+            "nothing signed: a difference is longer than this review shows; read the files \
+             and sign them with --expect FILE=SHA256 (the digests above)",
+            2,
+        ));
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(fail(
+            "nothing signed: confirm on a terminal, or pass --expect FILE=SHA256 for each \
+             file you reviewed (the digests above)",
+            2,
+        ));
+    }
+    if !confirmed()? {
+        return Err(fail("nothing signed", 1));
+    }
+    Ok(shown)
 }
 
 /// `gaffer trust --show`: read-only; needs only the public key.

@@ -55,10 +55,13 @@ pub struct Grant {
 
 /// How much of the workspace a sandboxed process may reach (`.gaffer/` is covered whatever
 /// this says).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Spelled `write`, `read` and `none` in a provider's declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WorkspaceAccess {
     /// Read, write and execute: workers and commands work there.
     #[default]
+    #[serde(rename = "write")]
     ReadWrite,
     /// Read and execute only.
     Read,

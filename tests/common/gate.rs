@@ -380,6 +380,24 @@ pub fn approve(env: &Env, op: &mut Server, op_id: &str) {
     env.decide_ok(op, json!({"id": ap["approval_id"], "decision": "approve", "expected_revision": ap["revision"], "idempotency_key": format!("ok-{op_id}")}));
 }
 
+/// Syncs a bundle whose `cat` profile reads its input (`head -n 1`) and creates a worker of it
+/// with `first` as its initial input: (the bundle's reference, the worker).
+pub fn reader_worker(s: &mut Server, first: &str) -> (Value, Value) {
+    let bundle = json!({
+        "metadata": {"id": "reader", "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "e2e"}},
+        "profiles": [{"selector": {"kind": "named", "value": "cat"}, "command": ["head", "-n", "1"],
+                      "input_mode": "stdin_text"}],
+    });
+    let reference = s.call("bundles/sync", json!({"bundle": bundle}))["reference"].clone();
+    let w = s.call(
+        "workers/create",
+        json!({"profile": {"kind": "named", "value": "cat"}, "config_bundle": reference,
+               "initial_input": first}),
+    )["worker"]
+        .clone();
+    (reference, w)
+}
+
 pub fn catalog(s: &mut Server) -> Value {
     s.call("operations/catalog", json!({}))
 }

@@ -56,18 +56,13 @@ struct ProviderDecl {
     tcp_connect: Vec<u16>,
     /// How much of the workspace it may reach: `none` (the default: nothing the agent writes
     /// there can become its code), `read` or `write`.
-    #[serde(default)]
-    workspace: ProviderWorkspace,
+    #[serde(default = "no_workspace")]
+    workspace: crate::sandbox::WorkspaceAccess,
 }
 
-/// `workspace:` in a provider's declaration.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum ProviderWorkspace {
-    #[default]
-    None,
-    Read,
-    Write,
+/// A provider's `workspace:` when its declaration says nothing.
+fn no_workspace() -> crate::sandbox::WorkspaceAccess {
+    crate::sandbox::WorkspaceAccess::None
 }
 
 /// How one provider process is started: argv, its whole environment, its sandbox.
@@ -161,11 +156,7 @@ impl ProviderDecl {
             });
         }
         spec.tcp_connect = self.tcp_connect.clone();
-        spec.workspace_access = match self.workspace {
-            ProviderWorkspace::None => crate::sandbox::WorkspaceAccess::None,
-            ProviderWorkspace::Read => crate::sandbox::WorkspaceAccess::Read,
-            ProviderWorkspace::Write => crate::sandbox::WorkspaceAccess::ReadWrite,
-        };
+        spec.workspace_access = self.workspace;
         Ok(Launch {
             argv,
             env,
@@ -277,7 +268,6 @@ fn lexical(path: &Path) -> PathBuf {
 /// provider are serialised.
 struct Conn {
     launch: Launch,
-    cwd: PathBuf,
     io: tokio::sync::Mutex<Option<Proc>>,
 }
 
@@ -305,7 +295,7 @@ impl Conn {
         let l = &self.launch;
         let mut cmd = tokio::process::Command::new(&l.argv[0]);
         cmd.args(&l.argv[1..])
-            .current_dir(&self.cwd)
+            .current_dir(PROVIDER_CWD)
             .env_clear()
             .envs(l.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
@@ -781,7 +771,6 @@ fn start_one(
         .map_err(|e| format!("{}: {e}", file.display()))?;
     let conn = Arc::new(Conn {
         launch,
-        cwd: PathBuf::from(PROVIDER_CWD),
         io: tokio::sync::Mutex::new(None),
     });
     let described = describe_blocking(&conn).map_err(|e| format!("describe: {e:?}"))?;
