@@ -360,6 +360,9 @@ async fn hold(ws: &Workspace, n: usize, pending: bool) {
                         upstream_status: None,
                         error: (!pending).then(|| OpFailure::new("operation_policy_denied", "no")),
                         executor: None,
+                        // As long as the seal every accepted request carries.
+                        request_seal: Some(format!("{b:032x}{i:032x}")),
+                        outcome_seal: (!pending).then(|| format!("{i:032x}{b:032x}")),
                     };
                     let approval = pending.then(|| Approval {
                         id: ap,

@@ -15,6 +15,9 @@
 //!   trust is never enforced again), the approvals' uses claimed here, approvals and client
 //!   credentials revoked (a use claimed here is never claimed again, a revoked credential never
 //!   proves its name again, whatever the journal says).
+//! - `seal.key`: the secret this machine seals the requests it accepted with
+//!   ([`crate::operations::seal`]), so a request written into the store by anything else is
+//!   told apart.
 //!
 //! An agent that can write the state directory is outside what this protects against, as is
 //! one that can read the operator's private key.
@@ -29,6 +32,7 @@ use std::sync::Mutex;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::operations::seal::SEAL_KEY_LEN;
 use crate::store::SnapshotMark;
 
 pub const STATE_DIR_ENV: &str = "GAFFER_STATE_DIR";
@@ -303,6 +307,45 @@ impl Anchor {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The key this machine seals the workspace's accepted requests with (see
+    /// [`crate::operations::seal`]), created on first use. Two processes creating it at once
+    /// agree: each writes its own file and links it into place, and the loser reads the
+    /// winner's.
+    pub fn seal_key(&self) -> Result<[u8; SEAL_KEY_LEN], AnchorError> {
+        let path = self.dir.join("seal.key");
+        match std::fs::read(&path) {
+            Ok(bytes) => return key_of(&path, &bytes),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&path)(e)),
+        }
+        self.ensure_dir()?;
+        let fresh = crate::util::random_bytes(SEAL_KEY_LEN).map_err(io_err(&path))?;
+        let tmp = self.dir.join(format!(
+            "seal.key.{}.{}",
+            std::process::id(),
+            crate::util::hex(&crate::util::random_bytes(8).map_err(io_err(&path))?)
+        ));
+        let written = (|| {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&fresh)?;
+            f.sync_all()?;
+            match std::fs::hard_link(&tmp, &path) {
+                Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(e),
+                _ => Ok(()),
+            }
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        written.map_err(io_err(&path))?;
+        let bytes = std::fs::read(&path).map_err(io_err(&path))?;
+        key_of(&path, &bytes)
     }
 
     fn ensure_dir(&self) -> Result<(), AnchorError> {
@@ -592,6 +635,13 @@ impl Anchor {
             }
         }
     }
+}
+
+fn key_of(path: &Path, bytes: &[u8]) -> Result<[u8; SEAL_KEY_LEN], AnchorError> {
+    bytes.try_into().map_err(|_| AnchorError::Corrupt {
+        path: path.to_path_buf(),
+        reason: format!("a seal key is {SEAL_KEY_LEN} bytes, not {}", bytes.len()),
+    })
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AnchorError> {

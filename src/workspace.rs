@@ -2443,6 +2443,7 @@ mod tests {
             upstream_status: None,
             approval: None,
             executor: Some("pr_x".into()),
+            seal: None,
         };
         let created = Created {
             operation: o,

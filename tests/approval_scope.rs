@@ -10,8 +10,7 @@ mod common;
 use std::path::Path;
 
 use common::gate::*;
-use gaffer::operations::plan::{PLAN_SCHEMA, Plan, PlanAuthorization};
-use gaffer::operations::policy::{Classification, DecisionEffect, GrantMode};
+use gaffer::operations::policy::GrantMode;
 use serde_json::{Value, json};
 
 /// `notes/**` waits for one-execution approvals; `drafts/**` for 2-use windows.
@@ -36,64 +35,8 @@ type Asked = (GrantMode, u32, u64);
 
 const FORGED_WINDOW: Asked = (GrantMode::Window, 50, 86_400);
 
-/// Appends, as the agent, a pending `file.write` of `content` to `path` (client `agent-1`,
-/// the agent's own identity) whose plan text and approval record both ask for `asked`.
 fn forge_request(root: &Path, id: &str, path: &str, content: &str, asked: Asked) {
-    let (mode, uses, secs) = asked;
-    let now = gaffer::util::now_ms();
-    let class = Classification {
-        target_kind: "file".into(),
-        fields: [("path".to_string(), [path.to_string()].into())].into(),
-        ..Default::default()
-    };
-    let plan = Plan {
-        schema: PLAN_SCHEMA.into(),
-        operation: "file.write".into(),
-        operation_revision: 1,
-        provider: "workspace".into(),
-        client_id: "agent-1".into(),
-        operation_id: id.into(),
-        target: json!({ "path": path }),
-        arguments: json!({ "content": content }),
-        preconditions: json!({ "prior_sha256": null }),
-        presentation: gaffer::operations::adapter::Presentation {
-            title: format!("Write {path}"),
-            summary: format!("Create {path} with {} bytes", content.len()),
-        },
-        authorization: PlanAuthorization {
-            classification: class.clone(),
-            policy_effect: DecisionEffect::Request,
-            rule_ids: vec!["notes".into()],
-            mode: Some(mode),
-            requested_duration_seconds: Some(secs),
-            requested_max_uses: Some(uses),
-        },
-        created_at_ms: now,
-        expires_at_ms: now + 900_000,
-    };
-    let text = plan.canonical();
-    let digest = Plan::digest_of(&text);
-    let ap = format!("ap_{id}");
-    let created = json!({
-        "operation": {
-            "id": id, "client_id": "agent-1", "idempotency_key": id, "operation": "file.write",
-            "provider": "workspace", "submitted": "x", "reason": "write a note",
-            "target": {"path": path}, "arguments": {"content": content},
-            "state": "pending", "revision": 1, "approval_id": ap,
-            "created_at_ms": now, "updated_at_ms": now, "terminal_at_ms": null,
-            "presentation": plan.presentation, "plan_digest": digest, "plan": text,
-            "result": null, "upstream_status": null, "error": null
-        },
-        "approval": {
-            "id": ap, "operation_id": id, "client_id": "agent-1", "operation": "file.write",
-            "plan_digest": digest, "mode": mode, "classification": class,
-            "status": "pending", "revision": 1, "created_at_ms": now,
-            "pending_expires_at_ms": now + 600_000,
-            "requested_duration_seconds": secs, "requested_max_uses": uses,
-            "decision": null, "uses": {}, "decision_keys": {}
-        }
-    });
-    append_as_agent(root, vec![("operation.created", created)]);
+    forge_file_write_request(root, "agent-1", id, path, content, asked);
 }
 
 /// `gaffer approve ARGS…`: (exit code, stdout as JSON, stderr).
@@ -224,10 +167,11 @@ fn f1_a_decision_signed_over_a_forged_scope_is_not_recorded() {
 }
 
 /// A forged one-execution request that asks for 50 uses and a day: refused as it stands,
-/// approved once the operator narrows it to what the policy grants. The reviewed write runs
-/// once; the agent's next write of the path waits for a human.
+/// naming what exceeds the policy; narrowed to what the policy grants, still refused, since
+/// no gaffer on this machine accepted it. Nothing is written, and the agent's next write of
+/// the path waits for a human.
 #[test]
-fn f1_an_operator_narrowing_within_the_policy_approves_exactly_one_write() {
+fn f1_a_forged_request_narrowed_within_the_policy_is_still_not_approved() {
     let env = Env::new(Some(POLICY));
     let mut agent = env.agent("agent-1");
     let asked = (GrantMode::Execution, 50, 86_400);
@@ -240,33 +184,14 @@ fn f1_an_operator_narrowing_within_the_policy_approves_exactly_one_write() {
         "{why}"
     );
     assert!(!why.contains("mode window"), "{why}");
-    let before = gaffer::util::now_ms();
     let narrow = ["op_n", "--max-uses", "1", "--duration-seconds", "300"];
     let (code, out, err) = approve_cli(&env, &narrow);
-    assert_eq!(code, 0, "{out} {err}");
-    assert_eq!(out["status"], "active", "{out}");
-    assert_eq!(out["mode"], "execution", "{out}");
-    assert!(
-        err.contains("max_uses: 1") && err.contains("(in 300 s)"),
-        "{err}"
-    );
-    let v = wait_state(&mut agent, "op_n", &["succeeded", "failed"]);
-    assert_eq!(v["state"], "succeeded", "{v}");
-    assert_eq!(
-        read(&env, "notes/todo.txt").as_deref(),
-        Some("- buy milk\n")
-    );
-    let expires = out["expires_at"].as_str().unwrap();
-    assert!(
-        expires <= gaffer::operations::views::rfc3339(before + 301_000).as_str(),
-        "signed for at most 300 s: {out}"
-    );
+    assert_ne!(code, 0, "{out} {err}");
+    assert_eq!(out["error"]["code"], "request_unverified", "{out}");
+    assert_eq!(read(&env, "notes/todo.txt"), None);
     let evil = write(&mut agent, "notes/todo.txt", "AGENT CONTENT\n", "evil");
     assert_eq!(evil["state"], "pending", "{evil}");
-    assert_eq!(
-        read(&env, "notes/todo.txt").as_deref(),
-        Some("- buy milk\n")
-    );
+    assert_eq!(read(&env, "notes/todo.txt"), None);
 }
 
 /// A trusted window rule still yields a working window through `gaffer approve`, which shows

@@ -233,11 +233,19 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
         "rendered from the plan text: {view}"
     );
     assert_eq!(view["title"], "Write src/evil.rs", "{view}");
-    // What the operator signs binds the plan digest and the classification of the plan text.
-    let prep = op.call(
+    // No gaffer here accepted it: it is marked so and cannot be approved at all.
+    assert_eq!(view["requester_verified"], false, "{view}");
+    let refused = op.request(
         "approvals/prepare",
         json!({"id": "ap_swap", "decision": "approve", "expected_revision": 1,
                "expected_plan_digest": view["plan_digest"]}),
+    );
+    assert_eq!(err_code(&refused), "request_unverified", "{refused}");
+    // What the operator signs (here, denying it) binds the plan digest and the
+    // classification of the plan text.
+    let prep = op.call(
+        "approvals/prepare",
+        json!({"id": "ap_swap", "decision": "deny", "expected_revision": 1}),
     );
     let payload: Value = serde_json::from_str(prep["payload"].as_str().unwrap()).unwrap();
     let real = Classification {
@@ -257,7 +265,6 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
         "operation",
         "mode",
         "max_uses",
-        "expires_at_ms",
         "revision",
         "head",
         "workspace_id",

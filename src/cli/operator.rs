@@ -56,6 +56,10 @@ pub enum OperatorCommand {
         /// Include decided and closed ones.
         #[arg(long)]
         all: bool,
+        /// Include requests no gaffer on this machine accepted (`requester_verified: false`:
+        /// written into the store by something else); they cannot be approved.
+        #[arg(long)]
+        include_unverified: bool,
     },
     /// Manage the operator key pair (kept in your config directory, never in the workspace).
     #[command(subcommand)]
@@ -130,16 +134,25 @@ pub async fn run(cmd: OperatorCommand, root: &Path) -> Result<ExitCode, ExitCode
         OperatorCommand::Trust { show: true, .. } => super::trust::show(root),
         OperatorCommand::Trust { expect, .. } => super::trust::sign(root, &expect).await,
         OperatorCommand::Client(c) => client(c, root).await,
-        OperatorCommand::Approvals { all } => {
+        OperatorCommand::Approvals {
+            all,
+            include_unverified,
+        } => {
             signer()?;
             let app = open(root)?;
             let v = call(
                 &app,
                 Role::Operator,
                 "approvals/list",
-                json!({ "all": all }),
+                json!({ "all": all, "include_unverified": include_unverified }),
             )
             .await?;
+            if let Some(n) = v["unverified_hidden"].as_u64().filter(|n| *n > 0) {
+                eprintln!(
+                    "gaffer: {n} request(s) no gaffer on this machine accepted are not listed \
+                     (written into the store by something else); --include-unverified shows them"
+                );
+            }
             print(&v);
             Ok(ExitCode::SUCCESS)
         }
@@ -293,6 +306,12 @@ fn about_to_sign(p: &PreparedDecision) -> String {
         visible(&d.operation),
         visible(&d.client)
     );
+    if !a.requester_verified {
+        out.push_str(
+            "  requester: NOT verified: no gaffer on this machine accepted this request from \
+             that client (its record was written into the store by something else)\n",
+        );
+    }
     let title = visible(a.title.as_deref().unwrap_or(&d.operation));
     let summary = a.summary.as_deref().map(visible);
     let problem = a.plan_problem.as_deref().map(visible);

@@ -22,11 +22,17 @@ pub struct ListParams {
     /// Include decided, expired and canceled approvals too.
     #[serde(default)]
     pub all: bool,
+    /// Include requests no gaffer on this machine accepted (`requester_verified: false`).
+    #[serde(default)]
+    pub include_unverified: bool,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ListResult {
     pub approvals: Vec<ApprovalView>,
+    /// Requests left out because no gaffer on this machine accepted them (records written
+    /// into the store by something else); `include_unverified` lists them.
+    pub unverified_hidden: u64,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -142,14 +148,17 @@ pub fn register(r: &mut Router<App>) {
     r.add(
         MethodDef {
             name: "approvals/list",
-            doc: "Approval requests (pending only unless `all`), each rendered from its plan text.",
+            doc: "Approval requests (pending only unless `all`; only those a gaffer on this machine accepted unless `include_unverified`), each rendered from its plan text.",
             access: Access::Read,
             audience: Audience::Operator,
             mcp_tool: None,
         },
         |app: Arc<App>, _ctx: CallCtx, p: ListParams| async move {
+            let (approvals, unverified_hidden) =
+                app.operations.approvals(p.all, p.include_unverified).await;
             Ok::<_, RpcError>(ListResult {
-                approvals: app.operations.approvals(p.all).await,
+                approvals,
+                unverified_hidden,
             })
         },
     );

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use super::adapter::Presentation;
 use super::state::{OpFailure, Operation};
 
-/// Elements of one operation's array.
-const FIELDS: usize = 23;
+/// Elements of one operation's array (snapshots written before seals hold the first 23).
+const FIELDS: usize = 25;
 
 /// One operation in the compact form.
 struct Compact<'a>(&'a Operation);
@@ -49,6 +49,8 @@ impl Serialize for Compact<'_> {
             upstream_status,
             error,
             executor,
+            request_seal,
+            outcome_seal,
         } = self.0;
         let error = error.as_ref().map(|e| (&e.code, &e.message));
         let mut t = s.serialize_tuple(FIELDS)?;
@@ -75,6 +77,8 @@ impl Serialize for Compact<'_> {
         t.serialize_element(upstream_status)?;
         t.serialize_element(&error)?;
         t.serialize_element(executor)?;
+        t.serialize_element(request_seal)?;
+        t.serialize_element(outcome_seal)?;
         t.end()
     }
 }
@@ -130,8 +134,11 @@ impl<'de> Visitor<'de> for CompactVisitor {
                 e.map(|(code, message)| OpFailure { code, message })
             },
             executor: next!(),
+            // Absent from snapshots written before seals.
+            request_seal: a.next_element::<Option<String>>()?.flatten(),
+            outcome_seal: a.next_element::<Option<String>>()?.flatten(),
         };
-        debug_assert_eq!(n, FIELDS);
+        debug_assert_eq!(n, FIELDS - 2);
         Ok(op)
     }
 }
@@ -434,13 +441,24 @@ mod tests {
             proptest::option::of((text(), text())),
             proptest::option::of(text()),
             proptest::option::of(any::<i64>()),
+            proptest::option::of(text()),
+            proptest::option::of(text()),
         );
         (ids, state, nums, opts, (text(), text())).prop_map(
             |(
                 (id, client_id, idempotency_key, operation, provider, submitted, reason),
                 state,
                 (revision, created_at_ms, updated_at_ms, terminal_at_ms, upstream_status),
-                (approval_id, plan_digest, plan, error, executor, result),
+                (
+                    approval_id,
+                    plan_digest,
+                    plan,
+                    error,
+                    executor,
+                    result,
+                    request_seal,
+                    outcome_seal,
+                ),
                 (title, summary),
             )| Operation {
                 id,
@@ -465,6 +483,8 @@ mod tests {
                 upstream_status,
                 error: error.map(|(code, message)| OpFailure { code, message }),
                 executor,
+                request_seal,
+                outcome_seal,
             },
         )
     }
@@ -532,9 +552,17 @@ mod tests {
 
     #[test]
     fn a_short_or_long_array_is_refused() {
-        let op = crate::operations::state::tests::op("op_1", OpState::Denied, None);
+        let mut op = crate::operations::state::tests::op("op_1", OpState::Denied, None);
+        op.request_seal = Some("ab".repeat(32));
+        op.outcome_seal = Some("cd".repeat(32));
         let full = serde_json::to_value(Compact(&op)).unwrap();
-        let mut short = full.clone();
+        // A snapshot written before seals: 23 fields, the operation without seals.
+        let mut before_seals = full.clone();
+        before_seals.as_array_mut().unwrap().truncate(23);
+        let old: Wrap = serde_json::from_value(json!({ "ops": [before_seals.clone()] })).unwrap();
+        assert_eq!(old.ops["op_1"].request_seal, None);
+        assert_eq!(old.ops["op_1"].outcome_seal, None);
+        let mut short = before_seals;
         short.as_array_mut().unwrap().pop();
         let mut long = full.clone();
         long.as_array_mut().unwrap().push(json!(null));

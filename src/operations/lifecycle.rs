@@ -116,6 +116,9 @@ pub mod codes {
     pub const AUTHENTICATION_FAILED: &str = "authentication_failed";
     pub const PROVIDER_UNAVAILABLE: &str = "provider_unavailable";
     pub const POLICY_CHANGING: &str = "policy_changing";
+    /// A record without this machine's seal (see [`crate::operations::seal`]) was asked to
+    /// stand for a client's request.
+    pub const REQUEST_UNVERIFIED: &str = "request_unverified";
 }
 
 #[cfg(test)]

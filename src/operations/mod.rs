@@ -32,6 +32,7 @@ mod index_tests;
 pub mod lifecycle;
 pub mod plan;
 pub mod policy;
+pub mod seal;
 pub mod state;
 pub mod trust;
 pub mod views;

@@ -72,6 +72,14 @@ pub struct Operation {
     /// The process (`pid:started_ms`) that claimed the execution.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub executor: Option<String>,
+    /// This machine's seal over who asked for what (see [`super::seal`]): absent or failing
+    /// on a request gaffer did not accept here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_seal: Option<String>,
+    /// This machine's seal over how the operation ended (see [`super::seal`]), from the
+    /// record that ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome_seal: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -225,6 +233,9 @@ pub struct Transitioned {
     pub approval: Option<ApprovalChange>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub executor: Option<String>,
+    /// This machine's seal over the outcome, on a transition that ends the operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -615,6 +626,8 @@ impl OperationState {
         if t.executor.is_some() {
             op.executor = t.executor;
         }
+        // Only the record that ends an operation speaks for its outcome.
+        op.outcome_seal = t.seal;
         if t.to.is_terminal() {
             // The plan is needed only until the operation ends; the journal keeps it for audit.
             op.plan = None;
@@ -907,6 +920,8 @@ pub(crate) mod tests {
             upstream_status: None,
             error: None,
             executor: None,
+            request_seal: None,
+            outcome_seal: None,
         }
     }
 
@@ -960,6 +975,7 @@ pub(crate) mod tests {
                 effect: e,
             }),
             executor: None,
+            seal: None,
         })
         .unwrap()
     }

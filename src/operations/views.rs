@@ -110,6 +110,12 @@ pub struct ApprovalView {
     pub approval_id: String,
     pub operation_id: String,
     pub client_id: String,
+    /// Whether a gaffer on this machine accepted this request from `client_id`'s checked
+    /// connection (its record carries this machine's seal). False for a request written into
+    /// the store by anything else, by gaffer on another machine or before seals existed: such
+    /// a request names a client nothing vouches for, is listed only on request and cannot be
+    /// approved (deny it, or have the client submit again).
+    pub requester_verified: bool,
     pub operation: String,
     pub status: ApprovalStatus,
     /// Pass this as `expected_revision` when deciding.
@@ -157,6 +163,7 @@ impl ApprovalView {
     pub fn of(
         a: &Approval,
         op: Option<&Operation>,
+        requester_verified: bool,
         shown: Result<&PlanShown, &str>,
     ) -> ApprovalView {
         let plan = shown.ok();
@@ -166,6 +173,7 @@ impl ApprovalView {
             approval_id: a.id.clone(),
             operation_id: a.operation_id.clone(),
             client_id: op.map_or_else(|| a.client_id.clone(), |o| o.client_id.clone()),
+            requester_verified,
             operation: op.map_or_else(|| a.operation.clone(), |o| o.operation.clone()),
             status: a.status,
             revision: a.revision,

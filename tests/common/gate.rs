@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{BIN, Server, Wire};
+use gaffer::operations::plan::{PLAN_SCHEMA, Plan, PlanAuthorization};
+use gaffer::operations::policy::{Classification, DecisionEffect, GrantMode};
 use serde_json::{Value, json};
 
 pub const ALLOW_DOCS: &str = r#"
@@ -208,7 +210,8 @@ impl Env {
     /// The `plan_digest` the operator reviews for approval or operation `id` in `gaffer
     /// approvals` (what `gaffer approve --expect` takes).
     pub fn reviewed_digest(&self, id: &str) -> String {
-        let (code, out, err) = self.cli(&["approvals", "--all"]);
+        // Forged requests too: the tests that play them show what refuses them after this.
+        let (code, out, err) = self.cli(&["approvals", "--all", "--include-unverified"]);
         assert_eq!(code, 0, "gaffer approvals: {out}{err}");
         let v: Value = serde_json::from_str(&out).unwrap();
         v["approvals"]
@@ -492,4 +495,72 @@ pub fn trust_record(
         operator_signature: gaffer::operator::OperatorSignature::sign(signer, &payload),
     })
     .unwrap()
+}
+
+/// Appends, as the agent, a well-framed and chained pending `file.write` of `content` to
+/// `path` in `client`'s name, whose plan text and approval record both ask for `asked`
+/// (mode, uses, seconds) under the rule `notes`.
+pub fn forge_file_write_request(
+    root: &Path,
+    client: &str,
+    id: &str,
+    path: &str,
+    content: &str,
+    asked: (GrantMode, u32, u64),
+) {
+    let (mode, uses, secs) = asked;
+    let now = gaffer::util::now_ms();
+    let class = Classification {
+        target_kind: "file".into(),
+        fields: [("path".to_string(), [path.to_string()].into())].into(),
+        ..Default::default()
+    };
+    let plan = Plan {
+        schema: PLAN_SCHEMA.into(),
+        operation: "file.write".into(),
+        operation_revision: 1,
+        provider: "workspace".into(),
+        client_id: client.into(),
+        operation_id: id.into(),
+        target: json!({ "path": path }),
+        arguments: json!({ "content": content }),
+        preconditions: json!({ "prior_sha256": null }),
+        presentation: gaffer::operations::adapter::Presentation {
+            title: format!("Write {path}"),
+            summary: format!("Create {path} with {} bytes", content.len()),
+        },
+        authorization: PlanAuthorization {
+            classification: class.clone(),
+            policy_effect: DecisionEffect::Request,
+            rule_ids: vec!["notes".into()],
+            mode: Some(mode),
+            requested_duration_seconds: Some(secs),
+            requested_max_uses: Some(uses),
+        },
+        created_at_ms: now,
+        expires_at_ms: now + 900_000,
+    };
+    let text = plan.canonical();
+    let digest = Plan::digest_of(&text);
+    let ap = format!("ap_{id}");
+    let created = json!({
+        "operation": {
+            "id": id, "client_id": client, "idempotency_key": id, "operation": "file.write",
+            "provider": "workspace", "submitted": "x", "reason": "write a note",
+            "target": {"path": path}, "arguments": {"content": content},
+            "state": "pending", "revision": 1, "approval_id": ap,
+            "created_at_ms": now, "updated_at_ms": now, "terminal_at_ms": null,
+            "presentation": plan.presentation, "plan_digest": digest, "plan": text,
+            "result": null, "upstream_status": null, "error": null
+        },
+        "approval": {
+            "id": ap, "operation_id": id, "client_id": client, "operation": "file.write",
+            "plan_digest": digest, "mode": mode, "classification": class,
+            "status": "pending", "revision": 1, "created_at_ms": now,
+            "pending_expires_at_ms": now + 600_000,
+            "requested_duration_seconds": secs, "requested_max_uses": uses,
+            "decision": null, "uses": {}, "decision_keys": {}
+        }
+    });
+    append_as_agent(root, vec![("operation.created", created)]);
 }

@@ -333,6 +333,7 @@ class Tree implements vscode.TreeDataProvider<Node> {
       case "approval": {
         const v = m.approvalItem(n.a, Date.now());
         const t = new vscode.TreeItem(v.label);
+        t.id = `approval/${n.g.name}/${n.a.approval_id}`;
         t.description = v.description + where(n.g);
         t.tooltip = v.tooltip;
         t.contextValue = "approval";
@@ -342,12 +343,17 @@ class Tree implements vscode.TreeDataProvider<Node> {
       }
       case "group": {
         const t = new vscode.TreeItem(`${n.state} (${n.ops.length})`, vscode.TreeItemCollapsibleState.Expanded);
+        // A stable id, not one derived from the label: the count in the label changes with
+        // every refresh, and VS Code then could not resolve a group whose children it was
+        // still fetching (the group stayed open and empty until the next refresh).
+        t.id = `group/${n.g?.name ?? ""}/${n.state}`;
         t.contextValue = "group";
         return t;
       }
       case "operation": {
         const v = m.operationItem(n.op);
         const t = new vscode.TreeItem(v.label);
+        t.id = `op/${n.g.name}/${n.op.id}`;
         t.description = v.description + where(n.g);
         t.tooltip = v.tooltip;
         t.contextValue = "operation";
@@ -355,6 +361,7 @@ class Tree implements vscode.TreeDataProvider<Node> {
       }
       case "worker": {
         const t = new vscode.TreeItem(m.visible(n.w.display_name || n.w.id));
+        t.id = `worker/${n.g.name}/${n.w.id}`;
         t.description = n.w.status + where(n.g);
         t.contextValue = "worker";
         t.iconPath = new vscode.ThemeIcon("server-process");

@@ -13,7 +13,7 @@ use super::super::lifecycle::{OpState, codes};
 use super::super::policy::PolicyRequest;
 use super::super::state::{
     self as st, ApprovalChange, ApprovalEffect, ApprovalStatus, DecisionKind, KIND_DECIDED,
-    KIND_REVOKED, KIND_TRANSITIONED, Operation, OperationState, Revoked,
+    KIND_REVOKED, Operation, OperationState, Revoked,
 };
 use super::super::views::{ApprovalView, PlanShown};
 use super::execute::Rederived;
@@ -173,14 +173,19 @@ impl OperationRuntime {
             Some(op) => self.show(op).await,
             None => Err("the operation was pruned".to_string()),
         };
+        let verified = op.as_ref().is_some_and(|o| self.sealed_here(o));
         Ok(ApprovalView::of(
             &a,
             op.as_ref(),
+            verified,
             shown.as_ref().map_err(String::as_str),
         ))
     }
 
-    pub async fn approvals(&self, all: bool) -> Vec<ApprovalView> {
+    /// Approval requests (pending only unless `all`), and how many were left out because no
+    /// gaffer on this machine accepted them (unless `include_unverified`): a request the
+    /// agent wrote into the store is not put before the operator unasked.
+    pub async fn approvals(&self, all: bool, include_unverified: bool) -> (Vec<ApprovalView>, u64) {
         let ids: Vec<String> = self.ws.read(|s| {
             s.operations
                 .approvals
@@ -190,12 +195,15 @@ impl OperationRuntime {
                 .collect()
         });
         let mut out = Vec::with_capacity(ids.len());
+        let mut hidden = 0;
         for id in ids {
-            if let Ok(v) = self.view(&id).await {
-                out.push(v);
+            match self.view(&id).await {
+                Ok(v) if v.requester_verified || include_unverified => out.push(v),
+                Ok(_) => hidden += 1,
+                Err(_) => {}
             }
         }
-        out
+        (out, hidden)
     }
 
     /// One approval by approval or operation id.
@@ -256,6 +264,11 @@ impl OperationRuntime {
                 REQUEST_ADVICE,
             )?;
         }
+        // Last, so a request that also breaks a rule above is refused naming that.
+        let verified = self.sealed_here(&op);
+        if approve && !verified {
+            return Err(unverified_request(&op.client_id));
+        }
         let payload = DecisionPayload {
             domain: DecisionPayload::DOMAIN.into(),
             workspace_id: self
@@ -285,7 +298,12 @@ impl OperationRuntime {
         };
         Ok(PreparedDecision {
             text: canonical_text(&payload),
-            approval: ApprovalView::of(&a, Some(&op), shown.as_ref().map_err(String::as_str)),
+            approval: ApprovalView::of(
+                &a,
+                Some(&op),
+                verified,
+                shown.as_ref().map_err(String::as_str),
+            ),
             payload,
         })
     }
@@ -389,9 +407,10 @@ impl OperationRuntime {
         let command_digest = crate::util::sha256_hex(sig.payload.as_bytes());
         let now = crate::util::now_ms();
         let aid = p.approval_id.clone();
+        let sealer = self.sealer();
         let (approved_op, expired) = self
             .commit(move |s: &crate::workspace::State| {
-                decide_records(s, &p, sig, idem, command_digest, now)
+                decide_records(s, &p, sig, idem, command_digest, now, sealer.as_deref())
             })
             .await
             .map_err(commit_err)?;
@@ -477,9 +496,12 @@ impl OperationRuntime {
         let idem = idempotency_key.map(|k| k.trim().to_string());
         let aid = p.approval_id.clone();
         let now = crate::util::now_ms();
-        self.commit(move |s: &crate::workspace::State| revoke_records(s, &p, sig, idem, now))
-            .await
-            .map_err(commit_err)?;
+        let sealer = self.sealer();
+        self.commit(move |s: &crate::workspace::State| {
+            revoke_records(s, &p, sig, idem, now, sealer.as_deref())
+        })
+        .await
+        .map_err(commit_err)?;
         self.anchor_revocation(&aid, now).await;
         self.view(&aid).await
     }
@@ -541,6 +563,22 @@ fn unfit_for_approval(why: &str) -> OpError {
     )
 }
 
+/// Refuses to approve a request no gaffer on this machine accepted: its client name is only
+/// what its record says.
+fn unverified_request(client: &str) -> OpError {
+    OpError::new(
+        ErrorKind::Conflict,
+        codes::REQUEST_UNVERIFIED,
+        format!(
+            "no gaffer on this machine accepted this request from {}: its record carries no \
+             seal of this machine (written into the store by something else, on another \
+             machine, or before gaffer sealed requests), so it cannot be approved; deny it, \
+             or have the client submit it again",
+            crate::util::visible(client)
+        ),
+    )
+}
+
 /// Refuses a scope that reaches past the policy's bound, naming each field that does.
 fn within_policy(excess: &[String], what: &str, advice: &str) -> Result<(), OpError> {
     if excess.is_empty() {
@@ -598,6 +636,7 @@ fn decide_records(
     idem: String,
     command_digest: String,
     now: u64,
+    sealer: Option<&Sealer>,
 ) -> Result<(Vec<NewRecord>, Decided), OpError> {
     let ops = &s.operations;
     let a = ops.approvals.get(&p.approval_id).ok_or_else(no_approval)?;
@@ -640,7 +679,7 @@ fn decide_records(
                     approval_id: a.id.clone(),
                     effect: ApprovalEffect::Expire,
                 }));
-            recs.push(typed_rec(KIND_TRANSITIONED, t)?);
+            recs.push(transition_rec(sealer, op, t)?);
         }
         return Ok((recs, (None, true)));
     }
@@ -668,7 +707,7 @@ fn decide_records(
                 },
             ),
         };
-        recs.push(typed_rec(KIND_TRANSITIONED, t)?);
+        recs.push(transition_rec(sealer, op, t)?);
     }
     Ok((recs, (approved, false)))
 }
@@ -679,6 +718,7 @@ fn revoke_records(
     sig: OperatorSignature,
     idem: Option<String>,
     now: u64,
+    sealer: Option<&Sealer>,
 ) -> Result<(Vec<NewRecord>, ()), OpError> {
     let ops = &s.operations;
     let a = ops.approvals.get(&p.approval_id).ok_or_else(no_approval)?;
@@ -712,7 +752,7 @@ fn revoke_records(
             if let Some(op) = op.filter(|o| o.state == OpState::Approved) {
                 let t = transition(op, OpState::Canceled, now)
                     .error(codes::CANCELED, "the operator revoked the approval");
-                recs.push(typed_rec(KIND_TRANSITIONED, t)?);
+                recs.push(transition_rec(sealer, op, t)?);
             }
             Ok((recs, ()))
         }
@@ -725,7 +765,7 @@ fn revoke_records(
                     approval_id: a.id.clone(),
                     effect: ApprovalEffect::Cancel,
                 }));
-            Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], ()))
+            Ok((vec![transition_rec(sealer, op, t)?], ()))
         }
         other => Err(OpError::new(
             ErrorKind::Conflict,

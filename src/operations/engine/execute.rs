@@ -8,7 +8,7 @@ use super::super::authorize::{Check, authorize};
 use super::super::lifecycle::{OpState, codes};
 use super::super::plan::Plan;
 use super::super::policy::{Classification, Policy};
-use super::super::state::{ApprovalChange, ApprovalEffect, KIND_TRANSITIONED, Operation, UseState};
+use super::super::state::{ApprovalChange, ApprovalEffect, Operation, UseState};
 use super::*;
 use crate::anchor::ClaimRefused;
 
@@ -323,6 +323,7 @@ impl OperationRuntime {
             )),
             Err(e) => Err(e.clone()),
         };
+        let sealer = self.sealer();
         self.commit(move |s: &crate::workspace::State| {
             let ops = &s.operations;
             let Some(op) = ops
@@ -338,7 +339,10 @@ impl OperationRuntime {
             let fail = |code: &str, msg: &str| -> Result<(Vec<NewRecord>, Claim), OpError> {
                 tracing::warn!(operation = %op.id, code, reason = msg, "execution refused");
                 let t = transition(op, OpState::Failed, now).error(code, msg);
-                Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], Claim::Refused))
+                Ok((
+                    vec![transition_rec(sealer.as_deref(), op, t)?],
+                    Claim::Refused,
+                ))
             };
             if let Some(why) = store_refusal.as_deref() {
                 return fail(codes::STORE_ROLLED_BACK, why);
@@ -391,7 +395,7 @@ impl OperationRuntime {
             }));
             t.executor = Some(executor);
             Ok((
-                vec![typed_rec(KIND_TRANSITIONED, t)?],
+                vec![transition_rec(sealer.as_deref(), op, t)?],
                 Claim::Run {
                     spend,
                     policy: Arc::clone(&policy),
@@ -511,6 +515,7 @@ impl OperationRuntime {
         let id = id.to_string();
         let operation = operation.to_string();
         let now = crate::util::now_ms();
+        let sealer = self.sealer();
         self.commit(move |s: &crate::workspace::State| {
             let ops = &s.operations;
             let Some(op) = ops.get(&id) else {
@@ -562,7 +567,7 @@ impl OperationRuntime {
                     .error(&code, message)
                     .approval(change(effect)),
             };
-            Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], ()))
+            Ok((vec![transition_rec(sealer.as_deref(), op, t)?], ()))
         })
         .await
         .map_err(commit_err)

