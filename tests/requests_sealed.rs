@@ -15,6 +15,8 @@ mod common;
 use common::forge::the_segment;
 use common::gate::*;
 use gaffer::operations::policy::GrantMode;
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 /// `ci-agent` and `agent-1` wait for one-execution approvals on `notes/**`; `ci-agent` writes
@@ -53,6 +55,8 @@ fn ids(list: &Value) -> Vec<String> {
 #[test]
 fn a_request_forged_in_a_trusted_clients_name_is_neither_shown_nor_approvable() {
     let env = Env::new(Some(POLICY));
+    // The operator's editor is connected throughout: it is told of requests as they come.
+    let mut op = env.operator();
     let mut ci = env.agent("ci-agent");
     let genuine = ok(&submit(
         &mut ci,
@@ -73,7 +77,29 @@ fn a_request_forged_in_a_trusted_clients_name_is_neither_shown_nor_approvable() 
         (GrantMode::Execution, 1, 300),
     );
 
-    let mut op = env.operator();
+    // A request ci-agent makes after the forged one is announced; the forged one never was.
+    let later = ok(&submit(
+        &mut ci,
+        "file.write",
+        json!({"path": "notes/later.txt"}),
+        json!({"content": "later\n"}),
+        "g2",
+    ))
+    .clone();
+    let requested = |id: &Value| {
+        let id = id.clone();
+        move |v: &Value| v["method"] == "approvals/requested" && v["params"]["operation_id"] == id
+    };
+    op.wait_for(Duration::from_secs(10), requested(&later["id"]))
+        .unwrap_or_else(|| panic!("approvals/requested for {later}"));
+    assert!(
+        op.wait_for(Duration::ZERO, requested(&json!("op_forged")))
+            .is_none(),
+        "the forged request was announced to the operator"
+    );
+    let cancel = ci.call("operations/cancel", json!({"id": later["id"]}));
+    assert_eq!(cancel["state"], "canceled", "{cancel}");
+
     let list = listed(&mut op, false);
     assert_eq!(ids(&list), std::slice::from_ref(&genuine_id), "{list}");
     assert_eq!(list["approvals"][0]["requester_verified"], true, "{list}");

@@ -258,6 +258,10 @@ impl Host for Server {
         notice_visible(state, client, notice)
     }
 
+    fn operator_visible(&self, state: &App, notice: &Notice) -> bool {
+        operator_notice_visible(state, notice)
+    }
+
     fn push(n: Notice) -> Push {
         Push {
             method: n.method.into_owned(),
@@ -310,6 +314,16 @@ pub(crate) fn notice_visible(app: &App, client: Option<&str>, n: &Notice) -> boo
         // `approvals/requested` is the operators' (and so is anything not scoped here yet).
         _ => false,
     }
+}
+
+/// Whether an operator connection receives `n`: every notice, except that a request no gaffer
+/// here accepted is not announced, as it is not listed (its client name and words are whatever
+/// the agent wrote; see [`crate::operations::seal`]).
+pub(crate) fn operator_notice_visible(app: &App, n: &Notice) -> bool {
+    n.method != crate::operations::state::NOTICE_REQUESTED
+        || n.params
+            .str_field("operation_id")
+            .is_some_and(|id| app.operations.operation_sealed_here(id))
 }
 
 #[cfg(test)]

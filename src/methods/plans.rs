@@ -772,6 +772,10 @@ impl Host for LaneHost {
         state.workspace.subscribe()
     }
 
+    fn operator_visible(&self, state: &App, notice: &Notice) -> bool {
+        super::operator_notice_visible(state, notice)
+    }
+
     fn visible(&self, state: &App, client: Option<&str>, notice: &Notice) -> bool {
         super::notice_visible(state, client, notice)
     }

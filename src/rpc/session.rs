@@ -87,8 +87,11 @@ pub trait Host: Send + Sync + 'static {
     fn subscribe(&self, state: &Self::State) -> crate::fanout::Subscription<Self::Notice>;
     /// Whether a connection established as `client` (`None`: not yet identified, so
     /// anonymous) may receive `notice`: what its own requests would be shown. Operators get
-    /// every notice.
+    /// what [`Host::operator_visible`] passes.
     fn visible(&self, state: &Self::State, client: Option<&str>, notice: &Self::Notice) -> bool;
+    /// Whether an operator connection is sent `notice`: what the operator's own listings
+    /// would show.
+    fn operator_visible(&self, state: &Self::State, notice: &Self::Notice) -> bool;
     fn push(notice: Self::Notice) -> Push;
     /// Server name and version for `serverInfo`.
     fn server_info(&self) -> (&'static str, &'static str);
@@ -1053,13 +1056,16 @@ struct Listener {
 }
 
 impl Listener {
-    /// Whether this connection is shown `notice`: MCP connections get none; operators every
-    /// one; others what their own requests would be shown.
+    /// Whether this connection is shown `notice`: MCP connections get none; operators and
+    /// others what their own requests would be shown.
     fn shown<H: Host>(&self, host: &H, state: &H::State, notice: H::Notice) -> Option<Push> {
         if self.profile == Some(Profile::Mcp) {
             return None;
         }
         let operator = self.operator.load(std::sync::atomic::Ordering::Acquire);
+        if operator && !host.operator_visible(state, &notice) {
+            return None;
+        }
         if !operator {
             let me = self
                 .viewer

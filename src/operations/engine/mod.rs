@@ -345,6 +345,15 @@ impl OperationRuntime {
         }
     }
 
+    /// Whether a gaffer on this machine accepted the operation `id` (see [`super::seal`]).
+    pub fn operation_sealed_here(&self, id: &str) -> bool {
+        let Some(sealer) = self.sealer() else {
+            return false;
+        };
+        self.ws
+            .read(|s| s.operations.get(id).is_some_and(|op| sealer.checks(op)))
+    }
+
     /// Whether a gaffer on this machine accepted `op` from a client whose identity it checked
     /// (see [`super::seal`]).
     pub fn sealed_here(&self, op: &Operation) -> bool {
