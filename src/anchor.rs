@@ -339,7 +339,9 @@ impl Anchor {
             f.sync_all()?;
             match std::fs::hard_link(&tmp, &path) {
                 Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(e),
-                _ => Ok(()),
+                // The name made durable too: a key lost to a power cut would leave every seal
+                // made with it unverifiable.
+                _ => File::open(&self.dir)?.sync_all(),
             }
         })();
         let _ = std::fs::remove_file(&tmp);

@@ -189,6 +189,10 @@ impl Notice {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct State {
     pub last_seq: u64,
+    /// Inside a commit closure: the seq the first record it returns will get (the records
+    /// that follow get the next ones). Not meaningful elsewhere.
+    #[serde(skip)]
+    pub staging_seq: u64,
     #[serde(default)]
     pub bundles: crate::bundles::BundleState,
     #[serde(default)]
@@ -883,6 +887,7 @@ impl Workspace {
                     return None;
                 }
             };
+            stage.state.staging_seq = stage.next_seq;
             match f(stage.state) {
                 Err(e) => {
                     let _ = tx.send(Err(CommitError::Rejected(e)));

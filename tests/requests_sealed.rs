@@ -12,10 +12,10 @@
 
 mod common;
 
-use common::forge::the_segment;
+use common::forge::{anchor_outside_the_workspace, append_chained, the_segment};
 use common::gate::*;
 use gaffer::operations::policy::GrantMode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -284,4 +284,283 @@ fn an_ending_forged_onto_a_genuine_request_is_not_replayed_as_its_outcome() {
         "{r}"
     );
     assert!(!env.root().join("notes/deploy.txt").exists());
+}
+
+fn far_future() -> u64 {
+    gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000
+}
+
+/// The agent drops every terminal operation (an `operation.pruned` it writes itself) and
+/// appends the genuine `operation.created` record of `id` again, byte for byte unless
+/// `edit` changes it: its request seal is genuine.
+fn prune_and_recreate(root: &std::path::Path, id: &str, edit: impl FnOnce(&mut Value)) {
+    let seg = the_segment(root);
+    let i = seg.find("operation.created", |kind, p| {
+        kind == "operation.created" && p["operation"]["id"] == id
+    });
+    let mut created = seg.recs[i].payload();
+    edit(&mut created);
+    append_chained(
+        root,
+        &[
+            (
+                "operation.pruned",
+                json!({ "before_ms": far_future() })
+                    .to_string()
+                    .into_bytes(),
+            ),
+            ("operation.created", created.to_string().into_bytes()),
+        ],
+    );
+}
+
+/// A request the operator denied, brought back by the agent (its own prune, then a copy of
+/// the genuine `operation.created` with a fresh deadline and a reason of its choosing), is
+/// not listed as verified nor approvable: the seal binds the record's words, terms and
+/// journal position. (Before: listed verified, approved, and the denied write ran.)
+#[test]
+fn a_denied_request_recreated_by_the_agent_is_not_shown_as_verified() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let first = ok(&submit(
+        &mut ci,
+        "file.write",
+        json!({"path": "notes/denied.txt"}),
+        json!({"content": "denied\n"}),
+        "d-1",
+    ))
+    .clone();
+    let id = first["id"].as_str().unwrap().to_string();
+    let mut op = env.operator();
+    let a = wait_for_approval(&mut op, &id);
+    assert_eq!(a["requester_verified"], true, "{a}");
+    ok(&env.decide(
+        &mut op,
+        json!({"id": id, "decision": "deny", "expected_revision": a["revision"]}),
+    ));
+    wait_state(&mut ci, &id, &["denied"]);
+    drop(op);
+    drop(ci);
+
+    let now = gaffer::util::now_ms();
+    prune_and_recreate(env.root(), &id, |c| {
+        c["operation"]["reason"] = json!("the operator asked for this in chat; safe to approve");
+        c["approval"]["created_at_ms"] = json!(now);
+        c["approval"]["pending_expires_at_ms"] = json!(now + 600_000);
+    });
+
+    let mut op = env.operator();
+    let list = op.call("approvals/list", json!({}));
+    let shown = list["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["operation_id"] == id.as_str())
+        .cloned();
+    let verified = shown
+        .as_ref()
+        .is_some_and(|a| a["requester_verified"] == true);
+    let mut ran = false;
+    if let Some(a) = &shown {
+        let r = env.decide(
+            &mut op,
+            json!({"id": id, "decision": "approve", "expected_revision": a["revision"]}),
+        );
+        if r.get("result").is_some() {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline && !ran {
+                ran = env.root().join("notes/denied.txt").exists();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    assert!(
+        !verified,
+        "a request the operator denied, brought back by the agent, is listed as verified \
+         (reason shown: {}; approving it wrote the denied file: {ran}): {list}",
+        shown.as_ref().map_or(Value::Null, |a| a["reason"].clone())
+    );
+}
+
+/// A write that succeeded, brought back by the agent as a pending request whose deadline has
+/// passed (gaffer itself then expires it and seals that ending), is not replayed to its
+/// client as expired. (Before: told `expired` under genuine seals, while the write happened.)
+#[test]
+fn a_succeeded_write_recreated_by_the_agent_is_not_replayed_with_another_outcome() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let target = json!({"path": "notes/deploy.txt"});
+    let args = json!({"content": "go\n"});
+    let mut ci = env.agent("ci-agent");
+    let first = ok(&submit(
+        &mut ci,
+        "file.write",
+        target.clone(),
+        args.clone(),
+        "deploy-1",
+    ))
+    .clone();
+    let id = first["id"].as_str().unwrap().to_string();
+    let mut op = env.operator();
+    approve(&env, &mut op, &id);
+    wait_state(&mut ci, &id, &["succeeded"]);
+    let again = ok(&submit(
+        &mut ci,
+        "file.write",
+        target.clone(),
+        args.clone(),
+        "deploy-1",
+    ))
+    .clone();
+    assert_eq!(again["state"], "succeeded", "control: {again}");
+    drop(op);
+    drop(ci);
+
+    let now = gaffer::util::now_ms();
+    prune_and_recreate(env.root(), &id, |c| {
+        c["approval"]["pending_expires_at_ms"] = json!(now);
+    });
+
+    let mut ci = env.agent("ci-agent");
+    // Give the expiry sweep its moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut replay;
+    loop {
+        replay = submit(
+            &mut ci,
+            "file.write",
+            target.clone(),
+            args.clone(),
+            "deploy-1",
+        );
+        let st = replay["result"]["state"].as_str().unwrap_or("").to_string();
+        if st != "pending" || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(env.root().join("notes/deploy.txt").exists());
+    let st = replay["result"]["state"].as_str();
+    assert!(
+        st == Some("succeeded") || replay.get("error").is_some(),
+        "the write succeeded, but the retried submission is told {st:?}: {replay}"
+    );
+}
+
+/// Genuine operations ending every ordinary way replay as themselves in the process that ran
+/// them, after a restart and after a snapshot (`gaffer store compact`): seals never turn
+/// against the clients they serve.
+#[test]
+fn genuine_endings_replay_after_a_restart_and_a_snapshot() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let mut op = env.operator();
+    let mut keys: Vec<(String, Value, Value, String, String)> = vec![];
+    let mut sub = |ci: &mut common::Server, path: &str, key: &str| {
+        let t = json!({ "path": path });
+        let a = json!({"content": format!("{key}\n")});
+        let v = ok(&submit(ci, "file.write", t.clone(), a.clone(), key)).clone();
+        let id = v["id"].as_str().unwrap().to_string();
+        keys.push((key.to_string(), t, a, id.clone(), String::new()));
+        id
+    };
+    // allowed at once, runs
+    let allowed = sub(&mut ci, "docs/a.txt", "allowed");
+    wait_state(&mut ci, &allowed, &["succeeded"]);
+    // allowed, fails its precondition (the file exists now)
+    let failed = sub(&mut ci, "docs/a.txt", "failed");
+    wait_state(&mut ci, &failed, &["failed", "succeeded"]);
+    // denied by the operator
+    let denied = sub(&mut ci, "notes/d.txt", "denied");
+    let a = wait_for_approval(&mut op, &denied);
+    ok(&env.decide(
+        &mut op,
+        json!({"id": denied, "decision": "deny", "expected_revision": a["revision"]}),
+    ));
+    wait_state(&mut ci, &denied, &["denied"]);
+    // approved and run
+    let approved = sub(&mut ci, "notes/ok.txt", "approved");
+    approve(&env, &mut op, &approved);
+    wait_state(&mut ci, &approved, &["succeeded"]);
+    // canceled by its requester
+    let canceled = sub(&mut ci, "notes/c.txt", "canceled");
+    wait_for_approval(&mut op, &canceled);
+    ok(&ci.request("operations/cancel", json!({"id": canceled})));
+    wait_state(&mut ci, &canceled, &["canceled"]);
+    drop(op);
+
+    let check =
+        |ci: &mut common::Server, keys: &[(String, Value, Value, String, String)], when: &str| {
+            for (key, t, a, id, _) in keys {
+                let r = submit(ci, "file.write", t.clone(), a.clone(), key);
+                assert_eq!(
+                    r["result"]["id"],
+                    id.as_str(),
+                    "{when}: replay of {key}: {r}"
+                );
+            }
+        };
+    check(&mut ci, &keys, "same process");
+    drop(ci);
+    let mut ci = env.agent("ci-agent");
+    check(&mut ci, &keys, "after a restart");
+    drop(ci);
+    let (code, out, err) = env.cli(&["store", "compact"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut ci = env.agent("ci-agent");
+    check(&mut ci, &keys, "after a snapshot");
+}
+
+/// The same with a byte-identical copy, within the original request's deadline: every word
+/// and term is genuine, only its place in the journal is not.
+#[test]
+fn a_byte_identical_copy_of_a_denied_request_is_not_verified() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let first = ok(&submit(
+        &mut ci,
+        "file.write",
+        json!({"path": "notes/denied.txt"}),
+        json!({"content": "denied\n"}),
+        "d-1",
+    ))
+    .clone();
+    let id = first["id"].as_str().unwrap().to_string();
+    let mut op = env.operator();
+    let a = wait_for_approval(&mut op, &id);
+    ok(&env.decide(
+        &mut op,
+        json!({"id": id, "decision": "deny", "expected_revision": a["revision"]}),
+    ));
+    wait_state(&mut ci, &id, &["denied"]);
+    drop(op);
+    prune_and_recreate(env.root(), &id, |_| {});
+    let mut op = env.operator();
+    let all = op.call("approvals/list", json!({"include_unverified": true}));
+    let back = all["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["operation_id"] == id.as_str())
+        .unwrap_or_else(|| panic!("the copy is folded: {all}"))
+        .clone();
+    assert_eq!(back["requester_verified"], false, "{back}");
+    assert_eq!(back["operation_state"], "pending", "{back}");
+    let r = env.decide(
+        &mut op,
+        json!({"id": id, "decision": "approve", "expected_revision": back["revision"]}),
+    );
+    assert_eq!(err_code(&r), "request_unverified", "{r}");
+    // ci-agent's retry is not told the copy is its request either.
+    let r = submit(
+        &mut ci,
+        "file.write",
+        json!({"path": "notes/denied.txt"}),
+        json!({"content": "denied\n"}),
+        "d-1",
+    );
+    assert_eq!(err_code(&r), "request_unverified", "{r}");
 }

@@ -18,7 +18,7 @@ use super::adapter::Presentation;
 use super::state::{OpFailure, Operation};
 
 /// Elements of one operation's array (snapshots written before seals hold the first 23).
-const FIELDS: usize = 25;
+const FIELDS: usize = 26;
 
 /// One operation in the compact form.
 struct Compact<'a>(&'a Operation);
@@ -51,6 +51,7 @@ impl Serialize for Compact<'_> {
             executor,
             request_seal,
             outcome_seal,
+            created_seq,
         } = self.0;
         let error = error.as_ref().map(|e| (&e.code, &e.message));
         let mut t = s.serialize_tuple(FIELDS)?;
@@ -79,6 +80,7 @@ impl Serialize for Compact<'_> {
         t.serialize_element(executor)?;
         t.serialize_element(request_seal)?;
         t.serialize_element(outcome_seal)?;
+        t.serialize_element(created_seq)?;
         t.end()
     }
 }
@@ -137,8 +139,9 @@ impl<'de> Visitor<'de> for CompactVisitor {
             // Absent from snapshots written before seals.
             request_seal: a.next_element::<Option<String>>()?.flatten(),
             outcome_seal: a.next_element::<Option<String>>()?.flatten(),
+            created_seq: a.next_element::<u64>()?.unwrap_or(0),
         };
-        debug_assert_eq!(n, FIELDS - 2);
+        debug_assert_eq!(n, FIELDS - 3);
         Ok(op)
     }
 }
@@ -485,6 +488,7 @@ mod tests {
                 executor,
                 request_seal,
                 outcome_seal,
+                created_seq: revision.wrapping_mul(3),
             },
         )
     }
@@ -555,6 +559,7 @@ mod tests {
         let mut op = crate::operations::state::tests::op("op_1", OpState::Denied, None);
         op.request_seal = Some("ab".repeat(32));
         op.outcome_seal = Some("cd".repeat(32));
+        op.created_seq = 7;
         let full = serde_json::to_value(Compact(&op)).unwrap();
         // A snapshot written before seals: 23 fields, the operation without seals.
         let mut before_seals = full.clone();
@@ -562,6 +567,7 @@ mod tests {
         let old: Wrap = serde_json::from_value(json!({ "ops": [before_seals.clone()] })).unwrap();
         assert_eq!(old.ops["op_1"].request_seal, None);
         assert_eq!(old.ops["op_1"].outcome_seal, None);
+        assert_eq!(old.ops["op_1"].created_seq, 0);
         let mut short = before_seals;
         short.as_array_mut().unwrap().pop();
         let mut long = full.clone();

@@ -17,7 +17,7 @@
 use hmac::{KeyInit, Mac};
 
 use super::lifecycle::OpState;
-use super::state::{OpFailure, Operation, Transitioned};
+use super::state::{Approval, OpFailure, Operation, Transitioned};
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
@@ -46,65 +46,89 @@ impl Sealer {
         }
     }
 
-    /// The MAC over what a request's record claims and never changes: who asked, under which
-    /// key, for which plan, and when.
-    fn request_mac(&self, op: &Operation) -> HmacSha256 {
-        // `new_from_slice` takes keys of any length; 32 bytes never fail.
-        let mut mac = HmacSha256::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!());
-        let created = op.created_at_ms.to_string();
-        let parts = [
-            "gaffer operation.request v1",
-            self.workspace_id.as_str(),
-            op.id.as_str(),
-            op.client_id.as_str(),
-            op.idempotency_key.as_str(),
-            op.submitted.as_str(),
-            op.operation.as_str(),
-            op.plan_digest.as_deref().unwrap_or(""),
-            op.approval_id.as_deref().unwrap_or(""),
-            created.as_str(),
-        ];
-        // Each part length-prefixed, so no two different claims read as the same bytes.
-        for part in parts {
-            mac.update(&(part.len() as u64).to_be_bytes());
-            mac.update(part.as_bytes());
+    /// The MAC over what a request's record says and never changes (who asked, under which
+    /// key, for which plan, in which words, on which terms, when) and the journal position
+    /// of that record: a copy of it appended later (after a prune freed its id) is another
+    /// record, and does not check.
+    fn request_mac(&self, op: &Operation, seq: u64, approval: Option<&Approval>) -> HmacSha256 {
+        let mut mac = self.keyed("gaffer operation.request v2");
+        let text = |v: &serde_json::Value| v.to_string();
+        for p in [
+            &seq.to_string(),
+            &op.id,
+            &op.client_id,
+            &op.idempotency_key,
+            &op.submitted,
+            &op.operation,
+            &op.provider,
+            &op.reason,
+            &text(&op.target),
+            &text(&op.arguments),
+            &op.presentation.title,
+            &op.presentation.summary,
+            &op.created_at_ms.to_string(),
+        ] {
+            part(&mut mac, Some(p));
+        }
+        part(&mut mac, op.plan_digest.as_deref());
+        part(&mut mac, op.approval_id.as_deref());
+        // The terms of the request made with it (a window grant it runs under is not its own).
+        match approval {
+            Some(a) => {
+                let mode = serde_json::to_value(a.mode).unwrap_or_default();
+                for t in [
+                    &a.id,
+                    &text(&mode),
+                    &a.requested_duration_seconds.to_string(),
+                    &a.requested_max_uses.to_string(),
+                    &a.created_at_ms.to_string(),
+                    &a.pending_expires_at_ms.to_string(),
+                ] {
+                    part(&mut mac, Some(t));
+                }
+            }
+            None => part(&mut mac, None),
         }
         mac
     }
 
-    /// The seal of `op` as it is about to be recorded.
-    pub fn seal(&self, op: &Operation) -> String {
-        hex_of(self.request_mac(op))
+    fn keyed(&self, domain: &str) -> HmacSha256 {
+        // `new_from_slice` takes keys of any length; 32 bytes never fail.
+        let mut mac = HmacSha256::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!());
+        part(&mut mac, Some(domain));
+        part(&mut mac, Some(&self.workspace_id));
+        mac
     }
 
-    /// Whether `op` carries a seal this machine made for exactly what it claims.
-    pub fn checks(&self, op: &Operation) -> bool {
-        matches(op.request_seal.as_deref(), self.request_mac(op))
+    /// The seal of `op` (with `approval`, the request made with it) as it is recorded at
+    /// journal position `seq`.
+    pub fn seal(&self, op: &Operation, seq: u64, approval: Option<&Approval>) -> String {
+        hex_of(self.request_mac(op, seq, approval))
+    }
+
+    /// Whether `op`, folded from the record at `op.created_seq`, carries a seal this machine
+    /// made for exactly that record. `approval` is the one `op.approval_id` names, if any: it
+    /// counts as the request's own only when it was made for `op`.
+    pub fn checks(&self, op: &Operation, approval: Option<&Approval>) -> bool {
+        let own = approval.filter(|a| a.operation_id == op.id);
+        matches(
+            op.request_seal.as_deref(),
+            self.request_mac(op, op.created_seq, own),
+        )
     }
 
     /// The MAC over how an operation ended: its state and revision, and the error, result
     /// and upstream status it reports.
     fn outcome_mac(&self, outcome: Outcome<'_>) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!());
-        let text = |v: Option<&serde_json::Value>| v.map(|v| v.to_string()).unwrap_or_default();
-        let parts = [
-            "gaffer operation.outcome v1".to_string(),
-            self.workspace_id.clone(),
-            outcome.id.to_string(),
-            outcome.state.to_string(),
-            outcome.revision.to_string(),
-            outcome.error.map(|e| e.code.clone()).unwrap_or_default(),
-            outcome.error.map(|e| e.message.clone()).unwrap_or_default(),
-            text(outcome.result),
-            outcome
-                .upstream_status
-                .map(|u| u.to_string())
-                .unwrap_or_default(),
-        ];
-        for part in parts {
-            mac.update(&(part.len() as u64).to_be_bytes());
-            mac.update(part.as_bytes());
-        }
+        let mut mac = self.keyed("gaffer operation.outcome v2");
+        part(&mut mac, Some(outcome.id));
+        part(&mut mac, Some(outcome.state.as_str()));
+        part(&mut mac, Some(&outcome.revision.to_string()));
+        part(&mut mac, outcome.error.map(|e| e.code.as_str()));
+        part(&mut mac, outcome.error.map(|e| e.message.as_str()));
+        part(&mut mac, outcome.result.map(|v| v.to_string()).as_deref());
+        let upstream = outcome.upstream_status.map(|u| u.to_string());
+        part(&mut mac, upstream.as_deref());
         mac
     }
 
@@ -158,6 +182,19 @@ impl<'a> Outcome<'a> {
     }
 }
 
+/// One field into `mac`: absent, or present with its length, so no two different sets of
+/// fields feed the same bytes (an absent field is not an empty one).
+fn part(mac: &mut HmacSha256, field: Option<&str>) {
+    match field {
+        None => mac.update(&[0]),
+        Some(f) => {
+            mac.update(&[1]);
+            mac.update(&(f.len() as u64).to_be_bytes());
+            mac.update(f.as_bytes());
+        }
+    }
+}
+
 fn hex_of(mac: HmacSha256) -> String {
     crate::util::hex(&mac.finalize().into_bytes())
 }
@@ -182,6 +219,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
     use crate::operations::state::tests::op;
+    use std::sync::Arc;
 
     fn pending() -> Operation {
         let mut o = op("op_1", OpState::Pending, Some("apr_1"));
@@ -193,35 +231,63 @@ mod tests {
     fn a_request_seal_checks_only_for_what_it_was_made_over() {
         let sealer = Sealer::new([7; SEAL_KEY_LEN], "ws_1");
         let mut sealed = pending();
-        assert!(!sealer.checks(&sealed), "no seal");
-        sealed.request_seal = Some(sealer.seal(&sealed));
-        assert!(sealer.checks(&sealed));
+        let approval = crate::operations::state::tests::approval("apr_1", "op_1");
+        assert!(!sealer.checks(&sealed, Some(&approval)), "no seal");
+        sealed.request_seal = Some(sealer.seal(&sealed, 42, Some(&approval)));
+        assert!(
+            !sealer.checks(&sealed, Some(&approval)),
+            "folded at another seq"
+        );
+        sealed.created_seq = 42;
+        assert!(sealer.checks(&sealed, Some(&approval)));
         // What changes over an operation's life is not in it: state, revision, result.
         let mut later = sealed.clone();
         later.state = OpState::Succeeded;
         later.revision = 3;
-        assert!(sealer.checks(&later));
-        let edits: [fn(&mut Operation); 8] = [
+        later.result = Some(serde_json::json!({"ok": true}));
+        assert!(sealer.checks(&later, Some(&approval)));
+        let edits: [fn(&mut Operation); 13] = [
             |o| o.client_id = "operator-favourite".into(),
             |o| o.idempotency_key = "k2".into(),
             |o| o.submitted = "t".repeat(64),
             |o| o.operation = "command.run".into(),
+            |o| o.reason = "the operator asked for this".into(),
+            |o| o.target = Arc::new(serde_json::json!({"path": "x"})),
+            |o| o.presentation.summary = "harmless".into(),
             |o| o.plan_digest = Some("e".repeat(64)),
+            |o| o.plan_digest = Some(String::new()),
             |o| o.approval_id = None,
             |o| o.id = "op_2".into(),
             |o| o.created_at_ms += 1,
+            |o| o.created_seq = 43,
         ];
         for edit in edits {
             let mut forged = sealed.clone();
             edit(&mut forged);
-            assert!(!sealer.checks(&forged), "{forged:?}");
+            assert!(!sealer.checks(&forged, Some(&approval)), "{forged:?}");
         }
+        // The request's terms, and whether it came with one at all.
+        let terms: [fn(&mut Approval); 4] = [
+            |a| a.pending_expires_at_ms += 600_000,
+            |a| a.requested_max_uses = 50,
+            |a| a.requested_duration_seconds = 86_400,
+            |a| a.created_at_ms += 1,
+        ];
+        for edit in terms {
+            let mut forged = approval.clone();
+            edit(&mut forged);
+            assert!(!sealer.checks(&sealed, Some(&forged)), "{forged:?}");
+        }
+        assert!(!sealer.checks(&sealed, None));
+        let mut not_its_own = approval.clone();
+        not_its_own.operation_id = "op_other".into();
+        assert!(!sealer.checks(&sealed, Some(&not_its_own)));
         // Another workspace's or another machine's key.
-        assert!(!Sealer::new([7; SEAL_KEY_LEN], "ws_2").checks(&sealed));
-        assert!(!Sealer::new([8; SEAL_KEY_LEN], "ws_1").checks(&sealed));
+        assert!(!Sealer::new([7; SEAL_KEY_LEN], "ws_2").checks(&sealed, Some(&approval)));
+        assert!(!Sealer::new([8; SEAL_KEY_LEN], "ws_1").checks(&sealed, Some(&approval)));
         let mut garbled = sealed.clone();
         garbled.request_seal = Some("zz".repeat(32));
-        assert!(!sealer.checks(&garbled));
+        assert!(!sealer.checks(&garbled, Some(&approval)));
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub struct Operation {
     /// on a request gaffer did not accept here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_seal: Option<String>,
+    /// The journal seq of the record that created it, set by the fold (never read from a
+    /// record: a copy appended later is folded at its own seq).
+    #[serde(skip)]
+    pub created_seq: u64,
     /// This machine's seal over how the operation ended (see [`super::seal`]), from the
     /// record that ended it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -387,7 +391,7 @@ impl OperationState {
         out: &mut Vec<crate::workspace::Notice>,
     ) {
         let mut notices = Vec::new();
-        let folded = self.apply_record(&rec.kind, &*rec.payload, &mut notices);
+        let folded = self.apply_record_at(&rec.kind, rec.seq, &*rec.payload, &mut notices);
         Self::emit(rec, folded, notices, out);
     }
 
@@ -405,7 +409,7 @@ impl OperationState {
             KIND_CREATED => match typed.take::<Created>() {
                 Some(c) => {
                     same_as_text::<Created>(rec, &c);
-                    self.apply_created(c, &mut notices)
+                    self.apply_created(c, rec.seq, &mut notices)
                 }
                 None => return self.apply(rec, out),
             },
@@ -479,11 +483,22 @@ impl OperationState {
         }
     }
 
-    /// Folds one record of kind `operation.*` or `approval.*`. Records that fail validation
-    /// are logged and skipped; state is untouched by them.
+    /// [`Self::apply_record_at`] for a record whose journal position does not matter (tests).
     pub fn apply_record(
         &mut self,
         kind: &str,
+        payload: &(impl RecordPayload + ?Sized),
+        out: &mut Vec<OpNotice>,
+    ) -> Result<(), ApplyError> {
+        self.apply_record_at(kind, 0, payload, out)
+    }
+
+    /// Folds one record of kind `operation.*` or `approval.*`, at journal position `seq`.
+    /// Records that fail validation are logged and skipped; state is untouched by them.
+    pub fn apply_record_at(
+        &mut self,
+        kind: &str,
+        seq: u64,
         payload: &(impl RecordPayload + ?Sized),
         out: &mut Vec<OpNotice>,
     ) -> Result<(), ApplyError> {
@@ -493,7 +508,7 @@ impl OperationState {
             Ok(v.decode()?)
         }
         let r = match kind {
-            KIND_CREATED => de(payload).and_then(|c| self.apply_created(c, out)),
+            KIND_CREATED => de(payload).and_then(|c| self.apply_created(c, seq, out)),
             KIND_TRANSITIONED => de(payload).and_then(|t| self.apply_transitioned(t, out)),
             KIND_DECIDED => de(payload).and_then(|d| self.apply_decided(d)),
             KIND_REVOKED => de(payload).and_then(|r| self.apply_revoked(r)),
@@ -506,8 +521,14 @@ impl OperationState {
         r
     }
 
-    fn apply_created(&mut self, c: Created, out: &mut Vec<OpNotice>) -> Result<(), ApplyError> {
-        let op = c.operation;
+    fn apply_created(
+        &mut self,
+        c: Created,
+        seq: u64,
+        out: &mut Vec<OpNotice>,
+    ) -> Result<(), ApplyError> {
+        let mut op = c.operation;
+        op.created_seq = seq;
         if self.operations.contains_key(&op.id) {
             return Err(ApplyError::Invalid(format!("operation {} exists", op.id)));
         }
@@ -921,6 +942,7 @@ pub(crate) mod tests {
             error: None,
             executor: None,
             request_seal: None,
+            created_seq: 0,
             outcome_seal: None,
         }
     }

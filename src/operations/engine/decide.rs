@@ -173,7 +173,7 @@ impl OperationRuntime {
             Some(op) => self.show(op).await,
             None => Err("the operation was pruned".to_string()),
         };
-        let verified = op.as_ref().is_some_and(|o| self.sealed_here(o));
+        let verified = op.as_ref().is_some_and(|o| self.sealed_here(o, Some(&a)));
         Ok(ApprovalView::of(
             &a,
             op.as_ref(),
@@ -265,7 +265,7 @@ impl OperationRuntime {
             )?;
         }
         // Last, so a request that also breaks a rule above is refused naming that.
-        let verified = self.sealed_here(&op);
+        let verified = self.sealed_here(&op, Some(&a));
         if approve && !verified {
             return Err(unverified_request(&op.client_id));
         }
@@ -682,6 +682,10 @@ fn decide_records(
             recs.push(transition_rec(sealer, op, t)?);
         }
         return Ok((recs, (None, true)));
+    }
+    // Checked again here: a payload can be signed without `approvals/prepare`.
+    if p.decision == DecisionKind::Approve && !sealer.is_some_and(|k| k.checks(op, Some(a))) {
+        return Err(unverified_request(&op.client_id));
     }
     let mut recs = vec![rec(
         KIND_DECIDED,

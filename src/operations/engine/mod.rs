@@ -350,14 +350,17 @@ impl OperationRuntime {
         let Some(sealer) = self.sealer() else {
             return false;
         };
-        self.ws
-            .read(|s| s.operations.get(id).is_some_and(|op| sealer.checks(op)))
+        self.ws.read(|s| {
+            let ops = &s.operations;
+            ops.get(id)
+                .is_some_and(|op| sealer.checks(op, ops.approval_of(op)))
+        })
     }
 
-    /// Whether a gaffer on this machine accepted `op` from a client whose identity it checked
-    /// (see [`super::seal`]).
-    pub fn sealed_here(&self, op: &Operation) -> bool {
-        self.sealer().is_some_and(|s| s.checks(op))
+    /// Whether a gaffer on this machine accepted `op` (with `approval`, the one it names)
+    /// from a client whose identity it checked (see [`super::seal`]).
+    pub fn sealed_here(&self, op: &Operation, approval: Option<&super::state::Approval>) -> bool {
+        self.sealer().is_some_and(|s| s.checks(op, approval))
     }
 
     /// What the policy would decide for `client` submitting a plan of this classification (a

@@ -133,12 +133,12 @@ impl OperationRuntime {
                 .await
                 .map_err(OpError::store)?;
         }
-        if let Some(s) = self.sealer() {
-            op.request_seal = Some(s.seal(&op));
-            // Refused or denied as it was submitted: it ends in the record that creates it.
-            if op.state.is_terminal() {
-                op.outcome_seal = Some(s.seal_outcome(&op));
-            }
+        // Refused or denied as it was submitted: it ends in the record that creates it. (The
+        // request is sealed where its record's seq is known, in `record`.)
+        if let Some(s) = self.sealer()
+            && op.state.is_terminal()
+        {
+            op.outcome_seal = Some(s.seal_outcome(&op));
         }
         let sandbox_policy = Arc::clone(&auth.policy);
         let accepted_digest = op.plan_digest.clone();
@@ -267,7 +267,11 @@ impl OperationRuntime {
             {
                 // Another process created it while we resolved.
                 if existing.submitted == op.submitted {
-                    replayable(sealer.as_deref(), existing)?;
+                    replayable(
+                        sealer.as_deref(),
+                        existing,
+                        s.operations.approval_of(existing),
+                    )?;
                     return Ok((vec![], Some((OperationView::of(existing), false, false))));
                 }
                 return Err(conflict());
@@ -319,6 +323,10 @@ impl OperationRuntime {
             let follow = follow
                 .map(|t| transition_rec(sealer.as_deref(), &op, t))
                 .transpose()?;
+            let mut op = op;
+            op.request_seal = sealer
+                .as_deref()
+                .map(|k| k.seal(&op, s.staging_seq, approval.as_ref()));
             let mut recs = vec![typed_rec(
                 KIND_CREATED,
                 Created {
@@ -369,13 +377,20 @@ impl OperationRuntime {
         submitted: &str,
     ) -> Result<Option<OperationView>, OpError> {
         let found = self.ws.read(|s| {
-            s.operations
-                .by_idempotency(client, key)
-                .map(|op| (op.submitted == submitted, OperationView::of(op), op.clone()))
+            let ops = &s.operations;
+            ops.by_idempotency(client, key).map(|op| {
+                let own = ops.approval_of(op).cloned();
+                (
+                    op.submitted == submitted,
+                    OperationView::of(op),
+                    op.clone(),
+                    own,
+                )
+            })
         });
         match found {
-            Some((true, view, op)) => {
-                replayable(self.sealer().as_deref(), &op)?;
+            Some((true, view, op, own)) => {
+                replayable(self.sealer().as_deref(), &op, own.as_ref())?;
                 Ok(Some(view))
             }
             Some((false, ..)) => Err(conflict()),
@@ -403,10 +418,14 @@ impl OperationRuntime {
 /// ended, recorded that very outcome: a record the agent wrote under another client's key, or
 /// an ending it appended to a genuine operation, would otherwise report an outcome that never
 /// happened.
-fn replayable(sealer: Option<&Sealer>, op: &Operation) -> Result<(), OpError> {
+fn replayable(
+    sealer: Option<&Sealer>,
+    op: &Operation,
+    approval: Option<&Approval>,
+) -> Result<(), OpError> {
     let (request, outcome) = sealer.map_or((false, false), |s| {
         (
-            s.checks(op),
+            s.checks(op, approval),
             !op.state.is_terminal() || s.outcome_checks(op),
         )
     });
@@ -421,8 +440,8 @@ fn replayable(sealer: Option<&Sealer>, op: &Operation) -> Result<(), OpError> {
         format!(
             "{what} carries no seal of this machine (written into the store by something \
              else, on another machine, or before gaffer sealed requests), so it is not \
-             reported as this request's; read the effect itself, or submit with a new \
-             idempotency key"
+             reported as this request's; read the effect itself before submitting again \
+             under a new idempotency key"
         ),
     ))
 }
@@ -657,6 +676,7 @@ fn build(
         error: o.error.clone(),
         executor: None,
         request_seal: None,
+        created_seq: 0,
         outcome_seal: None,
     };
     (op, approval, plan)
