@@ -583,7 +583,6 @@ impl OperationState {
             self.approvals.insert(a.id.clone(), a);
         }
         out.push(changed_notice(&op));
-        let mut op = op;
         if op.terminal_at_ms.is_some() {
             op.plan = None;
         }
