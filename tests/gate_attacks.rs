@@ -222,12 +222,19 @@ fn finding_2_the_operator_sees_and_signs_the_plan_text_not_the_record() {
         "uses": {}, "decision_keys": {}
     });
     append_as_agent(env.root(), vec![("operation.created", created)]);
-    // The operator's process learns of it by tailing the journal.
-    op.wait_for(Duration::from_secs(10), |v| {
-        v["method"] == "approvals/requested" && v["params"]["approval_id"] == "ap_swap"
-    })
-    .expect("approvals/requested for the forged request");
-    let view = op.call("approvals/get", json!({"id": "ap_swap"}));
+    // The operator's process learns of it by tailing the journal (and, as no gaffer here
+    // accepted it, does not announce it: `requests_sealed`).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let view = loop {
+        let r = op.request("approvals/get", json!({"id": "ap_swap"}));
+        match r.get("result") {
+            Some(v) => break v.clone(),
+            None if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            None => panic!("the forged request is never folded: {r}"),
+        }
+    };
     assert_eq!(
         view["target"]["path"], "src/evil.rs",
         "rendered from the plan text: {view}"

@@ -50,11 +50,11 @@ impl Sealer {
     /// key, for which plan, in which words, on which terms, when) and the journal position
     /// of that record: a copy of it appended later (after a prune freed its id) is another
     /// record, and does not check.
-    fn request_mac(&self, op: &Operation, seq: u64, approval: Option<&Approval>) -> HmacSha256 {
+    /// (The seq goes in last, so all but it can be fed before the record is staged.)
+    fn request_mac(&self, op: &Operation, approval: Option<&Approval>) -> HmacSha256 {
         let mut mac = self.keyed("gaffer operation.request v2");
         let text = |v: &serde_json::Value| v.to_string();
         for p in [
-            &seq.to_string(),
             &op.id,
             &op.client_id,
             &op.idempotency_key,
@@ -100,10 +100,11 @@ impl Sealer {
         mac
     }
 
-    /// The seal of `op` (with `approval`, the request made with it) as it is recorded at
-    /// journal position `seq`.
-    pub fn seal(&self, op: &Operation, seq: u64, approval: Option<&Approval>) -> String {
-        hex_of(self.request_mac(op, seq, approval))
+    /// The seal of `op` (with `approval`, the request made with it), but for the journal
+    /// position of its record, which is known only once it is staged (under the state lock,
+    /// where little else should be done).
+    pub fn request(&self, op: &Operation, approval: Option<&Approval>) -> RequestSeal {
+        RequestSeal(self.request_mac(op, approval))
     }
 
     /// Whether `op`, folded from the record at `op.created_seq`, carries a seal this machine
@@ -111,10 +112,9 @@ impl Sealer {
     /// counts as the request's own only when it was made for `op`.
     pub fn checks(&self, op: &Operation, approval: Option<&Approval>) -> bool {
         let own = approval.filter(|a| a.operation_id == op.id);
-        matches(
-            op.request_seal.as_deref(),
-            self.request_mac(op, op.created_seq, own),
-        )
+        let mut mac = self.request_mac(op, own);
+        part(&mut mac, Some(&op.created_seq.to_string()));
+        matches(op.request_seal.as_deref(), mac)
     }
 
     /// The MAC over how an operation ended: its state and revision, and the error, result
@@ -156,6 +156,18 @@ impl Sealer {
                 op.outcome_seal.as_deref(),
                 self.outcome_mac(Outcome::of(op)),
             )
+    }
+}
+
+/// A request seal waiting for the seq of its record.
+#[derive(Clone)]
+pub struct RequestSeal(HmacSha256);
+
+impl RequestSeal {
+    /// The seal of the request recorded at journal position `seq`.
+    pub fn at(mut self, seq: u64) -> String {
+        part(&mut self.0, Some(&seq.to_string()));
+        hex_of(self.0)
     }
 }
 
@@ -233,7 +245,7 @@ mod tests {
         let mut sealed = pending();
         let approval = crate::operations::state::tests::approval("apr_1", "op_1");
         assert!(!sealer.checks(&sealed, Some(&approval)), "no seal");
-        sealed.request_seal = Some(sealer.seal(&sealed, 42, Some(&approval)));
+        sealed.request_seal = Some(sealer.request(&sealed, Some(&approval)).at(42));
         assert!(
             !sealer.checks(&sealed, Some(&approval)),
             "folded at another seq"

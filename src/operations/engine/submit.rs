@@ -260,6 +260,7 @@ impl OperationRuntime {
         let approval_ttl_seconds = p.adapter.descriptor().approval_ttl_seconds;
         let digest = op.plan_digest.clone().unwrap_or_default();
         let sealer = self.sealer();
+        let unsealed = sealer.as_deref().map(|k| k.request(&op, approval.as_ref()));
         self.commit(move |s: &crate::workspace::State| {
             if let Some(existing) = s
                 .operations
@@ -324,9 +325,7 @@ impl OperationRuntime {
                 .map(|t| transition_rec(sealer.as_deref(), &op, t))
                 .transpose()?;
             let mut op = op;
-            op.request_seal = sealer
-                .as_deref()
-                .map(|k| k.seal(&op, s.staging_seq, approval.as_ref()));
+            op.request_seal = unsealed.map(|r| r.at(s.staging_seq));
             let mut recs = vec![typed_rec(
                 KIND_CREATED,
                 Created {
