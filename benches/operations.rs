@@ -362,7 +362,7 @@ async fn hold(ws: &Workspace, n: usize, pending: bool) {
                         executor: None,
                         // As long as the seal every accepted request carries.
                         request_seal: Some(format!("{b:032x}{i:032x}")),
-                        outcome_seal: (!pending).then(|| format!("{i:032x}{b:032x}")),
+                        step_seal: (!pending).then(|| format!("{i:032x}{b:032x}")),
                         created_seq: 0,
                     };
                     let approval = pending.then(|| Approval {

@@ -280,7 +280,7 @@ fn an_ending_forged_onto_a_genuine_request_is_not_replayed_as_its_outcome() {
         r["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("the outcome recorded"),
+            .contains("the last change recorded"),
         "{r}"
     );
     assert!(!env.root().join("notes/deploy.txt").exists());
@@ -563,4 +563,55 @@ fn a_byte_identical_copy_of_a_denied_request_is_not_verified() {
         "d-1",
     );
     assert_eq!(err_code(&r), "request_unverified", "{r}");
+}
+
+/// The agent steps a genuine request nobody decided to `executing` under a dead executor
+/// (pending -> approved -> executing, each a well-formed record); at the next start gaffer
+/// reconciles the "interrupted" execution. That ending follows changes gaffer did not make,
+/// so it is not sealed, and the client's retry is refused, not told it as its own outcome.
+/// (Before: gaffer sealed the ending it wrote, and the retry was answered with it.)
+#[test]
+fn an_ending_gaffer_writes_after_the_agents_steps_is_not_replayed_as_the_clients() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let target = json!({"path": "notes/x.md"});
+    let args = json!({"content": "x"});
+    let v = ok(&submit(
+        &mut ci,
+        "file.write",
+        target.clone(),
+        args.clone(),
+        "fx",
+    ))
+    .clone();
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(v["state"], "pending", "{v}");
+    drop(ci);
+    let now = gaffer::util::now_ms();
+    let step = |from: &str, to: &str, rev: u64, exec: Option<&str>| {
+        let mut t = json!({"id": id, "from": from, "to": to, "revision": rev, "at_ms": now});
+        if let Some(e) = exec {
+            t["executor"] = json!(e);
+        }
+        t.to_string().into_bytes()
+    };
+    append_chained(
+        env.root(),
+        &[
+            (
+                "operation.transitioned",
+                step("pending", "approved", 2, None),
+            ),
+            (
+                "operation.transitioned",
+                step("approved", "executing", 3, Some("1:1")),
+            ),
+        ],
+    );
+    let mut ci = env.agent("ci-agent");
+    let end = wait_state(&mut ci, &id, &["succeeded", "failed"]);
+    let r = submit(&mut ci, "file.write", target, args, "fx");
+    assert_eq!(err_code(&r), "request_unverified", "after {end}: {r}");
+    assert!(!env.root().join("notes/x.md").exists());
 }

@@ -50,7 +50,7 @@ impl Serialize for Compact<'_> {
             error,
             executor,
             request_seal,
-            outcome_seal,
+            step_seal,
             created_seq,
         } = self.0;
         let error = error.as_ref().map(|e| (&e.code, &e.message));
@@ -79,7 +79,7 @@ impl Serialize for Compact<'_> {
         t.serialize_element(&error)?;
         t.serialize_element(executor)?;
         t.serialize_element(request_seal)?;
-        t.serialize_element(outcome_seal)?;
+        t.serialize_element(step_seal)?;
         t.serialize_element(created_seq)?;
         t.end()
     }
@@ -138,7 +138,7 @@ impl<'de> Visitor<'de> for CompactVisitor {
             executor: next!(),
             // Absent from snapshots written before seals.
             request_seal: a.next_element::<Option<String>>()?.flatten(),
-            outcome_seal: a.next_element::<Option<String>>()?.flatten(),
+            step_seal: a.next_element::<Option<String>>()?.flatten(),
             created_seq: a.next_element::<u64>()?.unwrap_or(0),
         };
         debug_assert_eq!(n, FIELDS - 3);
@@ -452,16 +452,7 @@ mod tests {
                 (id, client_id, idempotency_key, operation, provider, submitted, reason),
                 state,
                 (revision, created_at_ms, updated_at_ms, terminal_at_ms, upstream_status),
-                (
-                    approval_id,
-                    plan_digest,
-                    plan,
-                    error,
-                    executor,
-                    result,
-                    request_seal,
-                    outcome_seal,
-                ),
+                (approval_id, plan_digest, plan, error, executor, result, request_seal, step_seal),
                 (title, summary),
             )| Operation {
                 id,
@@ -487,7 +478,7 @@ mod tests {
                 error: error.map(|(code, message)| OpFailure { code, message }),
                 executor,
                 request_seal,
-                outcome_seal,
+                step_seal,
                 created_seq: revision.wrapping_mul(3),
             },
         )
@@ -561,7 +552,7 @@ mod tests {
     fn a_short_or_long_array_is_refused() {
         let mut op = crate::operations::state::tests::op("op_1", OpState::Denied, None);
         op.request_seal = Some("ab".repeat(32));
-        op.outcome_seal = Some("cd".repeat(32));
+        op.step_seal = Some("cd".repeat(32));
         op.created_seq = 7;
         let full = serde_json::to_value(Compact(&op)).unwrap();
         // A snapshot written before seals: 23 fields, the operation without seals.
@@ -569,7 +560,7 @@ mod tests {
         before_seals.as_array_mut().unwrap().truncate(23);
         let old: Wrap = serde_json::from_value(json!({ "ops": [before_seals.clone()] })).unwrap();
         assert_eq!(old.ops["op_1"].request_seal, None);
-        assert_eq!(old.ops["op_1"].outcome_seal, None);
+        assert_eq!(old.ops["op_1"].step_seal, None);
         assert_eq!(old.ops["op_1"].created_seq, 0);
         let mut short = before_seals;
         short.as_array_mut().unwrap().pop();

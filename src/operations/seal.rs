@@ -11,6 +11,12 @@
 //! is left out of the approvals list unless the operator asks for it, shown as unverified when
 //! asked for, and a replayed submission refuses to report it.
 //!
+//! The request seal binds the journal seq of its record, so a copy appended after a prune
+//! freed the id does not check. Every change gaffer records is sealed too (a step seal over
+//! the state it leaves, bound to the creating record), but only when the operation stands as
+//! gaffer left it: after a step the agent appended, nothing gaffer writes is vouched for, so a
+//! forged step cannot be turned into a sealed outcome by gaffer's own recovery.
+//!
 //! A seal authorizes nothing: authority stays with the operator's signature and the trusted
 //! policy, checked against the plan text at execution.
 
@@ -117,45 +123,44 @@ impl Sealer {
         matches(op.request_seal.as_deref(), mac)
     }
 
-    /// The MAC over how an operation ended: its state and revision, and the error, result
-    /// and upstream status it reports.
-    fn outcome_mac(&self, outcome: Outcome<'_>) -> HmacSha256 {
-        let mut mac = self.keyed("gaffer operation.outcome v2");
-        part(&mut mac, Some(outcome.id));
-        part(&mut mac, Some(outcome.state.as_str()));
-        part(&mut mac, Some(&outcome.revision.to_string()));
-        part(&mut mac, outcome.error.map(|e| e.code.as_str()));
-        part(&mut mac, outcome.error.map(|e| e.message.as_str()));
-        part(&mut mac, outcome.result.map(|v| v.to_string()).as_deref());
-        let upstream = outcome.upstream_status.map(|u| u.to_string());
+    /// The MAC over an operation as a change gaffer recorded left it: its state and revision,
+    /// and the error, result and upstream status it reports, bound to the record that created
+    /// it (id and seq: a step of a copy re-created later does not check).
+    fn step_mac(&self, step: Step<'_>) -> HmacSha256 {
+        let mut mac = self.keyed("gaffer operation.step v1");
+        part(&mut mac, Some(step.id));
+        part(&mut mac, Some(&step.created_seq.to_string()));
+        part(&mut mac, Some(step.state.as_str()));
+        part(&mut mac, Some(&step.revision.to_string()));
+        part(&mut mac, step.error.map(|e| e.code.as_str()));
+        part(&mut mac, step.error.map(|e| e.message.as_str()));
+        part(&mut mac, step.result.map(|v| v.to_string()).as_deref());
+        let upstream = step.upstream_status.map(|u| u.to_string());
         part(&mut mac, upstream.as_deref());
         mac
     }
 
-    /// The seal of `op`'s outcome as it stands (an operation that ends where it is created).
-    pub fn seal_outcome(&self, op: &Operation) -> String {
-        hex_of(self.outcome_mac(Outcome::of(op)))
+    /// The seal of the step `t` takes `op` to, folded as the state folds it; None when `op`
+    /// as it stands was not left so by gaffer (a step the agent appended): gaffer does not
+    /// vouch for what follows a change it did not make.
+    pub fn seal_step(&self, op: &Operation, t: &Transitioned) -> Option<String> {
+        self.stands(op).then(|| {
+            hex_of(self.step_mac(Step {
+                id: &op.id,
+                created_seq: op.created_seq,
+                state: t.to,
+                revision: t.revision,
+                error: t.error.as_ref().or(op.error.as_ref()),
+                result: t.result.as_ref().or(op.result.as_ref()),
+                upstream_status: t.upstream_status.or(op.upstream_status),
+            }))
+        })
     }
 
-    /// The seal of the outcome `t` gives `op`, folded as the state folds it.
-    pub fn seal_outcome_of(&self, op: &Operation, t: &Transitioned) -> String {
-        hex_of(self.outcome_mac(Outcome {
-            id: &op.id,
-            state: t.to,
-            revision: t.revision,
-            error: t.error.as_ref().or(op.error.as_ref()),
-            result: t.result.as_ref().or(op.result.as_ref()),
-            upstream_status: t.upstream_status.or(op.upstream_status),
-        }))
-    }
-
-    /// Whether `op` has ended and this machine sealed exactly the outcome it reports.
-    pub fn outcome_checks(&self, op: &Operation) -> bool {
-        op.state.is_terminal()
-            && matches(
-                op.outcome_seal.as_deref(),
-                self.outcome_mac(Outcome::of(op)),
-            )
+    /// Whether `op` is as gaffer left it: as created (the request seal speaks for the record
+    /// that created it), or with a step seal this machine made for exactly its state.
+    pub fn stands(&self, op: &Operation) -> bool {
+        op.revision == 1 || matches(op.step_seal.as_deref(), self.step_mac(Step::of(op)))
     }
 }
 
@@ -171,9 +176,10 @@ impl RequestSeal {
     }
 }
 
-/// What an outcome seal covers.
-struct Outcome<'a> {
+/// What a step seal covers.
+struct Step<'a> {
     id: &'a str,
+    created_seq: u64,
     state: OpState,
     revision: u64,
     error: Option<&'a OpFailure>,
@@ -181,10 +187,11 @@ struct Outcome<'a> {
     upstream_status: Option<u16>,
 }
 
-impl<'a> Outcome<'a> {
-    fn of(op: &'a Operation) -> Outcome<'a> {
-        Outcome {
+impl<'a> Step<'a> {
+    fn of(op: &'a Operation) -> Step<'a> {
+        Step {
             id: &op.id,
+            created_seq: op.created_seq,
             state: op.state,
             revision: op.revision,
             error: op.error.as_ref(),
@@ -303,53 +310,66 @@ mod tests {
     }
 
     #[test]
-    fn an_outcome_seal_made_on_the_transition_checks_on_the_folded_operation_only() {
+    fn a_step_seal_checks_on_the_folded_operation_only_and_only_after_sealed_steps() {
         let sealer = Sealer::new([7; SEAL_KEY_LEN], "ws_1");
-        let mut executing = pending();
-        executing.state = OpState::Executing;
-        executing.revision = 3;
-        executing.upstream_status = Some(200);
-        let t = Transitioned {
-            id: executing.id.clone(),
-            from: OpState::Executing,
-            to: OpState::Succeeded,
-            revision: 4,
+        let mut approved = pending();
+        approved.state = OpState::Approved;
+        approved.created_seq = 9;
+        approved.upstream_status = Some(200);
+        let step = |from: &Operation, to: OpState| Transitioned {
+            id: from.id.clone(),
+            from: from.state,
+            to,
+            revision: from.revision + 1,
             at_ms: 99,
             error: None,
-            result: Some(serde_json::json!({"bytes_written": 3})),
+            result: None,
             upstream_status: None,
             approval: None,
             executor: None,
             seal: None,
         };
-        let seal = sealer.seal_outcome_of(&executing, &t);
         // Folded as the state folds it.
-        let mut ended = executing.clone();
-        ended.state = t.to;
-        ended.revision = t.revision;
-        ended.result = t.result.clone();
-        assert!(!sealer.outcome_checks(&ended), "no seal");
-        ended.outcome_seal = Some(seal);
-        assert!(sealer.outcome_checks(&ended));
-        let edits: [fn(&mut Operation); 5] = [
+        let fold = |op: &Operation, t: &Transitioned| {
+            let mut o = op.clone();
+            o.state = t.to;
+            o.revision = t.revision;
+            if t.result.is_some() {
+                o.result = t.result.clone();
+            }
+            o.step_seal = t.seal.clone();
+            o
+        };
+        // As created, the request seal speaks for the operation.
+        assert!(sealer.stands(&approved));
+        let mut t = step(&approved, OpState::Executing);
+        t.seal = sealer.seal_step(&approved, &t);
+        let executing = fold(&approved, &t);
+        assert!(sealer.stands(&executing));
+        let mut t = step(&executing, OpState::Succeeded);
+        t.result = Some(serde_json::json!({"bytes_written": 3}));
+        t.seal = sealer.seal_step(&executing, &t);
+        let ended = fold(&executing, &t);
+        assert!(sealer.stands(&ended));
+        let edits: [fn(&mut Operation); 7] = [
             |o| o.state = OpState::Failed,
-            |o| o.revision = 5,
+            |o| o.revision = 4,
             |o| o.result = Some(serde_json::json!({"bytes_written": 4})),
             |o| o.upstream_status = None,
             |o| o.error = Some(OpFailure::new("x", "y")),
+            |o| o.id = "op_2".into(),
+            |o| o.created_seq = 10,
         ];
         for edit in edits {
             let mut forged = ended.clone();
             edit(&mut forged);
-            assert!(!sealer.outcome_checks(&forged), "{forged:?}");
+            assert!(!sealer.stands(&forged), "{forged:?}");
         }
-        // A seal made for one operation does not check on another.
-        let mut other = ended.clone();
-        other.id = "op_2".into();
-        assert!(!sealer.outcome_checks(&other));
-        // Nor on one that has not ended.
-        let mut open = ended;
-        open.state = OpState::Executing;
-        assert!(!sealer.outcome_checks(&open));
+        // A step the agent appended (no seal) is not vouched for, nor anything gaffer writes
+        // after it.
+        let forged = fold(&approved, &step(&approved, OpState::Executing));
+        assert!(!sealer.stands(&forged));
+        let after = step(&forged, OpState::Failed);
+        assert_eq!(sealer.seal_step(&forged, &after), None);
     }
 }

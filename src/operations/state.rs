@@ -80,10 +80,10 @@ pub struct Operation {
     /// record: a copy appended later is folded at its own seq).
     #[serde(skip)]
     pub created_seq: u64,
-    /// This machine's seal over how the operation ended (see [`super::seal`]), from the
-    /// record that ended it.
+    /// This machine's seal over the operation as its last change left it (see
+    /// [`super::seal`]), from the record of that change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome_seal: Option<String>,
+    pub step_seal: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -237,7 +237,7 @@ pub struct Transitioned {
     pub approval: Option<ApprovalChange>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub executor: Option<String>,
-    /// This machine's seal over the outcome, on a transition that ends the operation.
+    /// This machine's seal over the operation as this change leaves it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seal: Option<String>,
 }
@@ -646,8 +646,8 @@ impl OperationState {
         if t.executor.is_some() {
             op.executor = t.executor;
         }
-        // Only the record that ends an operation speaks for its outcome.
-        op.outcome_seal = t.seal;
+        // Only the record of the last change speaks for the state it left.
+        op.step_seal = t.seal;
         if t.to.is_terminal() {
             // The plan is needed only until the operation ends; the journal keeps it for audit.
             op.plan = None;
@@ -942,7 +942,7 @@ pub(crate) mod tests {
             executor: None,
             request_seal: None,
             created_seq: 0,
-            outcome_seal: None,
+            step_seal: None,
         }
     }
 

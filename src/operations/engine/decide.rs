@@ -267,6 +267,14 @@ impl OperationRuntime {
         // Last, so a request that also breaks a rule above is refused naming that.
         let verified = self.sealed_here(&op, Some(&a));
         if approve && !verified {
+            if self.sealer().is_none() {
+                return Err(OpError::new(
+                    ErrorKind::Unavailable,
+                    codes::REQUEST_UNVERIFIED,
+                    "this gaffer has no seal key (it could not read or create seal.key in the \
+                     state directory: see its log), so no request can be verified or approved",
+                ));
+            }
             return Err(unverified_request(&op.client_id));
         }
         let payload = DecisionPayload {

@@ -657,16 +657,14 @@ fn transition(op: &Operation, to: OpState, now: u64) -> Transitioned {
     }
 }
 
-/// The record of transition `t` of `op`, sealed by this machine when it ends the operation
-/// (see [`super::seal`]).
+/// The record of transition `t` of `op`, sealed by this machine unless `op` stands as a
+/// change gaffer did not make left it (see [`super::seal`]).
 fn transition_rec(
     sealer: Option<&Sealer>,
     op: &Operation,
     mut t: Transitioned,
 ) -> Result<NewRecord, OpError> {
-    if t.to.is_terminal() {
-        t.seal = sealer.map(|s| s.seal_outcome_of(op, &t));
-    }
+    t.seal = sealer.and_then(|s| s.seal_step(op, &t));
     typed_rec(KIND_TRANSITIONED, t)
 }
 

@@ -114,7 +114,7 @@ impl OperationRuntime {
             now,
         );
         let outcome = outcome_of(&decision, prepared.adapter.descriptor())?;
-        let (mut op, approval, plan) = build(
+        let (op, approval, plan) = build(
             client,
             id,
             key.to_string(),
@@ -133,13 +133,6 @@ impl OperationRuntime {
                 .await
                 .map_err(OpError::store)?;
         }
-        // Refused or denied as it was submitted: it ends in the record that creates it. (The
-        // request is sealed where its record's seq is known, in `record`.)
-        if let Some(s) = self.sealer()
-            && op.state.is_terminal()
-        {
-            op.outcome_seal = Some(s.seal_outcome(&op));
-        }
         let sandbox_policy = Arc::clone(&auth.policy);
         let accepted_digest = op.plan_digest.clone();
         let Some((view, created, claimed)) = self.record(op, approval, &prepared, auth).await?
@@ -151,6 +144,12 @@ impl OperationRuntime {
             return Ok(None);
         };
         if created {
+            // The request seal binds the seq of the first record the commit returned: a
+            // commit that put another record first would leave every request unverified.
+            debug_assert!(
+                self.sealer().is_none() || self.operation_sealed_here(&view.id),
+                "a request staged here does not check"
+            );
             if view.state == OpState::Approved
                 && let Some(digest) = &accepted_digest
             {
@@ -321,11 +320,15 @@ impl OperationRuntime {
                 Some(t) => OperationView::after(&op, t),
                 None => OperationView::of(&op),
             };
+            let mut op = op;
+            op.request_seal = unsealed.map(|r| r.at(s.staging_seq));
+            // Its claim, if any, is sealed as a step of the operation as it will be folded
+            // (the fold sets the seq from the record; the text never carries it).
+            op.created_seq = s.staging_seq;
             let follow = follow
                 .map(|t| transition_rec(sealer.as_deref(), &op, t))
                 .transpose()?;
-            let mut op = op;
-            op.request_seal = unsealed.map(|r| r.at(s.staging_seq));
+            op.created_seq = 0;
             let mut recs = vec![typed_rec(
                 KIND_CREATED,
                 Created {
@@ -422,16 +425,12 @@ fn replayable(
     op: &Operation,
     approval: Option<&Approval>,
 ) -> Result<(), OpError> {
-    let (request, outcome) = sealer.map_or((false, false), |s| {
-        (
-            s.checks(op, approval),
-            !op.state.is_terminal() || s.outcome_checks(op),
-        )
-    });
+    let (request, outcome) =
+        sealer.map_or((false, false), |s| (s.checks(op, approval), s.stands(op)));
     let what = match (request, outcome) {
         (true, true) => return Ok(()),
         (false, _) => "the operation recorded under this idempotency key",
-        (true, false) => "the outcome recorded for the operation under this idempotency key",
+        (true, false) => "the last change recorded for the operation under this idempotency key",
     };
     Err(OpError::new(
         ErrorKind::Conflict,
@@ -676,7 +675,7 @@ fn build(
         executor: None,
         request_seal: None,
         created_seq: 0,
-        outcome_seal: None,
+        step_seal: None,
     };
     (op, approval, plan)
 }
