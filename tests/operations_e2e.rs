@@ -731,6 +731,13 @@ fn crash_after_execute_is_proven_by_reading_back() {
     let v = wait_state(&mut b, &op_id, &["succeeded", "failed"]);
     assert_eq!(v["state"], "succeeded", "{v}");
     assert_eq!(v["result"]["bytes"], 4);
+    // The ending recovery proved is this machine's own: the retry is answered with it.
+    let again = b.request(
+        "operations/submit",
+        json!({"operation": "file.write", "target": {"path": "docs/once.md"}, "arguments": {"content": "once"}, "reason": "r", "idempotency_key": "c"}),
+    );
+    assert_eq!(again["result"]["id"], op_id.as_str(), "{again}");
+    assert_eq!(again["result"]["state"], "succeeded", "{again}");
 }
 
 #[test]
@@ -748,6 +755,12 @@ fn crash_after_claim_before_execute_is_not_run_on_restart() {
     let v = wait_state(&mut b, &op_id, &["succeeded", "failed"]);
     assert_eq!(v["state"], "failed");
     assert_eq!(v["error"]["code"], "upstream_result_unknown");
+    assert_eq!(lines(&env.root().join("runs.log")), 0);
+    let again = b.request(
+        "operations/submit",
+        json!({"operation": "command.run", "target": {"argv": ["sh", "-c", "echo run >> runs.log"]}, "arguments": {}, "reason": "r", "idempotency_key": "c"}),
+    );
+    assert_eq!(again["result"]["id"], op_id.as_str(), "{again}");
     assert_eq!(lines(&env.root().join("runs.log")), 0);
 }
 

@@ -314,12 +314,9 @@ fn prune_and_recreate(root: &std::path::Path, id: &str, edit: impl FnOnce(&mut V
     );
 }
 
-/// A request the operator denied, brought back by the agent (its own prune, then a copy of
-/// the genuine `operation.created` with a fresh deadline and a reason of its choosing), is
-/// not listed as verified nor approvable: the seal binds the record's words, terms and
-/// journal position. (Before: listed verified, approved, and the denied write ran.)
-#[test]
-fn a_denied_request_recreated_by_the_agent_is_not_shown_as_verified() {
+/// ci-agent's request to write `notes/denied.txt` (key `d-1`), which the operator denied:
+/// the workspace, ci-agent's connection and the operation id.
+fn a_request_the_operator_denied() -> (Env, common::Server, String) {
     anchor_outside_the_workspace();
     let env = Env::new(Some(POLICY));
     let mut ci = env.agent("ci-agent");
@@ -340,7 +337,16 @@ fn a_denied_request_recreated_by_the_agent_is_not_shown_as_verified() {
         json!({"id": id, "decision": "deny", "expected_revision": a["revision"]}),
     ));
     wait_state(&mut ci, &id, &["denied"]);
-    drop(op);
+    (env, ci, id)
+}
+
+/// A request the operator denied, brought back by the agent (its own prune, then a copy of
+/// the genuine `operation.created` with a fresh deadline and a reason of its choosing), is
+/// not listed as verified nor approvable: the seal binds the record's words, terms and
+/// journal position. (Before: listed verified, approved, and the denied write ran.)
+#[test]
+fn a_denied_request_recreated_by_the_agent_is_not_shown_as_verified() {
+    let (env, ci, id) = a_request_the_operator_denied();
     drop(ci);
 
     let now = gaffer::util::now_ms();
@@ -517,26 +523,7 @@ fn genuine_endings_replay_after_a_restart_and_a_snapshot() {
 /// and term is genuine, only its place in the journal is not.
 #[test]
 fn a_byte_identical_copy_of_a_denied_request_is_not_verified() {
-    anchor_outside_the_workspace();
-    let env = Env::new(Some(POLICY));
-    let mut ci = env.agent("ci-agent");
-    let first = ok(&submit(
-        &mut ci,
-        "file.write",
-        json!({"path": "notes/denied.txt"}),
-        json!({"content": "denied\n"}),
-        "d-1",
-    ))
-    .clone();
-    let id = first["id"].as_str().unwrap().to_string();
-    let mut op = env.operator();
-    let a = wait_for_approval(&mut op, &id);
-    ok(&env.decide(
-        &mut op,
-        json!({"id": id, "decision": "deny", "expected_revision": a["revision"]}),
-    ));
-    wait_state(&mut ci, &id, &["denied"]);
-    drop(op);
+    let (env, mut ci, id) = a_request_the_operator_denied();
     prune_and_recreate(env.root(), &id, |_| {});
     let mut op = env.operator();
     let all = op.call("approvals/list", json!({"include_unverified": true}));
@@ -614,4 +601,51 @@ fn an_ending_gaffer_writes_after_the_agents_steps_is_not_replayed_as_the_clients
     let r = submit(&mut ci, "file.write", target, args, "fx");
     assert_eq!(err_code(&r), "request_unverified", "after {end}: {r}");
     assert!(!env.root().join("notes/x.md").exists());
+}
+
+/// A request approved as a window, a write the window then covers, and both after a restart
+/// replay as themselves: an operation running under a grant made for another is still sealed
+/// (its own request names no approval terms of its own).
+#[test]
+fn writes_under_a_window_grant_replay_as_themselves() {
+    const WINDOW: &str = r#"
+rules:
+  - id: drafts
+    effect: request
+    clients: ["ci-agent"]
+    operations: ["file.write"]
+    targets: [{kind: file, fields: {path: ["drafts/**"]}}]
+    grant_policy: {mode: window, default_minutes: 5, max_minutes: 60, request_ttl_minutes: 10, default_max_uses: 3, max_uses: 3}
+"#;
+    let env = Env::new(Some(WINDOW));
+    let mut ci = env.agent("ci-agent");
+    let mut op = env.operator();
+    let write = |ci: &mut common::Server, path: &str, key: &str| {
+        submit(
+            ci,
+            "file.write",
+            json!({"path": path}),
+            json!({"content": key}),
+            key,
+        )
+    };
+    let first = ok(&write(&mut ci, "drafts/a.md", "a")).clone();
+    let first_id = first["id"].as_str().unwrap().to_string();
+    approve(&env, &mut op, &first_id);
+    wait_state(&mut ci, &first_id, &["succeeded"]);
+    let second = ok(&write(&mut ci, "drafts/a.md", "a2")).clone();
+    assert_eq!(second["approval_id"], first["approval_id"], "{second}");
+    let second_id = second["id"].as_str().unwrap().to_string();
+    wait_state(&mut ci, &second_id, &["succeeded"]);
+    for when in ["same process", "after a restart"] {
+        for (path, key, id) in [
+            ("drafts/a.md", "a", &first_id),
+            ("drafts/a.md", "a2", &second_id),
+        ] {
+            let r = write(&mut ci, path, key);
+            assert_eq!(r["result"]["id"], id.as_str(), "{when}: {r}");
+            assert_eq!(r["result"]["state"], "succeeded", "{when}: {r}");
+        }
+        ci = env.agent("ci-agent");
+    }
 }

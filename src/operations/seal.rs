@@ -316,19 +316,8 @@ mod tests {
         approved.state = OpState::Approved;
         approved.created_seq = 9;
         approved.upstream_status = Some(200);
-        let step = |from: &Operation, to: OpState| Transitioned {
-            id: from.id.clone(),
-            from: from.state,
-            to,
-            revision: from.revision + 1,
-            at_ms: 99,
-            error: None,
-            result: None,
-            upstream_status: None,
-            approval: None,
-            executor: None,
-            seal: None,
-        };
+        let step =
+            |from: &Operation, to: OpState| crate::operations::engine::transition(from, to, 99);
         // Folded as the state folds it.
         let fold = |op: &Operation, t: &Transitioned| {
             let mut o = op.clone();

@@ -641,7 +641,7 @@ fn conflict() -> OpError {
 }
 
 /// Builder for a transition record.
-fn transition(op: &Operation, to: OpState, now: u64) -> Transitioned {
+pub(crate) fn transition(op: &Operation, to: OpState, now: u64) -> Transitioned {
     Transitioned {
         id: op.id.clone(),
         from: op.state,
