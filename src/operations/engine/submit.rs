@@ -378,26 +378,18 @@ impl OperationRuntime {
         key: &str,
         submitted: &str,
     ) -> Result<Option<OperationView>, OpError> {
-        let found = self.ws.read(|s| {
+        let sealer = self.sealer();
+        self.ws.read(|s| {
             let ops = &s.operations;
-            ops.by_idempotency(client, key).map(|op| {
-                let own = ops.approval_of(op).cloned();
-                (
-                    op.submitted == submitted,
-                    OperationView::of(op),
-                    op.clone(),
-                    own,
-                )
-            })
-        });
-        match found {
-            Some((true, view, op, own)) => {
-                replayable(self.sealer().as_deref(), &op, own.as_ref())?;
-                Ok(Some(view))
+            match ops.by_idempotency(client, key) {
+                Some(op) if op.submitted == submitted => {
+                    replayable(sealer.as_deref(), op, ops.approval_of(op))?;
+                    Ok(Some(OperationView::of(op)))
+                }
+                Some(_) => Err(conflict()),
+                None => Ok(None),
             }
-            Some((false, ..)) => Err(conflict()),
-            None => Ok(None),
-        }
+        })
     }
 
     fn submit_lock(&self, client: &str, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -416,10 +408,10 @@ impl OperationRuntime {
 }
 
 /// A submission is answered with the operation already recorded under its idempotency key
-/// only if a gaffer on this machine accepted that operation from this client and, once it has
-/// ended, recorded that very outcome: a record the agent wrote under another client's key, or
-/// an ending it appended to a genuine operation, would otherwise report an outcome that never
-/// happened.
+/// only if a gaffer on this machine accepted that operation from this client and made its last
+/// change, if any, from a state it had left: a record the agent wrote under another client's
+/// key, or a change it appended to a genuine operation, would otherwise report an outcome that
+/// never happened.
 fn replayable(
     sealer: Option<&Sealer>,
     op: &Operation,
