@@ -315,81 +315,95 @@ async fn run_to_success(
     meter.cost(ws, clients * per_client)
 }
 
-/// `n` operations written straight into the journal (1,000 per commit): pending ones with
-/// their approval awaiting a decision, or terminal (denied) ones.
-async fn hold(ws: &Workspace, n: usize, pending: bool) {
+/// Held operation `i` of batch `b`: pending with its approval awaiting a decision, or
+/// terminal (denied); each carries seals as long as an accepted request's.
+fn held_op(
+    b: usize,
+    i: usize,
+    pending: bool,
+    now: u64,
+) -> (
+    gaffer::operations::state::Operation,
+    Option<gaffer::operations::state::Approval>,
+) {
     use gaffer::operations::adapter::Presentation;
     use gaffer::operations::lifecycle::OpState;
     use gaffer::operations::policy::GrantMode;
-    use gaffer::operations::state::{Approval, ApprovalStatus, Created, OpFailure, Operation};
+    use gaffer::operations::state::{Approval, ApprovalStatus, OpFailure, Operation};
+    let id = format!("op_held_{b}_{i}");
+    let ap = format!("ap_held_{b}_{i}");
+    let op = Operation {
+        id: id.clone(),
+        client_id: "held".into(),
+        idempotency_key: id.clone(),
+        operation: "bench.noop".into(),
+        provider: "bench".into(),
+        submitted: "{}".into(),
+        reason: "r".into(),
+        target: json!({}).into(),
+        arguments: json!({}).into(),
+        state: if pending {
+            OpState::Pending
+        } else {
+            OpState::Denied
+        },
+        revision: 1,
+        approval_id: pending.then(|| ap.clone()),
+        created_at_ms: now,
+        updated_at_ms: now,
+        terminal_at_ms: (!pending).then_some(now),
+        presentation: Presentation {
+            title: "t".into(),
+            summary: String::new(),
+        },
+        plan_digest: None,
+        plan: None,
+        result: None,
+        upstream_status: None,
+        error: (!pending).then(|| OpFailure::new("operation_policy_denied", "no")),
+        executor: None,
+        request_seal: Some(format!("{b:032x}{i:032x}")),
+        step_seal: (!pending).then(|| format!("{i:032x}{b:032x}")),
+        created_seq: 0,
+    };
+    let approval = pending.then(|| Approval {
+        id: ap,
+        operation_id: id,
+        client_id: "held".into(),
+        operation: "bench.noop".into(),
+        plan_digest: "0".repeat(64),
+        classification: Classification {
+            target_kind: "noop".into(),
+            ..Default::default()
+        },
+        mode: GrantMode::Execution,
+        status: ApprovalStatus::Pending,
+        revision: 1,
+        created_at_ms: now,
+        pending_expires_at_ms: now + 3_600_000,
+        requested_duration_seconds: 600,
+        requested_max_uses: 1,
+        decision: None,
+        uses: Default::default(),
+        decision_keys: Default::default(),
+    });
+    (op, approval)
+}
+
+/// `n` operations written straight into the journal (1,000 per commit), as [`held_op`].
+async fn hold(ws: &Workspace, n: usize, pending: bool) {
+    use gaffer::operations::state::Created;
     let per = 1000;
     for b in 0..n.div_ceil(per) {
         ws.commit(move |_s: &gaffer::workspace::State| {
             let now = gaffer::util::now_ms();
             let recs = (0..per.min(n - b * per))
                 .map(|i| {
-                    let id = format!("op_held_{b}_{i}");
-                    let ap = format!("ap_held_{b}_{i}");
-                    let op = Operation {
-                        id: id.clone(),
-                        client_id: "held".into(),
-                        idempotency_key: id.clone(),
-                        operation: "bench.noop".into(),
-                        provider: "bench".into(),
-                        submitted: "{}".into(),
-                        reason: "r".into(),
-                        target: json!({}).into(),
-                        arguments: json!({}).into(),
-                        state: if pending {
-                            OpState::Pending
-                        } else {
-                            OpState::Denied
-                        },
-                        revision: 1,
-                        approval_id: pending.then(|| ap.clone()),
-                        created_at_ms: now,
-                        updated_at_ms: now,
-                        terminal_at_ms: (!pending).then_some(now),
-                        presentation: Presentation {
-                            title: "t".into(),
-                            summary: String::new(),
-                        },
-                        plan_digest: None,
-                        plan: None,
-                        result: None,
-                        upstream_status: None,
-                        error: (!pending).then(|| OpFailure::new("operation_policy_denied", "no")),
-                        executor: None,
-                        // As long as the seal every accepted request carries.
-                        request_seal: Some(format!("{b:032x}{i:032x}")),
-                        step_seal: (!pending).then(|| format!("{i:032x}{b:032x}")),
-                        created_seq: 0,
-                    };
-                    let approval = pending.then(|| Approval {
-                        id: ap,
-                        operation_id: id,
-                        client_id: "held".into(),
-                        operation: "bench.noop".into(),
-                        plan_digest: "0".repeat(64),
-                        classification: Classification {
-                            target_kind: "noop".into(),
-                            ..Default::default()
-                        },
-                        mode: GrantMode::Execution,
-                        status: ApprovalStatus::Pending,
-                        revision: 1,
-                        created_at_ms: now,
-                        pending_expires_at_ms: now + 3_600_000,
-                        requested_duration_seconds: 600,
-                        requested_max_uses: 1,
-                        decision: None,
-                        uses: Default::default(),
-                        decision_keys: Default::default(),
-                    });
+                    let (operation, approval) = held_op(b, i, pending, now);
                     NewRecord::new(
                         "operation.created",
                         Created {
-                            operation: op,
+                            operation,
                             approval,
                         },
                     )
@@ -1015,6 +1029,52 @@ async fn success_rows(n: usize, raw_n: usize, rounds: usize) {
         thread_hand_off(2_000),
         common::machine_idle()
     );
+    println!(
+        "seals per operation (request seal at its seq, then the claim's and the ending's step seals, each checking the step before): {:.1} µs CPU",
+        seal_cost(20_000)
+    );
+}
+
+/// What sealing costs one operation that is allowed and runs: the request seal, then two
+/// steps (approved -> executing -> succeeded), each made after checking the one before.
+fn seal_cost(n: usize) -> f64 {
+    use gaffer::operations::lifecycle::OpState;
+    use gaffer::operations::seal::{SEAL_KEY_LEN, Sealer};
+    use gaffer::operations::state::Transitioned;
+    let sealer = Sealer::new([7; SEAL_KEY_LEN], "ws_bench");
+    let (mut op, _) = held_op(0, 0, false, gaffer::util::now_ms());
+    op.state = OpState::Approved;
+    op.terminal_at_ms = None;
+    op.error = None;
+    op.target = json!({"path": "docs/notes/today.md"}).into();
+    op.arguments = json!({"content": "x".repeat(200)}).into();
+    op.created_seq = 41;
+    let step = |op: &gaffer::operations::state::Operation, to: OpState| Transitioned {
+        id: op.id.clone(),
+        from: op.state,
+        to,
+        revision: op.revision + 1,
+        at_ms: 1,
+        error: None,
+        result: (to == OpState::Succeeded).then(|| json!({"bytes": 200, "sha256": "0".repeat(64)})),
+        upstream_status: None,
+        approval: None,
+        executor: None,
+        seal: None,
+    };
+    let claim = step(&op, OpState::Executing);
+    let mut executing = op.clone();
+    executing.state = claim.to;
+    executing.revision = claim.revision;
+    executing.step_seal = sealer.seal_step(&op, &claim);
+    let end = step(&executing, OpState::Succeeded);
+    assert!(sealer.seal_step(&executing, &end).is_some());
+    micros_per_op(n, || {
+        let request = sealer.request(&op, None).at(41);
+        let claim_seal = sealer.seal_step(&op, &claim);
+        let end_seal = sealer.seal_step(&executing, &end);
+        std::hint::black_box((request, claim_seal, end_seal));
+    })
 }
 
 /// Opening a workspace holding `count` operations: in process, and as a serving process.
