@@ -649,3 +649,26 @@ rules:
         ci = env.agent("ci-agent");
     }
 }
+
+/// The first request in a workspace with no store yet (its id comes from its first record),
+/// from an anonymous connection, is sealed: listed verified, and replayed as itself.
+#[test]
+fn the_first_request_in_a_fresh_workspace_is_verified() {
+    let env = Env::untrusted(Some(POLICY));
+    assert!(!env.root().join(".gaffer/journal").exists());
+    let mut anon = env.start(&[]);
+    anon.call("initialize", json!({"clientInfo": {"name": "someone"}}));
+    anon.notify("initialized", json!({}));
+    let target = json!({"path": "notes/first.txt"});
+    let args = json!({"content": "first\n"});
+    let first = ok(&submit(&mut anon, "file.write", target.clone(), args.clone(), "k")).clone();
+    // Untrusted, the policy's rules wait for a human.
+    assert_eq!(first["state"], "pending", "{first}");
+    let again = ok(&submit(&mut anon, "file.write", target, args, "k")).clone();
+    assert_eq!(again["id"], first["id"], "{again}");
+    let mut op = env.operator();
+    let list = op.call("approvals/list", json!({}));
+    assert_eq!(list["unverified_hidden"], 0, "{list}");
+    assert_eq!(list["approvals"][0]["operation_id"], first["id"], "{list}");
+    assert_eq!(list["approvals"][0]["requester_verified"], true, "{list}");
+}
