@@ -661,7 +661,14 @@ fn the_first_request_in_a_fresh_workspace_is_verified() {
     anon.notify("initialized", json!({}));
     let target = json!({"path": "notes/first.txt"});
     let args = json!({"content": "first\n"});
-    let first = ok(&submit(&mut anon, "file.write", target.clone(), args.clone(), "k")).clone();
+    let first = ok(&submit(
+        &mut anon,
+        "file.write",
+        target.clone(),
+        args.clone(),
+        "k",
+    ))
+    .clone();
     // Untrusted, the policy's rules wait for a human.
     assert_eq!(first["state"], "pending", "{first}");
     let again = ok(&submit(&mut anon, "file.write", target, args, "k")).clone();
@@ -671,4 +678,49 @@ fn the_first_request_in_a_fresh_workspace_is_verified() {
     assert_eq!(list["unverified_hidden"], 0, "{list}");
     assert_eq!(list["approvals"][0]["operation_id"], first["id"], "{list}");
     assert_eq!(list["approvals"][0]["requester_verified"], true, "{list}");
+}
+
+/// `gaffer doctor` names the seal key; a damaged key is flagged there, and approving then
+/// says why nothing can be verified (rather than calling the request forged).
+#[test]
+fn doctor_reports_the_seal_key_and_a_damaged_one_is_named_when_approving() {
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let first = ok(&submit(
+        &mut ci,
+        "file.write",
+        json!({"path": "notes/a.txt"}),
+        json!({"content": "a\n"}),
+        "a",
+    ))
+    .clone();
+    let doctor = |env: &Env| -> Value {
+        let (_, out, err) = env.cli(&["doctor"]);
+        let report: Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "seal key")
+            .cloned()
+            .unwrap_or_else(|| panic!("no seal key check: {report}"))
+    };
+    let seal = doctor(&env);
+    assert_eq!(seal["ok"], true, "{seal}");
+    let detail = seal["detail"].as_str().unwrap();
+    let path = detail
+        .strip_prefix("requests accepted here are sealed with ")
+        .unwrap_or_else(|| panic!("{seal}"));
+    std::fs::write(path, b"short").unwrap();
+    let seal = doctor(&env);
+    assert_eq!(seal["ok"], false, "{seal}");
+    let (code, out, err) = env.cli(&[
+        "approve",
+        first["id"].as_str().unwrap(),
+        "--expect",
+        first["plan_digest"].as_str().unwrap(),
+    ]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(out.contains("no seal key"), "{out}{err}");
 }

@@ -55,6 +55,7 @@ pub fn run(root: &Path) -> Report {
         });
     }
     checks.push(anchor_check(root));
+    checks.push(seal_check(root));
     key_checks(root, &mut checks);
     trust_checks(root, &mut checks);
     checks.push(command_rules_check(root));
@@ -90,6 +91,57 @@ fn anchor_check(root: &Path) -> Check {
             Some(why) => format!("{why}{place}"),
             None => format!("the store reaches the head this machine anchored{place}"),
         },
+    }
+}
+
+/// The key requests accepted here are sealed with (`crate::operations::seal`): without it no
+/// request can be verified, and none approved. Looked at, never created.
+fn seal_check(root: &Path) -> Check {
+    let anchor = crate::workspace::Workspace::open(root)
+        .ok()
+        .and_then(|ws| ws.restricting_anchor());
+    let (ok, detail) = match anchor {
+        None => (
+            true,
+            "no anchor yet: the seal key is made with it, on the first request".to_string(),
+        ),
+        Some(a) => {
+            let path = a.dir().join("seal.key");
+            match std::fs::read(&path) {
+                Ok(k) if k.len() == crate::operations::seal::SEAL_KEY_LEN => (
+                    true,
+                    format!("requests accepted here are sealed with {}", path.display()),
+                ),
+                Ok(k) => (
+                    false,
+                    format!(
+                        "{} holds {} bytes, not {}: no request can be verified or approved",
+                        path.display(),
+                        k.len(),
+                        crate::operations::seal::SEAL_KEY_LEN
+                    ),
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+                    true,
+                    format!(
+                        "{} is made on the first request accepted here",
+                        path.display()
+                    ),
+                ),
+                Err(e) => (
+                    false,
+                    format!(
+                        "{}: {e}: no request can be verified or approved",
+                        path.display()
+                    ),
+                ),
+            }
+        }
+    };
+    Check {
+        name: "seal key",
+        ok,
+        detail,
     }
 }
 
