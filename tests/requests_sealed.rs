@@ -724,3 +724,47 @@ fn doctor_reports_the_seal_key_and_a_damaged_one_is_named_when_approving() {
     assert_ne!(code, 0, "{out}{err}");
     assert!(out.contains("no seal key"), "{out}{err}");
 }
+
+/// Requests pipelined from two processes at once (group commits of several jobs, each
+/// record's seq decided under the lock) are all verified, in both processes' views and the
+/// CLI's, and still after a snapshot holds them.
+#[test]
+fn requests_pipelined_from_two_processes_are_all_verified() {
+    let env = Env::new(Some(POLICY));
+    let mut a = env.agent("ci-agent");
+    let mut b = env.agent("agent-1");
+    let mut sent = vec![];
+    for i in 0..12 {
+        for (s, who) in [(&mut a, "a"), (&mut b, "b")] {
+            let id = s.send_request(
+                "operations/submit",
+                json!({"operation": "file.write", "target": {"path": format!("notes/{who}{i}.txt")},
+                       "arguments": {"content": "x"}, "reason": "r", "idempotency_key": format!("{who}{i}")}),
+            );
+            sent.push((who, id));
+        }
+    }
+    for (who, id) in sent {
+        let s = if who == "a" { &mut a } else { &mut b };
+        let r = s.response(id);
+        assert_eq!(r["result"]["state"], "pending", "{r}");
+    }
+    let verified = |env: &Env| {
+        let mut op = env.operator();
+        let list = op.call("approvals/list", json!({}));
+        assert_eq!(list["unverified_hidden"], 0, "{list}");
+        let all = list["approvals"].as_array().unwrap();
+        assert_eq!(all.len(), 24, "{list}");
+        assert!(
+            all.iter().all(|x| x["requester_verified"] == true),
+            "{list}"
+        );
+        let (code, out, err) = env.cli(&["approvals"]);
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(!err.contains("not listed"), "{err}");
+    };
+    verified(&env);
+    let (code, out, err) = env.cli(&["store", "compact"]);
+    assert_eq!(code, 0, "{out}{err}");
+    verified(&env);
+}
