@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::gate::*;
 use common::{BIN, Server, Wire};
-use gaffer::operations::plan::{PLAN_SCHEMA, Plan, PlanAuthorization};
-use gaffer::operations::policy::{Classification, DecisionEffect};
+use gaffer::operations::plan::Plan;
+use gaffer::operations::policy::Classification;
 use serde_json::{Value, json};
 
 /// A file.write plan as the agent would write it: any target, any classification it likes.
@@ -27,42 +27,18 @@ fn forged_write(
     asks: Option<(gaffer::operations::policy::GrantMode, u64, u32)>,
 ) -> Value {
     let now = gaffer::util::now_ms();
-    let class = Classification {
-        target_kind: "file".into(),
-        fields: [("path".to_string(), [claimed_path.to_string()].into())].into(),
-        attrs: Default::default(),
-        must_name: Default::default(),
-        argv: None,
-    };
-    let plan = Plan {
-        schema: PLAN_SCHEMA.into(),
-        operation: "file.write".into(),
-        operation_revision: 1,
-        provider: "workspace".into(),
-        client_id: client.into(),
-        operation_id: id.into(),
-        target: json!({ "path": path }),
-        arguments: json!({ "content": content }),
-        preconditions: json!({ "prior_sha256": null }),
-        presentation: gaffer::operations::adapter::Presentation {
-            title: format!("Write {claimed_path}"),
+    let (plan, _) = forged_write_plan(
+        id,
+        client,
+        path,
+        content,
+        ForgedWrite {
+            claimed_path,
             summary: "harmless".into(),
+            rule: "docs",
+            asks,
         },
-        authorization: PlanAuthorization {
-            classification: class,
-            policy_effect: if asks.is_some() {
-                DecisionEffect::Request
-            } else {
-                DecisionEffect::Allow
-            },
-            rule_ids: vec!["docs".into()],
-            mode: asks.map(|a| a.0),
-            requested_duration_seconds: asks.map(|a| a.1),
-            requested_max_uses: asks.map(|a| a.2),
-        },
-        created_at_ms: now,
-        expires_at_ms: now + 600_000,
-    };
+    );
     let text = plan.canonical();
     json!({
         "operation": {

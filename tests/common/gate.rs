@@ -497,22 +497,29 @@ pub fn trust_record(
     .unwrap()
 }
 
-/// Appends, as the agent, a well-framed and chained pending `file.write` of `content` to
-/// `path` in `client`'s name, whose plan text and approval record both ask for `asked`
-/// (mode, uses, seconds) under the rule `notes`.
-pub fn forge_file_write_request(
-    root: &Path,
-    client: &str,
+/// What a forged `file.write` plan shows and asks: the path it claims (its classification and
+/// title), its summary, the rule it names, and (mode, seconds, uses) when it asks the operator
+/// (else the rule allowed it).
+pub struct ForgedWrite<'a> {
+    pub claimed_path: &'a str,
+    pub summary: String,
+    pub rule: &'a str,
+    pub asks: Option<(GrantMode, u64, u32)>,
+}
+
+/// The plan an agent forges for a `file.write` of `content` to `path` in `client`'s name,
+/// and the classification it claims.
+pub fn forged_write_plan(
     id: &str,
+    client: &str,
     path: &str,
     content: &str,
-    asked: (GrantMode, u32, u64),
-) {
-    let (mode, uses, secs) = asked;
+    f: ForgedWrite<'_>,
+) -> (Plan, Classification) {
     let now = gaffer::util::now_ms();
     let class = Classification {
         target_kind: "file".into(),
-        fields: [("path".to_string(), [path.to_string()].into())].into(),
+        fields: [("path".to_string(), [f.claimed_path.to_string()].into())].into(),
         ..Default::default()
     };
     let plan = Plan {
@@ -526,20 +533,53 @@ pub fn forge_file_write_request(
         arguments: json!({ "content": content }),
         preconditions: json!({ "prior_sha256": null }),
         presentation: gaffer::operations::adapter::Presentation {
-            title: format!("Write {path}"),
-            summary: format!("Create {path} with {} bytes", content.len()),
+            title: format!("Write {}", f.claimed_path),
+            summary: f.summary,
         },
         authorization: PlanAuthorization {
             classification: class.clone(),
-            policy_effect: DecisionEffect::Request,
-            rule_ids: vec!["notes".into()],
-            mode: Some(mode),
-            requested_duration_seconds: Some(secs),
-            requested_max_uses: Some(uses),
+            policy_effect: if f.asks.is_some() {
+                DecisionEffect::Request
+            } else {
+                DecisionEffect::Allow
+            },
+            rule_ids: vec![f.rule.into()],
+            mode: f.asks.map(|a| a.0),
+            requested_duration_seconds: f.asks.map(|a| a.1),
+            requested_max_uses: f.asks.map(|a| a.2),
         },
         created_at_ms: now,
-        expires_at_ms: now + 900_000,
+        expires_at_ms: now + 600_000,
     };
+    (plan, class)
+}
+
+/// Appends, as the agent, a well-framed and chained pending `file.write` of `content` to
+/// `path` in `client`'s name, whose plan text and approval record both ask for `asked`
+/// (mode, uses, seconds) under the rule `notes`.
+pub fn forge_file_write_request(
+    root: &Path,
+    client: &str,
+    id: &str,
+    path: &str,
+    content: &str,
+    asked: (GrantMode, u32, u64),
+) {
+    let (mode, uses, secs) = asked;
+    let now = gaffer::util::now_ms();
+    let summary = format!("Create {path} with {} bytes", content.len());
+    let (plan, class) = forged_write_plan(
+        id,
+        client,
+        path,
+        content,
+        ForgedWrite {
+            claimed_path: path,
+            summary,
+            rule: "notes",
+            asks: Some((mode, secs, uses)),
+        },
+    );
     let text = plan.canonical();
     let digest = Plan::digest_of(&text);
     let ap = format!("ap_{id}");
