@@ -36,6 +36,11 @@ rules:
     targets: [{kind: file, fields: {path: ["docs/**"]}}]
 "#;
 
+/// The result of a submission that must succeed.
+fn submitted(s: &mut common::Server, op: &str, target: Value, args: Value, key: &str) -> Value {
+    ok(&submit(s, op, target, args, key)).clone()
+}
+
 fn listed(s: &mut common::Server, include_unverified: bool) -> Value {
     s.call(
         "approvals/list",
@@ -58,14 +63,13 @@ fn a_request_forged_in_a_trusted_clients_name_is_neither_shown_nor_approvable() 
     // The operator's editor is connected throughout: it is told of requests as they come.
     let mut op = env.operator();
     let mut ci = env.agent("ci-agent");
-    let genuine = ok(&submit(
+    let genuine = submitted(
         &mut ci,
         "file.write",
         json!({"path": "notes/genuine.txt"}),
         json!({"content": "ok\n"}),
         "g1",
-    ))
-    .clone();
+    );
     let genuine_id = genuine["id"].as_str().unwrap().to_string();
     // The agent (agent-1) writes a request in ci-agent's name: the operator trusts ci-agent.
     forge_file_write_request(
@@ -78,14 +82,13 @@ fn a_request_forged_in_a_trusted_clients_name_is_neither_shown_nor_approvable() 
     );
 
     // A request ci-agent makes after the forged one is announced; the forged one never was.
-    let later = ok(&submit(
+    let later = submitted(
         &mut ci,
         "file.write",
         json!({"path": "notes/later.txt"}),
         json!({"content": "later\n"}),
         "g2",
-    ))
-    .clone();
+    );
     let requested = |id: &Value| {
         let id = id.clone();
         move |v: &Value| v["method"] == "approvals/requested" && v["params"]["operation_id"] == id
@@ -168,14 +171,13 @@ fn a_record_forged_under_a_clients_idempotency_key_is_not_replayed_as_its_outcom
     // digest of its exact form from the journal, then forges ci-agent's record under the
     // key ci-agent will use, saying the write succeeded.
     let mut agent = env.agent("agent-1");
-    let own = ok(&submit(
+    let own = submitted(
         &mut agent,
         "file.write",
         target.clone(),
         args.clone(),
         "probe",
-    ))
-    .clone();
+    );
     assert_eq!(own["state"], "denied", "{own}");
     drop(agent);
     let seg = the_segment(env.root());
@@ -224,17 +226,16 @@ fn a_record_forged_under_a_clients_idempotency_key_is_not_replayed_as_its_outcom
     assert!(!env.root().join("docs/release.txt").exists());
 
     // A genuine submission is sealed here and replays as itself.
-    let first = ok(&submit(
+    let first = submitted(
         &mut ci,
         "file.write",
         target.clone(),
         args.clone(),
         "release-2",
-    ))
-    .clone();
+    );
     let id = first["id"].as_str().unwrap().to_string();
     wait_state(&mut ci, &id, &["succeeded"]);
-    let again = ok(&submit(&mut ci, "file.write", target, args, "release-2")).clone();
+    let again = submitted(&mut ci, "file.write", target, args, "release-2");
     assert_eq!(again["id"], first["id"], "{again}");
     assert_eq!(
         std::fs::read_to_string(env.root().join("docs/release.txt")).unwrap(),
@@ -248,14 +249,13 @@ fn an_ending_forged_onto_a_genuine_request_is_not_replayed_as_its_outcome() {
     let target = json!({"path": "notes/deploy.txt"});
     let args = json!({"content": "go\n"});
     let mut ci = env.agent("ci-agent");
-    let first = ok(&submit(
+    let first = submitted(
         &mut ci,
         "file.write",
         target.clone(),
         args.clone(),
         "deploy-1",
-    ))
-    .clone();
+    );
     assert_eq!(first["state"], "pending", "{first}");
     let id = first["id"].as_str().unwrap().to_string();
     drop(ci);
@@ -320,14 +320,13 @@ fn a_request_the_operator_denied() -> (Env, common::Server, String) {
     anchor_outside_the_workspace();
     let env = Env::new(Some(POLICY));
     let mut ci = env.agent("ci-agent");
-    let first = ok(&submit(
+    let first = submitted(
         &mut ci,
         "file.write",
         json!({"path": "notes/denied.txt"}),
         json!({"content": "denied\n"}),
         "d-1",
-    ))
-    .clone();
+    );
     let id = first["id"].as_str().unwrap().to_string();
     let mut op = env.operator();
     let a = wait_for_approval(&mut op, &id);
@@ -399,26 +398,24 @@ fn a_succeeded_write_recreated_by_the_agent_is_not_replayed_with_another_outcome
     let target = json!({"path": "notes/deploy.txt"});
     let args = json!({"content": "go\n"});
     let mut ci = env.agent("ci-agent");
-    let first = ok(&submit(
+    let first = submitted(
         &mut ci,
         "file.write",
         target.clone(),
         args.clone(),
         "deploy-1",
-    ))
-    .clone();
+    );
     let id = first["id"].as_str().unwrap().to_string();
     let mut op = env.operator();
     approve(&env, &mut op, &id);
     wait_state(&mut ci, &id, &["succeeded"]);
-    let again = ok(&submit(
+    let again = submitted(
         &mut ci,
         "file.write",
         target.clone(),
         args.clone(),
         "deploy-1",
-    ))
-    .clone();
+    );
     assert_eq!(again["state"], "succeeded", "control: {again}");
     drop(op);
     drop(ci);
@@ -467,7 +464,7 @@ fn genuine_endings_replay_after_a_restart_and_a_snapshot() {
     let mut sub = |ci: &mut common::Server, path: &str, key: &str| {
         let t = json!({ "path": path });
         let a = json!({"content": format!("{key}\n")});
-        let v = ok(&submit(ci, "file.write", t.clone(), a.clone(), key)).clone();
+        let v = submitted(ci, "file.write", t.clone(), a.clone(), key);
         let id = v["id"].as_str().unwrap().to_string();
         keys.push((key.to_string(), t, a, id.clone(), String::new()));
         id
@@ -564,14 +561,7 @@ fn an_ending_gaffer_writes_after_the_agents_steps_is_not_replayed_as_the_clients
     let mut ci = env.agent("ci-agent");
     let target = json!({"path": "notes/x.md"});
     let args = json!({"content": "x"});
-    let v = ok(&submit(
-        &mut ci,
-        "file.write",
-        target.clone(),
-        args.clone(),
-        "fx",
-    ))
-    .clone();
+    let v = submitted(&mut ci, "file.write", target.clone(), args.clone(), "fx");
     let id = v["id"].as_str().unwrap().to_string();
     assert_eq!(v["state"], "pending", "{v}");
     drop(ci);
@@ -661,17 +651,10 @@ fn the_first_request_in_a_fresh_workspace_is_verified() {
     anon.notify("initialized", json!({}));
     let target = json!({"path": "notes/first.txt"});
     let args = json!({"content": "first\n"});
-    let first = ok(&submit(
-        &mut anon,
-        "file.write",
-        target.clone(),
-        args.clone(),
-        "k",
-    ))
-    .clone();
+    let first = submitted(&mut anon, "file.write", target.clone(), args.clone(), "k");
     // Untrusted, the policy's rules wait for a human.
     assert_eq!(first["state"], "pending", "{first}");
-    let again = ok(&submit(&mut anon, "file.write", target, args, "k")).clone();
+    let again = submitted(&mut anon, "file.write", target, args, "k");
     assert_eq!(again["id"], first["id"], "{again}");
     let mut op = env.operator();
     let list = op.call("approvals/list", json!({}));
@@ -686,14 +669,13 @@ fn the_first_request_in_a_fresh_workspace_is_verified() {
 fn doctor_reports_the_seal_key_and_a_damaged_one_is_named_when_approving() {
     let env = Env::new(Some(POLICY));
     let mut ci = env.agent("ci-agent");
-    let first = ok(&submit(
+    let first = submitted(
         &mut ci,
         "file.write",
         json!({"path": "notes/a.txt"}),
         json!({"content": "a\n"}),
         "a",
-    ))
-    .clone();
+    );
     let doctor = |env: &Env| -> Value {
         let (_, out, err) = env.cli(&["doctor"]);
         let report: Value =
