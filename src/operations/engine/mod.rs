@@ -258,8 +258,10 @@ pub struct OperationRuntime {
     executed: Mutex<HashMap<String, ExecutedHere>>,
     /// The timeouts of `wait`, kept by one timer.
     deadlines: deadlines::Deadlines,
-    /// This machine's seal for the workspace, loaded when first needed.
-    sealer: std::sync::OnceLock<Arc<Sealer>>,
+    /// This machine's seal for the workspace, loaded when first needed once the store has
+    /// an id and an anchor (None: its key could not be read or made; told once, and by
+    /// `gaffer doctor`, not looked for again on every request).
+    sealer: std::sync::OnceLock<Option<Arc<Sealer>>>,
     me: Weak<OperationRuntime>,
 }
 
@@ -329,20 +331,22 @@ impl OperationRuntime {
     /// nothing checks).
     fn sealer(&self) -> Option<Arc<Sealer>> {
         if let Some(s) = self.sealer.get() {
-            return Some(Arc::clone(s));
+            return s.clone();
         }
         let workspace_id = self.ws.workspace_id()?;
         let anchor = self.ws.restricting_anchor()?;
-        match anchor.seal_key() {
-            Ok(key) => Some(Arc::clone(
-                self.sealer
-                    .get_or_init(|| Arc::new(Sealer::new(key, &workspace_id))),
-            )),
-            Err(e) => {
-                tracing::warn!(error = %e, "no seal key: requests accepted here go unsealed");
-                None
-            }
-        }
+        self.sealer
+            .get_or_init(|| match anchor.seal_key() {
+                Ok(key) => Some(Arc::new(Sealer::new(key, &workspace_id))),
+                Err(e) => {
+                    tracing::error!(
+                        error = %e,
+                        "no seal key: no request can be verified or approved until gaffer restarts with one"
+                    );
+                    None
+                }
+            })
+            .clone()
     }
 
     /// Whether a gaffer on this machine accepted the operation `id` (see [`super::seal`]).
