@@ -314,12 +314,10 @@ impl Anchor {
     /// agree: each writes its own file and links it into place, and the loser reads the
     /// winner's.
     pub fn seal_key(&self) -> Result<[u8; SEAL_KEY_LEN], AnchorError> {
-        let path = self.dir.join("seal.key");
-        match std::fs::read(&path) {
-            Ok(bytes) => return key_of(&path, &bytes),
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(&path)(e)),
+        if let Some(key) = self.existing_seal_key()? {
+            return Ok(key);
         }
+        let path = self.dir.join("seal.key");
         self.ensure_dir()?;
         let fresh = crate::util::random_bytes(SEAL_KEY_LEN).map_err(io_err(&path))?;
         let tmp = self.dir.join(format!(
@@ -348,6 +346,17 @@ impl Anchor {
         written.map_err(io_err(&path))?;
         let bytes = std::fs::read(&path).map_err(io_err(&path))?;
         key_of(&path, &bytes)
+    }
+
+    /// The seal key if one was made, without making one (a fold checking what was sealed,
+    /// `gaffer doctor`).
+    pub fn existing_seal_key(&self) -> Result<Option<[u8; SEAL_KEY_LEN]>, AnchorError> {
+        let path = self.dir.join("seal.key");
+        match std::fs::read(&path) {
+            Ok(bytes) => key_of(&path, &bytes).map(Some),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path)(e)),
+        }
     }
 
     fn ensure_dir(&self) -> Result<(), AnchorError> {

@@ -36,6 +36,7 @@ mod queue;
 mod tail;
 
 use crate::anchor::{Anchor, HeadMark, Standing};
+use crate::operations::seal::SealSource;
 pub use crate::store::Record;
 use crate::store::end::JournalPeek;
 use crate::store::{
@@ -219,8 +220,15 @@ impl State {
             "trust" => self.trust.apply(rec, out),
             "client" => self.clients.apply(rec, out),
             "plan" => self.plans.apply(rec, &self.operations, out),
-            // `store.created`: the id lives in the store's chain view, not in the state.
-            "gaffer" | "store" => {}
+            // `store.created`: the id lives in the store's chain view, which a replay from the
+            // start publishes only once it is read through; the seals need it before.
+            "store" => {
+                let payload = rec.payload.get();
+                if let Some(id) = crate::store::declared_workspace_id(rec.seq, &rec.kind, payload) {
+                    self.operations.seals.declared(&id);
+                }
+            }
+            "gaffer" => {}
             _ => tracing::warn!(kind = %rec.kind, seq = rec.seq, "unknown record kind skipped"),
         }
     }
@@ -448,6 +456,8 @@ fn load(dir: &Path, view: &ChainView) -> Result<Loaded, WorkspaceError> {
         },
         None => (State::default(), 0),
     };
+    // Prunes count only when this machine sealed them (`operations::seal`).
+    state.operations.seals = SealSource::anchored(root, view.clone());
     let from_snapshot = mark.filter(|_| after > 0).map(|m| (m.seq, m.head));
     let mut scratch = Vec::new();
     let mut replayed = 0u64;

@@ -261,22 +261,28 @@ fn a_journal_rewritten_without_the_newest_trust_record_does_not_restore_the_old_
 
 // ---- records appended after the head ----
 
-/// A one-use approval ran its `kv.set`. While that serving process still runs, the agent
-/// appends (chained, real framing) a prune of everything terminal and copies of the
-/// operation's genuine creation, decision and approval. The serving process must not run the
+/// A one-use approval ran its `kv.set`. While that serving process still runs, gaffer's
+/// retention prunes everything finished (a prune the agent writes is skipped), and the agent
+/// appends (chained, real framing) copies of the operation's genuine creation, decision and
+/// approval. The serving process must not run the
 /// plan again (it did before the anchor).
 #[test]
 fn a_forged_prune_and_recreate_does_not_rerun_a_used_approval_in_a_running_server() {
     anchor_outside_the_workspace();
     let env = Env::new(Some(ALLOW_DOCS));
     let (mut a, id, aid) = one_use_approval_ran_once(&env);
-    forge_prune_and_recreate(env.root(), &id, &aid);
+    prune_and_recreate_used(
+        env.root(),
+        |extra| env.agent_env("agent-1", extra),
+        &id,
+        &aid,
+    );
     watch_the_recreated(env.root(), &mut a, &id);
     let v = a.request("operations/get", json!({ "id": id }));
     assert_eq!(
         kv_log(env.root()),
         1,
-        "a forged prune and re-creation ran the one-use approval again in the serving process: {v}"
+        "a re-creation after a prune ran the one-use approval again in the serving process: {v}"
     );
 }
 
@@ -298,14 +304,19 @@ fn a_forged_prune_and_recreate_does_not_rerun_a_used_approval_after_a_restart() 
         1,
         "control: a restart runs nothing again"
     );
-    forge_prune_and_recreate(env.root(), &id, &aid);
+    prune_and_recreate_used(
+        env.root(),
+        |extra| env.agent_env("agent-1", extra),
+        &id,
+        &aid,
+    );
     let mut b = env.agent("agent-1");
     watch_the_recreated(env.root(), &mut b, &id);
     let v = b.request("operations/get", json!({ "id": id }));
     assert_eq!(
         kv_log(env.root()),
         1,
-        "a forged prune and re-creation ran the one-use approval again after a restart: {v}"
+        "a re-creation after a prune ran the one-use approval again after a restart: {v}"
     );
 }
 

@@ -152,8 +152,8 @@ fn forged_high_version_trust_records_fail_closed() {
 // ---- a copy of the workspace ----
 
 /// A one-use approval ran its `kv.set`; the workspace is then copied (`cp -a`, as an operator
-/// does to try something on a copy; a `mv` is the same). The agent's forged prune and
-/// re-creation in the copy must not run the plan again there (it did before the anchor's
+/// does to try something on a copy; a `mv` is the same). After gaffer's prune in the copy,
+/// the agent's re-creation must not run the plan again there (it did before the anchor's
 /// ledger was keyed by workspace id alone: the copy had an empty anchor).
 #[test]
 fn a_used_approval_does_not_run_again_in_a_copy_of_the_workspace() {
@@ -172,19 +172,21 @@ fn a_used_approval_does_not_run_again_in_a_copy_of_the_workspace() {
         .unwrap();
     assert!(st.success());
     assert_eq!(kv_log(&copy), 1, "the copy has the one line");
-    forge_prune_and_recreate(&copy, &id, &aid);
     let key = env.key_file.display().to_string();
-    let mut b = Server::start_env(
-        &copy,
-        common::Wire::Ndjson,
-        &[],
-        &[("GAFFER_OPERATOR_KEY_FILE", key.as_str())],
-    );
-    b.call(
-        "initialize",
-        json!({"clientInfo": {"name": "agent-1"}, "initializationOptions": {"clientToken": token}}),
-    );
-    b.notify("initialized", json!({}));
+    let start = |extra: &[(&str, &str)]| {
+        let mut vars = vec![("GAFFER_OPERATOR_KEY_FILE", key.as_str())];
+        vars.extend_from_slice(extra);
+        let mut b = Server::start_env(&copy, common::Wire::Ndjson, &[], &vars);
+        b.call(
+            "initialize",
+            json!({"clientInfo": {"name": "agent-1"}, "initializationOptions": {"clientToken": token}}),
+        );
+        b.notify("initialized", json!({}));
+        b
+    };
+    // gaffer prunes in the copy (with the copy's own seal), then the agent re-creates there.
+    prune_and_recreate_used(&copy, start, &id, &aid);
+    let mut b = start(&[]);
     watch_the_recreated(&copy, &mut b, &id);
     let v = b.request("operations/get", json!({ "id": id }));
     assert_eq!(
@@ -250,7 +252,7 @@ fn one_more_use(env: &Env, a: &mut Server, key: &str) -> Value {
     p
 }
 
-/// Both uses of a window approval ran. The agent's forged prune and re-creation brings the
+/// Both uses of a window approval ran. After gaffer's prune, the agent's re-creation brings the
 /// approval back active with no use in the journal; a further matching `kv.set` must not run.
 #[test]
 fn a_window_approval_gets_no_use_beyond_its_max_after_its_uses_are_forgotten() {
@@ -273,14 +275,19 @@ fn a_window_approval_gets_no_use_beyond_its_max_after_its_uses_are_forgotten() {
     );
     assert_eq!(v["state"], "succeeded", "{v}");
     assert_eq!(kv_log(env.root()), 2, "both uses ran");
-    forge_prune_and_recreate(env.root(), &id, &aid);
+    prune_and_recreate_used(
+        env.root(),
+        |extra| env.agent_env("agent-1", extra),
+        &id,
+        &aid,
+    );
     let v = one_more_use(&env, &mut a, "w3");
     let log = kv_log(env.root());
     assert_eq!(log, 2, "a window approval of 2 uses ran a third time: {v}");
 }
 
 /// A window approval (2 uses) ran once; the operator revokes it with `gaffer revoke` (another
-/// process than the serving one). The agent's forged prune and re-creation brings it back
+/// process than the serving one). After gaffer's prune, the agent's re-creation brings it back
 /// active; a further matching `kv.set` must not run.
 #[test]
 fn a_window_approval_revoked_with_the_cli_stays_revoked_after_a_forged_recreation() {
@@ -289,7 +296,12 @@ fn a_window_approval_revoked_with_the_cli_stays_revoked_after_a_forged_recreatio
     let (mut a, id, aid) = window_used_once(&env);
     let (code, out, err) = env.cli(&["revoke", &aid]);
     assert_eq!(code, 0, "gaffer revoke: {out}{err}");
-    forge_prune_and_recreate(env.root(), &id, &aid);
+    prune_and_recreate_used(
+        env.root(),
+        |extra| env.agent_env("agent-1", extra),
+        &id,
+        &aid,
+    );
     let v = one_more_use(&env, &mut a, "w2");
     let log = kv_log(env.root());
     assert_eq!(log, 1, "a revoked window approval ran again: {v}");
@@ -306,7 +318,12 @@ fn a_window_approval_revoked_by_a_server_stays_revoked_after_a_forged_recreation
         let r = env.revoke_ok(&mut op, &json!(aid));
         eprintln!("revoked: {r}");
     }
-    forge_prune_and_recreate(env.root(), &id, &aid);
+    prune_and_recreate_used(
+        env.root(),
+        |extra| env.agent_env("agent-1", extra),
+        &id,
+        &aid,
+    );
     let v = one_more_use(&env, &mut a, "w2");
     let log = kv_log(env.root());
     assert_eq!(log, 1, "a revoked window approval ran again: {v}");
@@ -314,8 +331,8 @@ fn a_window_approval_revoked_by_a_server_stays_revoked_after_a_forged_recreation
 
 /// A window approval (2 uses) ran once. The agent cuts the journal's last batch (a harmless
 /// pending request), so the store stands rolled back; the operator revokes the approval with
-/// `gaffer revoke`, then accepts the store (`gaffer store reanchor`). The agent's forged prune
-/// and re-creation brings the approval back active; a further matching `kv.set` must not run
+/// `gaffer revoke`, then accepts the store (`gaffer store reanchor`). After gaffer's prune, the
+/// agent's re-creation brings the approval back active; a further matching `kv.set` must not run
 /// (it did before revocations were anchored whatever the store's standing).
 #[test]
 fn a_revocation_made_while_the_store_stands_rolled_back_still_holds_after_reanchor() {
@@ -344,7 +361,12 @@ fn a_revocation_made_while_the_store_stands_rolled_back_still_holds_after_reanch
     assert_eq!(code, 0, "gaffer revoke: {out}{err}");
     let (code, out, err) = env.cli(&["store", "reanchor"]);
     assert_eq!(code, 0, "gaffer store reanchor: {out}{err}");
-    forge_prune_and_recreate(env.root(), &id, &aid);
+    prune_and_recreate_used(
+        env.root(),
+        |extra| env.agent_env("agent-1", extra),
+        &id,
+        &aid,
+    );
     let mut b = env.agent("agent-1");
     let v = one_more_use(&env, &mut b, "w2");
     let log = kv_log(env.root());

@@ -10,7 +10,7 @@
 #[path = "../benches/common/noop.rs"]
 mod noop;
 
-use gaffer::operations::state::{KIND_CREATED, KIND_PRUNED, KIND_TRANSITIONED};
+use gaffer::operations::state::{KIND_CREATED, KIND_TRANSITIONED};
 use gaffer::workspace::NewRecord;
 use serde_json::{Value, json};
 
@@ -45,7 +45,8 @@ fn an_operation_re_created_under_an_accepted_id_is_not_vouched_for() {
             .read(|s| s.operations.get(&id).cloned())
             .expect("the operation");
 
-        // The agent: cancel it, prune it, create its own plan under the same id and client.
+        // The agent: cancel it, and once gaffer's retention pruned it (a prune the agent
+        // writes is skipped), create its own plan under the same id and client.
         let now = gaffer::util::now_ms();
         let mut forged = serde_json::to_value(&op).expect("op json");
         let (text, digest) = swapped(op.plan.as_deref().expect("plan"), json!({"n": 2}));
@@ -53,24 +54,34 @@ fn an_operation_re_created_under_an_accepted_id_is_not_vouched_for() {
         forged["plan"] = json!(text);
         forged["plan_digest"] = json!(digest);
         forged["idempotency_key"] = json!("forged-1");
-        let records = vec![
-            (
-                KIND_TRANSITIONED,
-                json!({"id": id, "from": "approved", "to": "canceled", "revision": op.revision + 1, "at_ms": now}),
-            ),
-            (KIND_PRUNED, json!({"before_ms": now + 1})),
-            (KIND_CREATED, json!({"operation": forged, "approval": null})),
-        ];
-        ws.commit(move |_| {
-            let recs = records
-                .into_iter()
-                .map(|(k, p)| NewRecord::new(k, p))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((recs, ()))
-        })
+        let append = |records: Vec<(&'static str, Value)>| {
+            ws.commit(move |_| {
+                let recs = records
+                    .into_iter()
+                    .map(|(k, p)| NewRecord::new(k, p))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>((recs, ()))
+            })
+        };
+        append(vec![(
+            KIND_TRANSITIONED,
+            json!({"id": id, "from": "approved", "to": "canceled", "revision": op.revision + 1, "at_ms": now}),
+        )])
         .await
-        .expect("the agent's records");
+        .expect("the agent's cancel");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let retention = gaffer::operations::engine::OperationRuntime::new(
+            std::sync::Arc::clone(&ws),
+            noop::registry(noop::Noop::new(noop::noop_desc())),
+            gaffer::operations::engine::RuntimeConfig { retention_ms: 0 },
+            "bench:1".into(),
+        );
+        retention.prune().await;
+        assert!(ws.read(|s| s.operations.get(&id).is_none()), "gaffer pruned it");
+        append(vec![(KIND_CREATED, json!({"operation": forged, "approval": null}))])
+            .await
+            .expect("the agent's re-creation");
         let now_there = ws
             .read(|s| s.operations.get(&id).cloned())
             .expect("the re-created operation");

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::forge::{anchor_outside_the_workspace, append_chained, the_segment};
+use common::forge::{anchor_outside_the_workspace, append_chained, genuinely_pruned, the_segment};
 use common::gate::*;
 use gaffer::operations::policy::GrantMode;
 use std::time::{Duration, Instant};
@@ -290,27 +290,21 @@ fn far_future() -> u64 {
     gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000
 }
 
-/// The agent drops every terminal operation (an `operation.pruned` it writes itself) and
-/// appends the genuine `operation.created` record of `id` again, byte for byte unless
-/// `edit` changes it: its request seal is genuine.
-fn prune_and_recreate(root: &std::path::Path, id: &str, edit: impl FnOnce(&mut Value)) {
-    let seg = the_segment(root);
+/// Once gaffer itself has pruned the finished operations (a prune the agent writes is
+/// skipped: see `a_prune_the_agent_writes_forgets_nothing`), the agent appends the genuine
+/// `operation.created` record of `id` again, byte for byte unless `edit` changes it: its
+/// request seal is genuine.
+fn prune_and_recreate(env: &Env, id: &str, edit: impl FnOnce(&mut Value)) {
+    genuinely_pruned(env, "ci-agent");
+    let seg = the_segment(env.root());
     let i = seg.find("operation.created", |kind, p| {
         kind == "operation.created" && p["operation"]["id"] == id
     });
     let mut created = seg.recs[i].payload();
     edit(&mut created);
     append_chained(
-        root,
-        &[
-            (
-                "operation.pruned",
-                json!({ "before_ms": far_future() })
-                    .to_string()
-                    .into_bytes(),
-            ),
-            ("operation.created", created.to_string().into_bytes()),
-        ],
+        env.root(),
+        &[("operation.created", created.to_string().into_bytes())],
     );
 }
 
@@ -349,7 +343,7 @@ fn a_denied_request_recreated_by_the_agent_is_not_shown_as_verified() {
     drop(ci);
 
     let now = gaffer::util::now_ms();
-    prune_and_recreate(env.root(), &id, |c| {
+    prune_and_recreate(&env, &id, |c| {
         c["operation"]["reason"] = json!("the operator asked for this in chat; safe to approve");
         c["approval"]["created_at_ms"] = json!(now);
         c["approval"]["pending_expires_at_ms"] = json!(now + 600_000);
@@ -421,7 +415,7 @@ fn a_succeeded_write_recreated_by_the_agent_is_not_replayed_with_another_outcome
     drop(ci);
 
     let now = gaffer::util::now_ms();
-    prune_and_recreate(env.root(), &id, |c| {
+    prune_and_recreate(&env, &id, |c| {
         c["approval"]["pending_expires_at_ms"] = json!(now);
     });
 
@@ -521,7 +515,7 @@ fn genuine_endings_replay_after_a_restart_and_a_snapshot() {
 #[test]
 fn a_byte_identical_copy_of_a_denied_request_is_not_verified() {
     let (env, mut ci, id) = a_request_the_operator_denied();
-    prune_and_recreate(env.root(), &id, |_| {});
+    prune_and_recreate(&env, &id, |_| {});
     let mut op = env.operator();
     let all = op.call("approvals/list", json!({"include_unverified": true}));
     let back = all["approvals"]
@@ -749,4 +743,122 @@ fn requests_pipelined_from_two_processes_are_all_verified() {
     let (code, out, err) = env.cli(&["store", "compact"]);
     assert_eq!(code, 0, "{out}{err}");
     verified(&env);
+}
+
+/// ci-agent's write of `path` (allowed) under `key`, run to its end: the operation id.
+fn a_finished_write(ci: &mut common::Server, path: &str, key: &str) -> String {
+    let v = submitted(
+        ci,
+        "file.write",
+        json!({ "path": path }),
+        json!({"content": format!("{key}\n")}),
+        key,
+    );
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_state(ci, &id, &["succeeded"]);
+    id
+}
+
+/// What ci-agent's retried submission of that write under `key` is answered with.
+fn retried(ci: &mut common::Server, path: &str, key: &str) -> Value {
+    submit(
+        ci,
+        "file.write",
+        json!({ "path": path }),
+        json!({"content": format!("{key}\n")}),
+        key,
+    )
+}
+
+/// An `operation.pruned` the agent appends (dropping every finished operation) is skipped:
+/// ci-agent's retry under the key of its finished write is answered with that operation,
+/// live, after a restart and after a snapshot, never submitted anew. (Before: gaffer forgot
+/// the operation, so the retry was decided again and an allowed effect ran a second time.)
+#[test]
+fn a_prune_the_agent_writes_forgets_nothing() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let id = a_finished_write(&mut ci, "docs/once.txt", "once-1");
+    append_chained(
+        env.root(),
+        &[(
+            "operation.pruned",
+            json!({ "before_ms": far_future() })
+                .to_string()
+                .into_bytes(),
+        )],
+    );
+    // A commit reads the journal to its end first: the forged prune is folded by then.
+    a_finished_write(&mut ci, "docs/later.txt", "later-1");
+    let check = |ci: &mut common::Server, when: &str| {
+        let r = retried(ci, "docs/once.txt", "once-1");
+        assert_eq!(r["result"]["id"], id.as_str(), "{when}: {r}");
+        assert_eq!(r["result"]["state"], "succeeded", "{when}: {r}");
+        let got = ci.call("operations/get", json!({ "id": id }));
+        assert_eq!(got["state"], "succeeded", "{when}: {got}");
+    };
+    check(&mut ci, "live");
+    drop(ci);
+    let mut ci = env.agent("ci-agent");
+    check(&mut ci, "after a restart");
+    drop(ci);
+    let created = the_segment(env.root())
+        .recs
+        .iter()
+        .filter(|r| {
+            r.kind() == "operation.created"
+                && r.payload()["operation"]["idempotency_key"] == "once-1"
+        })
+        .count();
+    assert_eq!(created, 1, "the write was submitted again");
+    let (code, out, err) = env.cli(&["store", "compact"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut ci = env.agent("ci-agent");
+    check(&mut ci, "after a snapshot");
+}
+
+/// gaffer's own prune (retention) still forgets, in every process and after a snapshot; the
+/// agent's copies of it (its cut-off moved to the far future, or byte for byte at a later
+/// place in the journal) forget nothing more.
+#[test]
+fn a_genuine_prune_forgets_and_the_agents_copies_of_it_do_not() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let old = a_finished_write(&mut ci, "docs/old.txt", "old-1");
+    drop(ci);
+    let at = genuinely_pruned(&env, "ci-agent");
+    let genuine = the_segment(env.root()).recs[at].payload();
+    assert!(genuine["seal"].is_string(), "{genuine}");
+
+    let gone = |ci: &mut common::Server, when: &str| {
+        let r = ci.request("operations/get", json!({ "id": old }));
+        assert!(r.get("error").is_some(), "{when}: pruned, yet {r}");
+    };
+    let mut ci = env.agent("ci-agent");
+    gone(&mut ci, "after a restart");
+    let kept = a_finished_write(&mut ci, "docs/kept.txt", "kept-1");
+    drop(ci);
+
+    let mut moved = genuine.clone();
+    moved["before_ms"] = json!(far_future());
+    append_chained(
+        env.root(),
+        &[
+            ("operation.pruned", moved.to_string().into_bytes()),
+            ("operation.pruned", genuine.to_string().into_bytes()),
+        ],
+    );
+    let check = |when: &str| {
+        let mut ci = env.agent("ci-agent");
+        gone(&mut ci, when);
+        let r = retried(&mut ci, "docs/kept.txt", "kept-1");
+        assert_eq!(r["result"]["id"], kept.as_str(), "{when}: {r}");
+        assert_eq!(r["result"]["state"], "succeeded", "{when}: {r}");
+    };
+    check("after the agent's copies");
+    let (code, out, err) = env.cli(&["store", "compact"]);
+    assert_eq!(code, 0, "{out}{err}");
+    check("after a snapshot");
 }

@@ -154,20 +154,24 @@ pub fn runtime_with(ws: &Arc<Workspace>, noop: Noop) -> Arc<OperationRuntime> {
 /// The runtime before it is started: it records what it is asked to and executes nothing
 /// until started (as a one-shot CLI process).
 pub fn runtime_unstarted(ws: &Arc<Workspace>, noop: Noop) -> Arc<OperationRuntime> {
-    let reg = Registry::new(
+    OperationRuntime::new(
+        Arc::clone(ws),
+        registry(noop),
+        RuntimeConfig::default(),
+        "bench:0".into(),
+    )
+}
+
+/// The registry holding the no-op provider alone.
+pub fn registry(noop: Noop) -> Registry {
+    Registry::new(
         &[Catalog {
             provider: "bench".into(),
             descriptors: vec![noop_desc()],
         }],
         vec![Arc::new(noop)],
     )
-    .expect("registry");
-    OperationRuntime::new(
-        Arc::clone(ws),
-        reg,
-        RuntimeConfig::default(),
-        "bench:0".into(),
-    )
+    .expect("registry")
 }
 
 pub fn input(key: &str) -> SubmitInput {

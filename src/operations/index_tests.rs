@@ -181,9 +181,10 @@ fn record(s: &OperationState, st: &Step) -> Option<(String, Value)> {
             });
             Some((KIND_REVOKED.to_string(), v))
         }
+        // Sealed as the retention sweep seals it (folded at seq 0).
         Step::Prune { before } => Some((
             KIND_PRUNED.to_string(),
-            serde_json::json!({"before_ms": before}),
+            crate::operations::state::tests::sealed_prune(u64::from(before), 0),
         )),
     }
 }
@@ -255,7 +256,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
     #[test]
     fn prop_indexed_answers_equal_the_full_scan(steps in proptest::collection::vec(step(), 1..60)) {
-        let mut s = OperationState::default();
+        let mut s = crate::operations::state::tests::sealed_state();
         let mut out = vec![];
         for st in &steps {
             if let Some((kind, payload)) = record(&s, st) {

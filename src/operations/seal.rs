@@ -17,13 +17,21 @@
 //! gaffer left it: after a step the agent appended, nothing gaffer writes is vouched for, so a
 //! forged step cannot be turned into a sealed outcome by gaffer's own recovery.
 //!
+//! A prune (`operation.pruned`, the retention sweep's) is sealed over its cut-off and the seq
+//! of its record, and it is the one seal a fold checks ([`SealSource`]): a prune without a
+//! seal that checks is skipped, so the agent cannot make gaffer forget a finished operation
+//! and have its client's retry under the same key submitted, and run, again.
+//!
 //! A seal authorizes nothing: authority stays with the operator's signature and the trusted
 //! policy, checked against the plan text at execution.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use hmac::{KeyInit, Mac};
 
 use super::lifecycle::OpState;
-use super::state::{Approval, OpFailure, Operation, Transitioned};
+use super::state::{Approval, OpFailure, Operation, Pruned, Transitioned};
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
@@ -162,6 +170,106 @@ impl Sealer {
     pub fn stands(&self, op: &Operation) -> bool {
         op.revision == 1 || matches(op.step_seal.as_deref(), self.step_mac(Step::of(op)))
     }
+}
+
+impl Sealer {
+    /// The MAC over a retention sweep's cut-off and the journal position of its record: a
+    /// copy appended later, or one with another cut-off, does not check.
+    fn prune_mac(&self, before_ms: u64, seq: u64) -> HmacSha256 {
+        let mut mac = self.keyed("gaffer operation.pruned v1");
+        part(&mut mac, Some(&before_ms.to_string()));
+        part(&mut mac, Some(&seq.to_string()));
+        mac
+    }
+
+    /// The seal of a prune of everything terminal before `before_ms`, recorded at `seq`.
+    pub fn seal_prune(&self, before_ms: u64, seq: u64) -> String {
+        hex_of(self.prune_mac(before_ms, seq))
+    }
+
+    /// Whether the prune recorded at `seq` was sealed here, for exactly its cut-off.
+    pub fn checks_prune(&self, p: &Pruned, seq: u64) -> bool {
+        matches(p.seal.as_deref(), self.prune_mac(p.before_ms, seq))
+    }
+}
+
+/// Where a fold finds this machine's seal for the workspace it folds, to honour only the
+/// prunes a gaffer here sealed (a prune the agent appends would make gaffer forget finished
+/// operations, so a client's retried submission would run again). The key is read, never
+/// created, and looked for again until found: it may be made after the fold began.
+#[derive(Clone, Default)]
+pub struct SealSource(Option<Arc<SourceOf>>);
+
+struct SourceOf {
+    root: PathBuf,
+    chain: crate::store::ChainView,
+    /// The id the journal's first record declares, when the fold read it.
+    declared: Mutex<Option<String>>,
+    found: Mutex<Option<Arc<Sealer>>>,
+}
+
+impl std::fmt::Debug for SealSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "SealSource(anchor)"
+        } else {
+            "SealSource(none)"
+        })
+    }
+}
+
+impl SealSource {
+    /// The anchor's seal for the workspace at `root` (canonical) whose journal `chain` reads.
+    pub fn anchored(root: &Path, chain: crate::store::ChainView) -> SealSource {
+        SealSource(Some(Arc::new(SourceOf {
+            root: root.to_path_buf(),
+            chain,
+            declared: Mutex::new(None),
+            found: Mutex::new(None),
+        })))
+    }
+
+    /// Always this sealer (for tests of the fold).
+    pub fn fixed(sealer: Sealer) -> SealSource {
+        let chain = crate::store::ChainView::default();
+        SealSource(Some(Arc::new(SourceOf {
+            root: PathBuf::new(),
+            chain,
+            declared: Mutex::new(None),
+            found: Mutex::new(Some(Arc::new(sealer))),
+        })))
+    }
+
+    /// The fold read the journal's first record, which declares the workspace id: a replay
+    /// from the start learns it before the chain view does.
+    pub fn declared(&self, workspace_id: &str) {
+        if let Some(s) = &self.0 {
+            *lock(&s.declared) = Some(workspace_id.to_string());
+        }
+    }
+
+    /// The sealer, if this machine's key for the workspace can be read now.
+    pub fn sealer(&self) -> Option<Arc<Sealer>> {
+        let s = self.0.as_ref()?;
+        if let Some(found) = lock(&s.found).clone() {
+            return Some(found);
+        }
+        let id = lock(&s.declared)
+            .clone()
+            .or_else(|| s.chain.workspace_id())?;
+        let key = crate::anchor::Anchor::locate(&s.root, &id)
+            .and_then(|a| a.existing_seal_key())
+            .inspect_err(|e| tracing::warn!(error = %e, "the seal key cannot be read"))
+            .ok()
+            .flatten()?;
+        let sealer = Arc::new(Sealer::new(key, &id));
+        *lock(&s.found) = Some(Arc::clone(&sealer));
+        Some(sealer)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A request seal waiting for the seq of its record.

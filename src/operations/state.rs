@@ -266,6 +266,10 @@ pub struct Revoked {
 pub struct Pruned {
     /// Terminal operations that ended before this instant are dropped.
     pub before_ms: u64,
+    /// This machine's seal over the cut-off and the record's seq ([`super::seal`]): a prune
+    /// without one that checks is skipped, so the agent cannot make gaffer forget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
 }
 
 /// A notice for connected clients; `operators_only` maps to the workspace's operator audience.
@@ -327,6 +331,9 @@ pub struct OperationState {
     pub skipped: u64,
     #[serde(skip)]
     pub index: Index,
+    /// Where prunes are checked (none: every prune is skipped).
+    #[serde(skip)]
+    pub seals: super::seal::SealSource,
 }
 
 /// [`OperationState`] as a snapshot stores it: everything but what is derived. (Snapshots
@@ -371,6 +378,7 @@ impl TryFrom<Stored> for OperationState {
             terminal: derived.terminal,
             skipped: s.skipped,
             index: derived.index,
+            seals: Default::default(),
         })
     }
 }
@@ -512,7 +520,7 @@ impl OperationState {
             KIND_TRANSITIONED => de(payload).and_then(|t| self.apply_transitioned(t, out)),
             KIND_DECIDED => de(payload).and_then(|d| self.apply_decided(d)),
             KIND_REVOKED => de(payload).and_then(|r| self.apply_revoked(r)),
-            KIND_PRUNED => de(payload).map(|p| self.apply_pruned(p)),
+            KIND_PRUNED => de(payload).and_then(|p| self.apply_pruned(p, seq)),
             other => Err(ApplyError::Invalid(format!("unknown kind {other}"))),
         };
         if r.is_err() {
@@ -716,7 +724,16 @@ impl OperationState {
         Ok(())
     }
 
-    fn apply_pruned(&mut self, p: Pruned) {
+    fn apply_pruned(&mut self, p: Pruned, seq: u64) -> Result<(), ApplyError> {
+        if !self
+            .seals
+            .sealer()
+            .is_some_and(|sealer| sealer.checks_prune(&p, seq))
+        {
+            return Err(ApplyError::Invalid(
+                "a prune not sealed by gaffer on this machine (nothing is forgotten)".into(),
+            ));
+        }
         while let Some((t, id)) = self.terminal.first().cloned() {
             if t >= p.before_ms {
                 break;
@@ -744,6 +761,7 @@ impl OperationState {
                 }
             }
         }
+        Ok(())
     }
 }
 
@@ -1359,9 +1377,64 @@ pub(crate) mod tests {
         assert_eq!(c.status, ApprovalStatus::Active);
     }
 
+    /// A state whose prunes are checked against `sealer_for_tests`'s seals.
+    pub(crate) fn sealed_state() -> OperationState {
+        OperationState {
+            seals: crate::operations::seal::SealSource::fixed(sealer_for_tests()),
+            ..OperationState::default()
+        }
+    }
+
+    fn sealer_for_tests() -> crate::operations::seal::Sealer {
+        crate::operations::seal::Sealer::new([7; crate::operations::seal::SEAL_KEY_LEN], "ws_t")
+    }
+
+    /// A prune's payload, sealed for seq `seq` (`apply_record` folds at seq 0).
+    pub(crate) fn sealed_prune(before_ms: u64, seq: u64) -> serde_json::Value {
+        let seal = sealer_for_tests().seal_prune(before_ms, seq);
+        serde_json::json!({"before_ms": before_ms, "seal": seal})
+    }
+
+    #[test]
+    fn only_a_prune_sealed_here_for_its_cut_off_and_seq_forgets_anything() {
+        let mut out = vec![];
+        let mut done = op("op_done", OpState::Denied, None);
+        done.terminal_at_ms = Some(5);
+        let forged = [
+            serde_json::json!({"before_ms": 8}),
+            // Another cut-off, another seq, another machine's key.
+            serde_json::json!({"before_ms": 9, "seal": sealed_prune(8, 0)["seal"]}),
+            sealed_prune(8, 1),
+            serde_json::json!({"before_ms": 8, "seal": crate::operations::seal::Sealer::new(
+                [8; crate::operations::seal::SEAL_KEY_LEN], "ws_t").seal_prune(8, 0)}),
+        ];
+        for payload in forged {
+            let mut s = sealed_state();
+            s.apply_record(KIND_CREATED, &created(done.clone(), None), &mut out)
+                .unwrap();
+            assert!(s.apply_record(KIND_PRUNED, &payload, &mut out).is_err());
+            assert!(s.get("op_done").is_some(), "{payload}");
+        }
+        // Without a seal source (no anchor), nothing is pruned, even what was sealed.
+        let mut s = OperationState::default();
+        s.apply_record(KIND_CREATED, &created(done.clone(), None), &mut out)
+            .unwrap();
+        assert!(
+            s.apply_record(KIND_PRUNED, &sealed_prune(8, 0), &mut out)
+                .is_err()
+        );
+        assert!(s.get("op_done").is_some());
+        let mut s = sealed_state();
+        s.apply_record(KIND_CREATED, &created(done, None), &mut out)
+            .unwrap();
+        s.apply_record(KIND_PRUNED, &sealed_prune(8, 0), &mut out)
+            .unwrap();
+        assert!(s.get("op_done").is_none());
+    }
+
     #[test]
     fn pruning_drops_old_terminal_operations_and_frees_their_keys() {
-        let mut s = OperationState::default();
+        let mut s = sealed_state();
         let mut out = vec![];
         let mut old = op("op_old", OpState::Denied, None);
         old.terminal_at_ms = Some(5);
@@ -1379,7 +1452,7 @@ pub(crate) mod tests {
             &mut out,
         )
         .unwrap();
-        s.apply_record(KIND_PRUNED, &serde_json::json!({"before_ms": 8}), &mut out)
+        s.apply_record(KIND_PRUNED, &sealed_prune(8, 0), &mut out)
             .unwrap();
         assert!(s.get("op_old").is_none());
         assert!(s.by_idempotency("agent", "key-op_old").is_none());

@@ -69,6 +69,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use chain::declared_workspace_id;
 pub use chain::{ChainBreak, ChainStatus, ChainView, Digest32, GENESIS, Head, STORE_CREATED};
 pub use codec::{HEADER_LEN, MAX_RECORD_BODY};
 pub use durable::{allocate, write_zeros};

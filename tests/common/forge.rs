@@ -414,12 +414,12 @@ pub fn append_chained(root: &Path, records: &[(&str, Vec<u8>)]) {
     lock.unlock().unwrap();
 }
 
-/// The records an agent appends to the journal at `root` to bring a used approval back: an
-/// `operation.pruned` that drops every terminal operation (and its approval), then
-/// byte-identical copies of the operation's genuine `operation.created`, `approval.decided`
-/// and `pending -> approved` records. (Without the last one the operation stays `pending`:
-/// nothing drives it.)
-pub fn forge_prune_and_recreate(root: &Path, id: &str, aid: &str) {
+/// The records an agent appends to the journal at `root` to bring a used approval back once
+/// gaffer has pruned the finished operations (see [`genuinely_pruned_by`]; a prune the agent
+/// writes itself is skipped): byte-identical copies of the operation's genuine
+/// `operation.created`, `approval.decided` and `pending -> approved` records. (Without the
+/// last one the operation stays `pending`: nothing drives it.)
+pub fn recreate_after_the_prune(root: &Path, id: &str, aid: &str) {
     let seg = the_segment(root);
     let created = seg.find("operation.created", |kind, p| {
         kind == "operation.created" && p["operation"]["id"] == id
@@ -430,19 +430,56 @@ pub fn forge_prune_and_recreate(root: &Path, id: &str, aid: &str) {
     let approved = seg.find("approving transition", |kind, p| {
         kind == "operation.transitioned" && p["id"] == id && p["to"] == "approved"
     });
-    let far_future = gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000;
     append_chained(
         root,
         &[
-            (
-                "operation.pruned",
-                json!({ "before_ms": far_future }).to_string().into_bytes(),
-            ),
             ("operation.created", seg.recs[created].raw_payload()),
             ("approval.decided", seg.recs[decided].raw_payload()),
             ("operation.transitioned", seg.recs[approved].raw_payload()),
         ],
     );
+}
+
+/// gaffer prunes the finished operations itself, then the agent brings the used approval
+/// back ([`recreate_after_the_prune`]): the journal as an agent that waited for retention
+/// would leave it. `start` starts a server on `root` with the extra environment it is given.
+pub fn prune_and_recreate_used(
+    root: &Path,
+    start: impl FnOnce(&[(&str, &str)]) -> Server,
+    id: &str,
+    aid: &str,
+) {
+    genuinely_pruned_by(root, start);
+    recreate_after_the_prune(root, id, aid);
+}
+
+/// Has gaffer prune the workspace's finished operations itself: a server `start`ed with no
+/// retention records its sealed `operation.pruned` as it starts. Returns that record's index
+/// among the segment's records once it is there.
+pub fn genuinely_pruned_by(root: &Path, start: impl FnOnce(&[(&str, &str)]) -> Server) -> usize {
+    let prunes = || {
+        let seg = the_segment(root);
+        (0..seg.recs.len())
+            .filter(|&i| seg.recs[i].kind() == "operation.pruned")
+            .collect::<Vec<usize>>()
+    };
+    let before = prunes().len();
+    let server = start(&[("GAFFER_OPERATIONS_RETENTION_HOURS", "0")]);
+    let mut at = None;
+    assert!(
+        watch(|| {
+            at = prunes().get(before).copied();
+            at.is_some()
+        }),
+        "gaffer recorded no prune"
+    );
+    drop(server);
+    at.unwrap()
+}
+
+/// [`genuinely_pruned_by`] a server `client` connects to.
+pub fn genuinely_pruned(env: &super::gate::Env, client: &str) -> usize {
+    genuinely_pruned_by(env.root(), |extra| env.agent_env(client, extra))
 }
 
 /// The credential id inside a client token (its first part is the signed payload).

@@ -210,8 +210,14 @@ impl OperationRuntime {
         }
     }
 
+    /// Records a prune of the operations that ended before the retention period, sealed at
+    /// its seq: every fold on this machine skips a prune that is not (nothing is pruned
+    /// without a seal key).
     pub async fn prune(&self) {
         let before = crate::util::now_ms().saturating_sub(self.config.retention_ms);
+        let Some(sealer) = self.sealer() else {
+            return;
+        };
         let r = self
             .commit(move |s: &crate::workspace::State| {
                 let due = s
@@ -222,7 +228,11 @@ impl OperationRuntime {
                 if !due {
                     return Ok((vec![], ()));
                 }
-                Ok((vec![rec(KIND_PRUNED, &Pruned { before_ms: before })?], ()))
+                let pruned = Pruned {
+                    before_ms: before,
+                    seal: Some(sealer.seal_prune(before, s.staging_seq)),
+                };
+                Ok((vec![rec(KIND_PRUNED, &pruned)?], ()))
             })
             .await;
         if let Err(e) = r {
