@@ -862,3 +862,47 @@ fn a_genuine_prune_forgets_and_the_agents_copies_of_it_do_not() {
     assert_eq!(code, 0, "{out}{err}");
     check("after a snapshot");
 }
+
+/// A command ran, and its gaffer died before recording the ending. The agent appends its own
+/// ending to the operation, dated long ago, so that gaffer's next retention sweep would take
+/// it: the operation is kept (a request accepted here whose ending gaffer did not seal), and
+/// the client's retry is refused instead of running the command a second time. (Before:
+/// pruned with the rest, the retry was submitted anew and ran again.)
+#[test]
+fn an_operation_the_agent_ended_long_ago_is_not_pruned_into_running_again() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(ALLOW_DOCS));
+    let run = json!({"operation": "command.run", "target": {"argv": ["sh", "-c", "echo run >> runs.log"]}, "arguments": {}, "reason": "r", "idempotency_key": "run-1"});
+    let mut a = env.agent_env("agent-1", &[("GAFFER_TEST_FAILPOINT", "after_execute")]);
+    a.send_request("operations/submit", run.clone());
+    assert_eq!(common::wait_exit(&mut a.child, Duration::from_secs(10)), 86);
+    assert_eq!(lines(&env.root().join("runs.log")), 1, "the command ran");
+    let seg = the_segment(env.root());
+    let claimed = seg.find("the claim", |kind, p| {
+        kind == "operation.transitioned" && p["to"] == "executing"
+    });
+    let claim = seg.recs[claimed].payload();
+    append_chained(
+        env.root(),
+        &[(
+            "operation.transitioned",
+            json!({
+                "id": claim["id"], "from": "executing", "to": "failed",
+                "revision": claim["revision"].as_u64().unwrap() + 1, "at_ms": 1,
+                "error": {"code": "upstream_failed", "message": "exit 1"},
+            })
+            .to_string()
+            .into_bytes(),
+        )],
+    );
+    genuinely_pruned(&env, "agent-1");
+    let mut b = env.agent("agent-1");
+    let again = b.request("operations/submit", run);
+    if let Some(id) = again["result"]["id"].as_str() {
+        wait_state(&mut b, id, &["succeeded", "failed"]);
+    }
+    assert_eq!(lines(&env.root().join("runs.log")), 1, "ran again: {again}");
+    assert_eq!(err_code(&again), "request_unverified", "{again}");
+    let got = b.request("operations/get", json!({ "id": claim["id"] }));
+    assert_eq!(got["result"]["state"], "failed", "kept: {got}");
+}

@@ -724,44 +724,63 @@ impl OperationState {
         Ok(())
     }
 
+    /// Forgets the operations that ended before a prune's cut-off, if this machine sealed the
+    /// prune ([`super::seal`]). A request accepted here whose ending gaffer did not seal (the
+    /// agent stepped it, and chose the time it ended) is kept: forgotten, its client's retry
+    /// would be submitted and run again; kept, the retry is refused as unverified.
     fn apply_pruned(&mut self, p: Pruned, seq: u64) -> Result<(), ApplyError> {
-        if !self
+        let Some(sealer) = self
             .seals
             .sealer()
-            .is_some_and(|sealer| sealer.checks_prune(&p, seq))
-        {
+            .filter(|sealer| sealer.checks_prune(&p, seq))
+        else {
             return Err(ApplyError::Invalid(
                 "a prune not sealed by gaffer on this machine (nothing is forgotten)".into(),
             ));
-        }
-        while let Some((t, id)) = self.terminal.first().cloned() {
-            if t >= p.before_ms {
-                break;
-            }
-            self.terminal.pop_first();
-            if let Some(op) = self.operations.remove(&*id) {
-                self.index.remove_op(&op);
-                if let Some(keys) = self.by_key.get_mut(&op.client_id) {
-                    keys.remove(&op.idempotency_key);
-                    if keys.is_empty() {
-                        self.by_key.remove(&op.client_id);
-                    }
-                }
-                if let Some(aid) = &op.approval_id
-                    && self
-                        .approvals
-                        .get(aid)
-                        .is_some_and(|a| a.operation_id == op.id)
-                    && let Some(a) = self.approvals.remove(aid)
-                {
-                    self.index.remove_window(&a.client_id, aid);
-                    for other in self.index.referring(aid) {
-                        self.refresh_deadline(&other);
-                    }
-                }
+        };
+        let due: Vec<(u64, Id)> = self
+            .terminal
+            .iter()
+            .take_while(|(t, _)| *t < p.before_ms)
+            .cloned()
+            .collect();
+        for (t, id) in due {
+            let tampered = self
+                .operations
+                .get(&*id)
+                .is_some_and(|op| sealer.checks(op, self.approval_of(op)) && !sealer.stands(op));
+            if !tampered {
+                self.terminal.remove(&(t, Arc::clone(&id)));
+                self.forget(&id);
             }
         }
         Ok(())
+    }
+
+    /// Drops operation `id`, its key and the approval made with it.
+    fn forget(&mut self, id: &str) {
+        let Some(op) = self.operations.remove(id) else {
+            return;
+        };
+        self.index.remove_op(&op);
+        if let Some(keys) = self.by_key.get_mut(&op.client_id) {
+            keys.remove(&op.idempotency_key);
+            if keys.is_empty() {
+                self.by_key.remove(&op.client_id);
+            }
+        }
+        if let Some(aid) = &op.approval_id
+            && self
+                .approvals
+                .get(aid)
+                .is_some_and(|a| a.operation_id == op.id)
+            && let Some(a) = self.approvals.remove(aid)
+        {
+            self.index.remove_window(&a.client_id, aid);
+            for other in self.index.referring(aid) {
+                self.refresh_deadline(&other);
+            }
+        }
     }
 }
 
