@@ -28,19 +28,17 @@ fn agent_with_a_pending_write(env: &Env) -> (common::Server, Value) {
     (agent, a)
 }
 
-/// What the agent appends to re-create an operation under ids already used: a prune of every
-/// terminal operation, then `created`.
-fn prune_and_create(root: &std::path::Path, created: &Value) {
-    let far = gaffer::util::now_ms() + 10 * 365 * 24 * 3600 * 1000;
+/// What the agent appends to re-create an operation under ids already used, once gaffer's
+/// retention pruned the finished ones (a prune the agent writes is skipped): `created`.
+fn prune_and_create(env: &Env, created: &Value) {
+    genuinely_pruned_by(env.root(), |extra| {
+        let mut s = env.start(extra);
+        s.call("initialize", json!({}));
+        s
+    });
     append_chained(
-        root,
-        &[
-            (
-                "operation.pruned",
-                json!({ "before_ms": far }).to_string().into_bytes(),
-            ),
-            ("operation.created", created.to_string().into_bytes()),
-        ],
+        env.root(),
+        &[("operation.created", created.to_string().into_bytes())],
     );
 }
 
@@ -95,7 +93,7 @@ fn a_plan_swapped_behind_the_approval_the_operator_read_is_never_signed() {
         ap["operation_id"] = json!(op_a);
         ap["plan_digest"] = json!(digest);
     }
-    prune_and_create(env.root(), &created);
+    prune_and_create(&env, &created);
     // The swap is live: the same approval id now holds the command.
     let wait_swapped = |op: &mut common::Server| -> Value {
         let until = std::time::Instant::now() + WATCH;
@@ -235,7 +233,7 @@ fn a_request_whose_digest_is_not_its_plans_is_never_shown() {
     });
     let mut created = seg.recs[i].payload();
     created["approval"]["plan_digest"] = json!("f".repeat(64));
-    prune_and_create(env.root(), &created);
+    prune_and_create(&env, &created);
     let mut op = env.operator();
     // The prune is folded (A is gone); the mismatched re-creation is not.
     let until = std::time::Instant::now() + WATCH;
@@ -292,7 +290,7 @@ fn a_request_re_created_with_a_wider_scope_under_the_same_plan_is_not_signed() {
     let mut created = seg.recs[i].payload();
     created["approval"]["requested_max_uses"] = json!(20);
     created["approval"]["requested_duration_seconds"] = json!(3600);
-    prune_and_create(env.root(), &created);
+    prune_and_create(&env, &created);
     let until = std::time::Instant::now() + WATCH;
     let wider = loop {
         let now = op.request("approvals/get", json!({ "id": op_a }));

@@ -1,8 +1,8 @@
 //! A serving process vouches for what it accepted from a checked connection: that client and
 //! that plan, never just an operation id. The agent (who writes the store with its real framing
-//! and chain) cancels an accepted operation before it is claimed, prunes it and creates another
-//! operation under the same id and client with a plan of its own; the client's allow rule
-//! must not run it.
+//! and chain) waits until an accepted operation was canceled before it was claimed and gaffer
+//! pruned it, then creates another operation under the same id and client with a plan of its
+//! own; the client's allow rule must not run it.
 //!
 //! In process, on the operations bench's fixture: the runtime accepts the submission before it
 //! is started, which leaves it accepted and unclaimed as a claim that lost its race does.
@@ -10,7 +10,7 @@
 #[path = "../benches/common/noop.rs"]
 mod noop;
 
-use gaffer::operations::state::{KIND_CREATED, KIND_TRANSITIONED};
+use gaffer::operations::state::KIND_CREATED;
 use gaffer::workspace::NewRecord;
 use serde_json::{Value, json};
 
@@ -45,9 +45,9 @@ fn an_operation_re_created_under_an_accepted_id_is_not_vouched_for() {
             .read(|s| s.operations.get(&id).cloned())
             .expect("the operation");
 
-        // The agent: cancel it, and once gaffer's retention pruned it (a prune the agent
-        // writes is skipped), create its own plan under the same id and client.
-        let now = gaffer::util::now_ms();
+        // ci-agent cancels it (gaffer keeps an operation the agent ended itself from its
+        // prunes); once gaffer's retention pruned it (a prune the agent writes is skipped),
+        // the agent creates its own plan under the same id and client.
         let mut forged = serde_json::to_value(&op).expect("op json");
         let (text, digest) = swapped(op.plan.as_deref().expect("plan"), json!({"n": 2}));
         forged["target"] = json!({"n": 2});
@@ -64,12 +64,9 @@ fn an_operation_re_created_under_an_accepted_id_is_not_vouched_for() {
                 Ok::<_, String>((recs, ()))
             })
         };
-        append(vec![(
-            KIND_TRANSITIONED,
-            json!({"id": id, "from": "approved", "to": "canceled", "revision": op.revision + 1, "at_ms": now}),
-        )])
-        .await
-        .expect("the agent's cancel");
+        ops.cancel(Some("ci-agent"), &id)
+            .await
+            .expect("ci-agent's cancel");
         std::thread::sleep(std::time::Duration::from_millis(2));
         let retention = gaffer::operations::engine::OperationRuntime::new(
             std::sync::Arc::clone(&ws),
@@ -78,10 +75,16 @@ fn an_operation_re_created_under_an_accepted_id_is_not_vouched_for() {
             "bench:1".into(),
         );
         retention.prune().await;
-        assert!(ws.read(|s| s.operations.get(&id).is_none()), "gaffer pruned it");
-        append(vec![(KIND_CREATED, json!({"operation": forged, "approval": null}))])
-            .await
-            .expect("the agent's re-creation");
+        assert!(
+            ws.read(|s| s.operations.get(&id).is_none()),
+            "gaffer pruned it"
+        );
+        append(vec![(
+            KIND_CREATED,
+            json!({"operation": forged, "approval": null}),
+        )])
+        .await
+        .expect("the agent's re-creation");
         let now_there = ws
             .read(|s| s.operations.get(&id).cloned())
             .expect("the re-created operation");
@@ -91,7 +94,12 @@ fn an_operation_re_created_under_an_accepted_id_is_not_vouched_for() {
         // The serving process starts driving: the operation under that id is not what it
         // accepted, so ci-agent's rule does not apply to it.
         gaffer::operations::start_runtime(&ops);
-        let end = noop::ended(&ops, "ci-agent", ops.get(Some("ci-agent"), &id).expect("get")).await;
+        let end = noop::ended(
+            &ops,
+            "ci-agent",
+            ops.get(Some("ci-agent"), &id).expect("get"),
+        )
+        .await;
         assert_eq!(end.state.as_str(), "failed", "{end:?}");
         let error = serde_json::to_string(&end.error).expect("error json");
         assert!(error.contains("approval_invalid"), "{error}");
