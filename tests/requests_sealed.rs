@@ -12,7 +12,9 @@
 
 mod common;
 
-use common::forge::{anchor_outside_the_workspace, append_chained, genuinely_pruned, the_segment};
+use common::forge::{
+    anchor_outside_the_workspace, append_chained, genuinely_pruned, prunes, the_segment,
+};
 use common::gate::*;
 use gaffer::operations::policy::GrantMode;
 use std::time::{Duration, Instant};
@@ -828,8 +830,7 @@ fn a_genuine_prune_forgets_and_the_agents_copies_of_it_do_not() {
     let mut ci = env.agent("ci-agent");
     let old = a_finished_write(&mut ci, "docs/old.txt", "old-1");
     drop(ci);
-    let at = genuinely_pruned(&env, "ci-agent");
-    let genuine = the_segment(env.root()).recs[at].payload();
+    let genuine = genuinely_pruned(&env, "ci-agent");
     assert!(genuine["seal"].is_string(), "{genuine}");
 
     let gone = |ci: &mut common::Server, when: &str| {
@@ -864,22 +865,34 @@ fn a_genuine_prune_forgets_and_the_agents_copies_of_it_do_not() {
 }
 
 /// A command ran, and its gaffer died before recording the ending. The agent appends its own
-/// ending to the operation, dated long ago, so that gaffer's next retention sweep would take
-/// it: the operation is kept (a request accepted here whose ending gaffer did not seal), and
-/// the client's retry is refused instead of running the command a second time. (Before:
-/// pruned with the rest, the retry was submitted anew and ran again.)
+/// ending (so the operation's retention starts now, not when gaffer ends it), and gaffer's
+/// retention sweep comes (no retention here stands for its period having passed): the
+/// operation is kept (a request accepted here whose ending gaffer did not seal), and the
+/// client's retry is refused instead of running the command a second time. (Before: pruned
+/// with the rest, the retry was submitted anew and ran again.)
 #[test]
-fn an_operation_the_agent_ended_long_ago_is_not_pruned_into_running_again() {
+fn an_operation_the_agent_ended_is_not_pruned_into_running_again() {
     anchor_outside_the_workspace();
     let env = Env::new(Some(ALLOW_DOCS));
     let run = json!({"operation": "command.run", "target": {"argv": ["sh", "-c", "echo run >> runs.log"]}, "arguments": {}, "reason": "r", "idempotency_key": "run-1"});
+    // Something gaffer's sweep forgets, so that it records a prune.
+    let mut a = env.agent("agent-1");
+    let done = submitted(
+        &mut a,
+        "file.write",
+        json!({"path": "docs/d.txt"}),
+        json!({"content": "d"}),
+        "d-1",
+    );
+    wait_state(&mut a, done["id"].as_str().unwrap(), &["succeeded"]);
+    drop(a);
     let mut a = env.agent_env("agent-1", &[("GAFFER_TEST_FAILPOINT", "after_execute")]);
     a.send_request("operations/submit", run.clone());
     assert_eq!(common::wait_exit(&mut a.child, Duration::from_secs(10)), 86);
     assert_eq!(lines(&env.root().join("runs.log")), 1, "the command ran");
     let seg = the_segment(env.root());
     let claimed = seg.find("the claim", |kind, p| {
-        kind == "operation.transitioned" && p["to"] == "executing"
+        kind == "operation.transitioned" && p["to"] == "executing" && p["id"] != done["id"]
     });
     let claim = seg.recs[claimed].payload();
     append_chained(
@@ -888,7 +901,8 @@ fn an_operation_the_agent_ended_long_ago_is_not_pruned_into_running_again() {
             "operation.transitioned",
             json!({
                 "id": claim["id"], "from": "executing", "to": "failed",
-                "revision": claim["revision"].as_u64().unwrap() + 1, "at_ms": 1,
+                "revision": claim["revision"].as_u64().unwrap() + 1,
+                "at_ms": gaffer::util::now_ms(),
                 "error": {"code": "upstream_failed", "message": "exit 1"},
             })
             .to_string()
@@ -905,4 +919,71 @@ fn an_operation_the_agent_ended_long_ago_is_not_pruned_into_running_again() {
     assert_eq!(err_code(&again), "request_unverified", "{again}");
     let got = b.request("operations/get", json!({ "id": claim["id"] }));
     assert_eq!(got["result"]["state"], "failed", "kept: {got}");
+}
+
+/// gaffer's own prune recorded after a snapshot (the fold then has the workspace id from the
+/// snapshot, not from the journal's first record) forgets, after a restart and after another
+/// snapshot.
+#[test]
+fn a_genuine_prune_recorded_after_a_snapshot_forgets_after_a_restart() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let old = a_finished_write(&mut ci, "docs/old.txt", "old-1");
+    drop(ci);
+    let compact = || {
+        let (code, out, err) = env.cli(&["store", "compact"]);
+        assert_eq!(code, 0, "{out}{err}");
+    };
+    compact();
+    genuinely_pruned(&env, "ci-agent");
+    let gone = |when: &str| {
+        let mut ci = env.agent("ci-agent");
+        let r = ci.request("operations/get", json!({ "id": old }));
+        assert!(r.get("error").is_some(), "{when}: pruned, yet {r}");
+    };
+    gone("after a restart");
+    compact();
+    gone("after a second snapshot");
+}
+
+/// What the agent ended is kept by gaffer's prunes, and that alone does not make each start
+/// record another prune that forgets nothing (the sweep looks for what it would forget, not
+/// at the oldest finished operation). Found by the second reader.
+#[test]
+fn an_operation_kept_from_prunes_does_not_have_a_prune_recorded_at_every_start() {
+    anchor_outside_the_workspace();
+    let env = Env::new(Some(POLICY));
+    let mut ci = env.agent("ci-agent");
+    let p = submitted(
+        &mut ci,
+        "file.write",
+        json!({"path": "notes/a.txt"}),
+        json!({"content": "a\n"}),
+        "pending-1",
+    );
+    assert_eq!(p["state"], "pending", "{p}");
+    drop(ci);
+    append_chained(
+        env.root(),
+        &[(
+            "operation.transitioned",
+            json!({"id": p["id"], "from": "pending", "to": "canceled", "revision": 2, "at_ms": 1})
+                .to_string()
+                .into_bytes(),
+        )],
+    );
+    let before = prunes(env.root()).len();
+    for _ in 0..2 {
+        let mut ci = env.agent_env("ci-agent", &[("GAFFER_OPERATIONS_RETENTION_HOURS", "0")]);
+        let got = ci.request("operations/get", json!({ "id": p["id"] }));
+        assert_eq!(got["result"]["state"], "canceled", "kept: {got}");
+        // The sweep runs as the server starts.
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    assert_eq!(
+        prunes(env.root()).len(),
+        before,
+        "a prune that forgets nothing"
+    );
 }

@@ -26,6 +26,7 @@
 //! policy, checked against the plan text at execution.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hmac::{KeyInit, Mac};
@@ -191,29 +192,44 @@ impl Sealer {
     pub fn checks_prune(&self, p: &Pruned, seq: u64) -> bool {
         matches(p.seal.as_deref(), self.prune_mac(p.before_ms, seq))
     }
+
+    /// Whether a finished `op` outlives every prune: a request accepted here whose ending
+    /// gaffer did not seal (the agent ended it, maybe while it still ran, which starts its
+    /// retention early). Forgotten, its client's retry under the same key would be submitted
+    /// and run again; kept, the retry is refused as unverified. Kept for good: only what the
+    /// agent ended is.
+    pub fn keeps(&self, op: &Operation, approval: Option<&Approval>) -> bool {
+        self.checks(op, approval) && !self.stands(op)
+    }
 }
 
 /// Where a fold finds this machine's seal for the workspace it folds, to honour only the
 /// prunes a gaffer here sealed (a prune the agent appends would make gaffer forget finished
-/// operations, so a client's retried submission would run again). The key is read, never
-/// created, and looked for again until found: it may be made after the fold began.
+/// operations, so a client's retried submission would run again).
 #[derive(Clone, Default)]
-pub struct SealSource(Option<Arc<SourceOf>>);
+pub struct SealSource(Option<Arc<Source>>);
 
-struct SourceOf {
-    root: PathBuf,
-    chain: crate::store::ChainView,
-    /// The id the journal's first record declares, when the fold read it.
-    declared: Mutex<Option<String>>,
-    found: Mutex<Option<Arc<Sealer>>>,
+enum Source {
+    /// The key in the anchor directory of the workspace at `root`: read, never created, and
+    /// looked for again until found (it may be made after the fold began).
+    Anchored {
+        root: PathBuf,
+        chain: crate::store::ChainView,
+        /// The id the journal's first record declares, when the fold read it.
+        declared: Mutex<Option<String>>,
+        found: Mutex<Option<Arc<Sealer>>>,
+        /// A key that cannot be read is logged once.
+        warned: AtomicBool,
+    },
+    Fixed(Arc<Sealer>),
 }
 
 impl std::fmt::Debug for SealSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "SealSource(anchor)"
-        } else {
-            "SealSource(none)"
+        f.write_str(match self.0.as_deref() {
+            Some(Source::Anchored { .. }) => "SealSource(anchor)",
+            Some(Source::Fixed(_)) => "SealSource(fixed)",
+            None => "SealSource(none)",
         })
     }
 }
@@ -221,49 +237,55 @@ impl std::fmt::Debug for SealSource {
 impl SealSource {
     /// The anchor's seal for the workspace at `root` (canonical) whose journal `chain` reads.
     pub fn anchored(root: &Path, chain: crate::store::ChainView) -> SealSource {
-        SealSource(Some(Arc::new(SourceOf {
+        SealSource(Some(Arc::new(Source::Anchored {
             root: root.to_path_buf(),
             chain,
             declared: Mutex::new(None),
             found: Mutex::new(None),
+            warned: AtomicBool::new(false),
         })))
     }
 
     /// Always this sealer (for tests of the fold).
     pub fn fixed(sealer: Sealer) -> SealSource {
-        let chain = crate::store::ChainView::default();
-        SealSource(Some(Arc::new(SourceOf {
-            root: PathBuf::new(),
-            chain,
-            declared: Mutex::new(None),
-            found: Mutex::new(Some(Arc::new(sealer))),
-        })))
+        SealSource(Some(Arc::new(Source::Fixed(Arc::new(sealer)))))
     }
 
     /// The fold read the journal's first record, which declares the workspace id: a replay
     /// from the start learns it before the chain view does.
     pub fn declared(&self, workspace_id: &str) {
-        if let Some(s) = &self.0 {
-            *lock(&s.declared) = Some(workspace_id.to_string());
+        if let Some(Source::Anchored { declared, .. }) = self.0.as_deref() {
+            *lock(declared) = Some(workspace_id.to_string());
         }
     }
 
     /// The sealer, if this machine's key for the workspace can be read now.
     pub fn sealer(&self) -> Option<Arc<Sealer>> {
-        let s = self.0.as_ref()?;
-        if let Some(found) = lock(&s.found).clone() {
+        let (root, chain, declared, found, warned) = match self.0.as_deref()? {
+            Source::Fixed(sealer) => return Some(Arc::clone(sealer)),
+            Source::Anchored {
+                root,
+                chain,
+                declared,
+                found,
+                warned,
+            } => (root, chain, declared, found, warned),
+        };
+        if let Some(found) = lock(found).clone() {
             return Some(found);
         }
-        let id = lock(&s.declared)
-            .clone()
-            .or_else(|| s.chain.workspace_id())?;
-        let key = crate::anchor::Anchor::locate(&s.root, &id)
+        let id = lock(declared).clone().or_else(|| chain.workspace_id())?;
+        let key = crate::anchor::Anchor::locate(root, &id)
             .and_then(|a| a.existing_seal_key())
-            .inspect_err(|e| tracing::warn!(error = %e, "the seal key cannot be read"))
+            .inspect_err(|e| {
+                if !warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "the seal key cannot be read: no prune is honoured");
+                }
+            })
             .ok()
             .flatten()?;
         let sealer = Arc::new(Sealer::new(key, &id));
-        *lock(&s.found) = Some(Arc::clone(&sealer));
+        *lock(found) = Some(Arc::clone(&sealer));
         Some(sealer)
     }
 }

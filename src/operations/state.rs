@@ -725,9 +725,7 @@ impl OperationState {
     }
 
     /// Forgets the operations that ended before a prune's cut-off, if this machine sealed the
-    /// prune ([`super::seal`]). A request accepted here whose ending gaffer did not seal (the
-    /// agent stepped it, and chose the time it ended) is kept: forgotten, its client's retry
-    /// would be submitted and run again; kept, the retry is refused as unverified.
+    /// prune ([`super::seal`]), but those the agent ended (`Sealer::keeps`).
     fn apply_pruned(&mut self, p: Pruned, seq: u64) -> Result<(), ApplyError> {
         let Some(sealer) = self
             .seals
@@ -745,11 +743,9 @@ impl OperationState {
             .cloned()
             .collect();
         for (t, id) in due {
-            let tampered = self
-                .operations
-                .get(&*id)
-                .is_some_and(|op| sealer.checks(op, self.approval_of(op)) && !sealer.stands(op));
-            if !tampered {
+            let kept = (self.operations.get(&*id))
+                .is_some_and(|op| sealer.keeps(op, self.approval_of(op)));
+            if !kept {
                 self.terminal.remove(&(t, Arc::clone(&id)));
                 self.forget(&id);
             }
@@ -1449,6 +1445,51 @@ pub(crate) mod tests {
         s.apply_record(KIND_PRUNED, &sealed_prune(8, 0), &mut out)
             .unwrap();
         assert!(s.get("op_done").is_none());
+    }
+
+    /// What the agent ended (a step without gaffer's seal after a request accepted here) is
+    /// kept by a sealed prune; what gaffer ended goes.
+    #[test]
+    fn a_sealed_prune_keeps_a_request_accepted_here_that_the_agent_ended() {
+        let sealer = sealer_for_tests();
+        let mut s = sealed_state();
+        let mut out = vec![];
+        for (seq, id) in [(1, "op_agent_ended"), (2, "op_gaffer_ended")] {
+            let mut o = op(id, OpState::Approved, None);
+            o.request_seal = Some(sealer.request(&o, None).at(seq));
+            s.apply_record_at(KIND_CREATED, seq, &created(o, None), &mut out)
+                .unwrap();
+        }
+        let cancel = |s: &OperationState, id: &str, sealed: bool| {
+            let o = s.get(id).unwrap();
+            let mut t = Transitioned {
+                id: id.into(),
+                from: o.state,
+                to: OpState::Canceled,
+                revision: o.revision + 1,
+                at_ms: 20,
+                error: None,
+                result: None,
+                upstream_status: None,
+                approval: None,
+                executor: None,
+                seal: None,
+            };
+            if sealed {
+                t.seal = sealer.seal_step(o, &t);
+            }
+            serde_json::to_value(&t).unwrap()
+        };
+        let by_agent = cancel(&s, "op_agent_ended", false);
+        s.apply_record_at(KIND_TRANSITIONED, 3, &by_agent, &mut out)
+            .unwrap();
+        let by_gaffer = cancel(&s, "op_gaffer_ended", true);
+        s.apply_record_at(KIND_TRANSITIONED, 4, &by_gaffer, &mut out)
+            .unwrap();
+        s.apply_record_at(KIND_PRUNED, 5, &sealed_prune(100, 5), &mut out)
+            .unwrap();
+        assert!(s.get("op_agent_ended").is_some());
+        assert!(s.get("op_gaffer_ended").is_none());
     }
 
     #[test]

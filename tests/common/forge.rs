@@ -453,32 +453,50 @@ pub fn prune_and_recreate_used(
     recreate_after_the_prune(root, id, aid);
 }
 
+/// The payloads of the `operation.pruned` records in every journal segment, in order (a
+/// snapshot starts a new segment).
+pub fn prunes(root: &Path) -> Vec<Value> {
+    let dir = root.join(".gaffer/journal");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("a journal")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for path in names {
+        let bytes = std::fs::read(&path).unwrap();
+        for (at, len) in super::frames(&bytes) {
+            let body: Value = serde_json::from_slice(&bytes[at + 8..at + len]).unwrap();
+            if body["kind"] == "operation.pruned" {
+                out.push(body["payload"].clone());
+            }
+        }
+    }
+    out
+}
+
 /// Has gaffer prune the workspace's finished operations itself: a server `start`ed with no
-/// retention records its sealed `operation.pruned` as it starts. Returns that record's index
-/// among the segment's records once it is there.
-pub fn genuinely_pruned_by(root: &Path, start: impl FnOnce(&[(&str, &str)]) -> Server) -> usize {
-    let prunes = || {
-        let seg = the_segment(root);
-        (0..seg.recs.len())
-            .filter(|&i| seg.recs[i].kind() == "operation.pruned")
-            .collect::<Vec<usize>>()
-    };
-    let before = prunes().len();
+/// retention records its sealed `operation.pruned` as it starts. Returns that record's
+/// payload once it is there.
+pub fn genuinely_pruned_by(root: &Path, start: impl FnOnce(&[(&str, &str)]) -> Server) -> Value {
+    let before = prunes(root).len();
     let server = start(&[("GAFFER_OPERATIONS_RETENTION_HOURS", "0")]);
-    let mut at = None;
+    let mut got = None;
     assert!(
         watch(|| {
-            at = prunes().get(before).copied();
-            at.is_some()
+            got = prunes(root).get(before).cloned();
+            got.is_some()
         }),
         "gaffer recorded no prune"
     );
     drop(server);
-    at.unwrap()
+    got.unwrap()
 }
 
 /// [`genuinely_pruned_by`] a server `client` connects to.
-pub fn genuinely_pruned(env: &super::gate::Env, client: &str) -> usize {
+pub fn genuinely_pruned(env: &super::gate::Env, client: &str) -> Value {
     genuinely_pruned_by(env.root(), |extra| env.agent_env(client, extra))
 }
 

@@ -220,11 +220,13 @@ impl OperationRuntime {
         };
         let r = self
             .commit(move |s: &crate::workspace::State| {
-                let due = s
-                    .operations
-                    .terminal
-                    .first()
-                    .is_some_and(|(t, _)| *t < before);
+                // Something it would forget (what the agent ended stays, and would otherwise
+                // have a useless prune recorded at every start and every hour).
+                let ops = &s.operations;
+                let due = (ops.terminal.iter())
+                    .take_while(|(t, _)| *t < before)
+                    .filter_map(|(_, id)| ops.get(id))
+                    .any(|op| !sealer.keeps(op, ops.approval_of(op)));
                 if !due {
                     return Ok((vec![], ()));
                 }
