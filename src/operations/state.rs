@@ -1462,19 +1462,7 @@ pub(crate) mod tests {
         }
         let cancel = |s: &OperationState, id: &str, sealed: bool| {
             let o = s.get(id).unwrap();
-            let mut t = Transitioned {
-                id: id.into(),
-                from: o.state,
-                to: OpState::Canceled,
-                revision: o.revision + 1,
-                at_ms: 20,
-                error: None,
-                result: None,
-                upstream_status: None,
-                approval: None,
-                executor: None,
-                seal: None,
-            };
+            let mut t = crate::operations::engine::transition(o, OpState::Canceled, 20);
             if sealed {
                 t.seal = sealer.seal_step(o, &t);
             }

@@ -240,7 +240,8 @@ pub struct Segment {
     pub recs: Vec<Rec>,
 }
 
-pub fn the_segment(root: &Path) -> Segment {
+/// The journal's segment files, oldest first.
+fn segment_paths(root: &Path) -> Vec<PathBuf> {
     let dir = root.join(".gaffer/journal");
     let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("a journal")
@@ -249,6 +250,11 @@ pub fn the_segment(root: &Path) -> Segment {
         .filter(|p| p.extension().is_some_and(|e| e == "log"))
         .collect();
     names.sort();
+    names
+}
+
+pub fn the_segment(root: &Path) -> Segment {
+    let mut names = segment_paths(root);
     assert_eq!(names.len(), 1, "one segment to edit: {names:?}");
     let path = names.remove(0);
     let bytes = std::fs::read(&path).unwrap();
@@ -456,16 +462,8 @@ pub fn prune_and_recreate_used(
 /// The payloads of the `operation.pruned` records in every journal segment, in order (a
 /// snapshot starts a new segment).
 pub fn prunes(root: &Path) -> Vec<Value> {
-    let dir = root.join(".gaffer/journal");
-    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("a journal")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    names.sort();
     let mut out = Vec::new();
-    for path in names {
+    for path in segment_paths(root) {
         let bytes = std::fs::read(&path).unwrap();
         for (at, len) in super::frames(&bytes) {
             let body: Value = serde_json::from_slice(&bytes[at + 8..at + len]).unwrap();
