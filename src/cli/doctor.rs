@@ -55,6 +55,7 @@ pub fn run(root: &Path) -> Report {
         });
     }
     checks.push(anchor_check(root));
+    checks.push(lock_check(&dir));
     checks.push(seal_check(root));
     key_checks(root, &mut checks);
     trust_checks(root, &mut checks);
@@ -65,6 +66,50 @@ pub fn run(root: &Path) -> Report {
         ok,
         workspace: root.display().to_string(),
         checks,
+    }
+}
+
+/// Whether the store's lock is free: writers hold it for one batch, so a lock held through
+/// a few tries is kept by some process, and every write waits for it. Named, never taken
+/// away.
+fn lock_check(dir: &Path) -> Check {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path);
+    let (ok, detail) = match file {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            (true, "no lock file yet: nobody has written".to_string())
+        }
+        Err(e) => (false, format!("{}: {e}", path.display())),
+        Ok(file) => {
+            let free = (0..5).any(|i| {
+                if i > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                file.try_lock().is_ok_and(|()| file.unlock().is_ok())
+            });
+            if free {
+                (true, "free".to_string())
+            } else {
+                let who = crate::store::lock_wait::holder(&file)
+                    .map_or_else(|| "a process gaffer cannot name".into(), |h| h.to_string());
+                (
+                    false,
+                    format!(
+                        "{who} holds {} and every write to this workspace waits for it",
+                        path.display()
+                    ),
+                )
+            }
+        }
+    };
+    Check {
+        name: "store lock",
+        ok,
+        detail,
     }
 }
 

@@ -58,6 +58,7 @@ mod codec;
 mod durable;
 pub mod end;
 mod error;
+pub mod lock_wait;
 mod segment;
 mod snapshot;
 mod verify;
@@ -612,9 +613,11 @@ impl Store {
             });
         };
         if block {
-            lock.lock().map_err(|source| StoreError::Io {
-                path: self.lock_path(),
-                source,
+            lock_wait::lock_telling(lock, || self.lock_path()).map_err(|source| {
+                StoreError::Io {
+                    path: self.lock_path(),
+                    source,
+                }
             })?;
         } else {
             match lock.try_lock() {
