@@ -31,12 +31,15 @@ pub enum SecretError {
     Unset { name: String, env: String },
 }
 
-/// Names of the bundle's secret declarations, sorted (what a plan and a rule name).
+/// What the bundle's secret declarations hand over, sorted (what a plan and a rule name): the
+/// environment variable each reads (its reference, were it not `env:`), never the label the
+/// bundle gives it, which the agent chooses: a secret labelled as an allowed one must not
+/// bring another variable with it.
 pub fn names(decls: &[Declaration]) -> Vec<String> {
     let mut v: Vec<String> = decls
         .iter()
         .filter(|d| d.kind == DeclarationKind::SecretRef)
-        .map(|d| d.name.clone())
+        .map(|d| d.env_var().unwrap_or(&d.reference).to_string())
         .collect();
     v.sort();
     v.dedup();

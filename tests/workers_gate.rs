@@ -136,7 +136,7 @@ fn finding_1_a_secret_worker_waits_for_the_operator_and_never_returns_the_value(
     // The plan the operator decides on names argv, declarations and secrets.
     let summary = op["presentation"]["summary"].as_str().unwrap();
     assert!(
-        summary.contains("secrets [token]") && summary.contains("env:SECRET_TOKEN"),
+        summary.contains("secrets [SECRET_TOKEN]") && summary.contains("env:SECRET_TOKEN"),
         "{summary}"
     );
     let (err, refused) = tool(
@@ -205,7 +205,7 @@ fn a_rule_must_name_the_secrets_digest_and_profile_to_start_a_secret_bundle() {
     operations: ["worker.start"]
     targets:
       - kind: worker
-        fields: {{bundle_digest: ["{}"], profile: ["leak"], secrets: ["token"]}}
+        fields: {{bundle_digest: ["{}"], profile: ["leak"], secrets: ["SECRET_TOKEN"]}}
 "#,
         digest(&unnamed),
         digest(&named)

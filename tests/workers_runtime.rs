@@ -26,7 +26,7 @@ rules:
       - kind: worker
         fields:
           bundle_id: ["marked"]
-          secrets: ["marker"]
+          secrets: ["GAFFER_E2E_MARKER"]
 "#;
 
 /// A workspace with the test scripts under `scripts/` and a trusted worker policy.

@@ -80,15 +80,18 @@ fn network(d: &Declaration) -> Result<Option<u16>, SandboxError> {
     if d.reference == "network:none" {
         return Ok(None);
     }
+    // Only the port's own spelling: rules match the text, the sandbox the number, so `0443`
+    // or `+443` would pass a deny rule naming 443 and still reach it.
     d.reference
         .strip_prefix("network:tcp-connect:")
-        .and_then(|p| p.parse::<u16>().ok())
+        .and_then(|text| text.parse::<u16>().ok().filter(|p| p.to_string() == text))
         .filter(|p| *p != 0)
         .map(Some)
         .ok_or_else(|| {
             refuse(
                 d,
-                "a network_policy is `network:none` or `network:tcp-connect:PORT`",
+                "a network_policy is `network:none` or `network:tcp-connect:PORT` (PORT from 1 \
+                 to 65535, in decimal without sign or leading zeros)",
             )
         })
 }
@@ -137,6 +140,10 @@ mod tests {
             ),
             decl(DeclarationKind::MountGrant, &format!("mount:rw:{var}")),
             decl(DeclarationKind::NetworkPolicy, "network:tcp-connect:0"),
+            // Another spelling of a port a rule may deny by its text.
+            decl(DeclarationKind::NetworkPolicy, "network:tcp-connect:08080"),
+            decl(DeclarationKind::NetworkPolicy, "network:tcp-connect:+8080"),
+            decl(DeclarationKind::NetworkPolicy, "network:tcp-connect:65536"),
             decl(DeclarationKind::NetworkPolicy, "network:udp:53"),
             decl(DeclarationKind::ShellPolicy, "shell:x"),
         ] {
