@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long a writer waits before saying who holds the lock.
@@ -107,20 +107,21 @@ struct Watchdog {
 impl Watchdog {
     /// The one watchdog, its thread started on first use.
     fn get() -> &'static Watchdog {
-        static ONE: OnceLock<&'static Watchdog> = OnceLock::new();
-        ONE.get_or_init(|| {
-            let dog: &'static Watchdog = Box::leak(Box::new(Watchdog {
-                waits: Mutex::new(Waits::default()),
-                wake: Condvar::new(),
-            }));
+        static ONE: OnceLock<Watchdog> = OnceLock::new();
+        static STARTED: Once = Once::new();
+        let dog = ONE.get_or_init(|| Watchdog {
+            waits: Mutex::new(Waits::default()),
+            wake: Condvar::new(),
+        });
+        STARTED.call_once(|| {
             let spawned = std::thread::Builder::new()
                 .name("gaffer-lock-watch".into())
-                .spawn(move || dog.watch());
+                .spawn(|| dog.watch());
             if let Err(e) = spawned {
                 tracing::warn!(error = %e, "no thread to say who holds the store's lock");
             }
-            dog
-        })
+        });
+        dog
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Waits> {
