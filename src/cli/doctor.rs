@@ -69,9 +69,10 @@ pub fn run(root: &Path) -> Report {
     }
 }
 
-/// Whether the store's lock is free: writers hold it for one batch, so a lock held through
-/// a few tries is kept by some process, and every write waits for it. Named, never taken
-/// away.
+/// Whether the store's lock is free: writers hold it for one batch, so a lock held for as
+/// long as a waiting writer is patient is kept by some process, and every write waits for
+/// it. Named, never taken away. (The file at the path: a server holding its handle on a file
+/// the agent renamed away is not seen here, but its own log names what it waits for.)
 fn lock_check(dir: &Path) -> Check {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("lock");
@@ -84,32 +85,39 @@ fn lock_check(dir: &Path) -> Check {
             (true, "no lock file yet: nobody has written".to_string())
         }
         Err(e) => (false, format!("{}: {e}", path.display())),
-        Ok(file) => {
-            let free = (0..5).any(|i| {
-                if i > 0 {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                file.try_lock().is_ok_and(|()| file.unlock().is_ok())
-            });
-            if free {
-                (true, "free".to_string())
-            } else {
-                let who = crate::store::lock_wait::holder(&file)
-                    .map_or_else(|| "a process gaffer cannot name".into(), |h| h.to_string());
-                (
-                    false,
-                    format!(
-                        "{who} holds {} and every write to this workspace waits for it",
-                        path.display()
-                    ),
-                )
-            }
-        }
+        Ok(file) => match lock_free_within(&file, crate::store::lock_wait::PATIENCE) {
+            Ok(true) => (true, "free".to_string()),
+            Ok(false) => (
+                false,
+                format!(
+                    "{} holds {} and every write to this workspace waits for it",
+                    crate::store::lock_wait::named_holders(&file),
+                    path.display()
+                ),
+            ),
+            Err(e) => (false, format!("{}: {e}", path.display())),
+        },
     };
     Check {
         name: "store lock",
         ok,
         detail,
+    }
+}
+
+/// Whether `file`'s lock can be taken (and is let go at once) within `patience`: a writer
+/// holds it for one batch, which a slow disk can make long.
+fn lock_free_within(file: &std::fs::File, patience: std::time::Duration) -> std::io::Result<bool> {
+    let until = std::time::Instant::now() + patience;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return file.unlock().map(|()| true),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
     }
 }
 

@@ -27,16 +27,69 @@ pub struct Holder {
 
 impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "pid {} ({})", self.pid, self.program)
+        // Quoted: a process names itself, and `x) or pid 1 (sh` must not read as two.
+        write!(f, "pid {} ({:?})", self.pid, self.program)
     }
 }
 
-/// The process holding a `flock` on the file `file` is open on, as `/proc/locks` lists it
-/// (Linux; None elsewhere, when nobody holds one, or when the holder cannot be told).
-pub fn holder(file: &File) -> Option<Holder> {
-    let (dev, ino) = identity(file)?;
-    let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    holder_in(&locks, dev, ino)
+/// Who holds a `flock` on the file `file` is open on (Linux): the process `/proc/locks` names
+/// if it still has the file open, else every other process that has it open (the one that
+/// took the lock may have exited and left it to a child, and its pid may be another's by
+/// now). Empty when nobody holds one or nobody can be named.
+pub fn holders(file: &File) -> Vec<Holder> {
+    let Some((dev, ino)) = identity(file) else {
+        return Vec::new();
+    };
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    let Some(taker) = taker_in(&locks, dev, ino) else {
+        return Vec::new();
+    };
+    let has_it = |pid: u32| has_open(pid, dev, ino);
+    if taker != 0 && has_it(taker) {
+        return vec![holder(taker)];
+    }
+    let me = std::process::id();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && has_it(pid))
+        .take(8)
+        .map(holder)
+        .collect()
+}
+
+/// [`holders`], as one phrase for a message.
+pub fn named_holders(file: &File) -> String {
+    let all = holders(file);
+    if all.is_empty() {
+        return "a process gaffer cannot name".into();
+    }
+    all.iter()
+        .map(Holder::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn holder(pid: u32) -> Holder {
+    let program = std::fs::read(format!("/proc/{pid}/comm")).map_or_else(
+        |_| "?".into(),
+        |c| String::from_utf8_lossy(&c).trim_end().to_string(),
+    );
+    Holder { pid, program }
+}
+
+/// Whether process `pid` has the file `dev`/`ino` open (one of its `/proc/PID/fd` links).
+fn has_open(pid: u32, dev: u64, ino: u64) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| identity_at(&fd.path()) == Some((dev, ino)))
 }
 
 #[cfg(unix)]
@@ -51,9 +104,23 @@ fn identity(_: &File) -> Option<(u64, u64)> {
     None
 }
 
-/// The holder of the `FLOCK` on device `dev`, inode `ino` in `/proc/locks` text, e.g.
-/// `1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF` (device as hex major:minor).
-fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<Holder> {
+/// What the file at `path` is (following links: a `/proc/PID/fd` entry leads to its file).
+#[cfg(unix)]
+fn identity_at(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn identity_at(_: &std::path::Path) -> Option<(u64, u64)> {
+    None
+}
+
+/// The pid that took the `FLOCK` on device `dev`, inode `ino` in `/proc/locks` text, e.g.
+/// `1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF` (device as hex major:minor; 0 when
+/// it lies outside this pid namespace).
+fn taker_in(locks: &str, dev: u64, ino: u64) -> Option<u32> {
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let want = format!("{major:02x}:{minor:02x}:{ino}");
     locks.lines().find_map(|line| {
@@ -62,11 +129,7 @@ fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<Holder> {
         if fields.get(1) != Some(&"FLOCK") || fields.get(5) != Some(&want.as_str()) {
             return None;
         }
-        let pid: u32 = fields.get(4)?.parse().ok()?;
-        let program = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|c| crate::util::visible(c.trim_end()).into_owned())
-            .unwrap_or_else(|_| "?".into());
-        Some(Holder { pid, program })
+        fields.get(4)?.parse().ok()
     })
 }
 
@@ -165,22 +228,29 @@ impl Watchdog {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 continue;
             }
+            // Due waits are told with the list unlocked: reading /proc must not hold up
+            // writers registering or done.
             let now = Instant::now();
+            let mut due = Vec::new();
             for w in &mut waits.list {
-                let due = w.told.map_or(w.since + PATIENCE, |t| t + REPEAT);
-                if now >= due {
+                if now >= w.told.map_or(w.since + PATIENCE, |t| t + REPEAT) {
                     w.told = Some(now);
-                    let who = w.file.as_ref().and_then(holder).map_or_else(
-                        || "a process gaffer cannot name".to_string(),
-                        |h| h.to_string(),
-                    );
-                    tracing::warn!(
-                        path = %w.path.display(),
-                        waited_s = w.since.elapsed().as_secs(),
-                        "waiting for the store's lock: {who} holds it; every write to this workspace waits until it lets go",
-                    );
+                    let file = w.file.as_ref().and_then(|f| f.try_clone().ok());
+                    due.push((w.path.clone(), w.since.elapsed().as_secs(), file));
                 }
             }
+            drop(waits);
+            for (path, waited_s, file) in due {
+                let who = file
+                    .as_ref()
+                    .map_or_else(|| "a process gaffer cannot name".to_string(), named_holders);
+                tracing::warn!(
+                    path = %path.display(),
+                    waited_s,
+                    "waiting for the store's lock: {who} holds it; every write to this workspace waits until it lets go",
+                );
+            }
+            waits = self.lock();
             waits = self
                 .wake
                 .wait_timeout(waits, Duration::from_millis(250))
@@ -195,15 +265,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_holder_is_read_from_proc_locks_by_device_and_inode() {
+    fn the_taker_is_read_from_proc_locks_by_device_and_inode() {
         let text = "1: POSIX  ADVISORY  WRITE 11 fd:01:77 0 EOF\n\
                     2: FLOCK  ADVISORY  WRITE 4242 fd:01:77 0 EOF\n\
                     2: -> FLOCK  ADVISORY  WRITE 4343 fd:01:77 0 EOF\n\
                     3: FLOCK  ADVISORY  WRITE 99 fd:01:78 0 EOF\n";
         let dev = libc::makedev(0xfd, 0x01);
-        assert_eq!(holder_in(text, dev, 77).map(|h| h.pid), Some(4242));
-        assert_eq!(holder_in(text, dev, 78).map(|h| h.pid), Some(99));
-        assert_eq!(holder_in(text, dev, 79), None);
+        assert_eq!(taker_in(text, dev, 77), Some(4242));
+        assert_eq!(taker_in(text, dev, 78), Some(99));
+        assert_eq!(taker_in(text, dev, 79), None);
     }
 
     #[test]
@@ -212,9 +282,48 @@ mod tests {
         let path = dir.path().join("lock");
         let a = File::create(&path).expect("lock file");
         let b = File::open(&path).expect("second handle");
-        assert_eq!(holder(&b), None);
+        assert_eq!(holders(&b), vec![]);
         a.lock().expect("lock");
-        let h = holder(&b).expect("a holder");
-        assert_eq!(h.pid, std::process::id());
+        let named = holders(&b);
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert_eq!(named[0].pid, std::process::id());
+    }
+
+    /// The process that took the lock exits and leaves it to its child: the child is named,
+    /// never the dead pid (which may be another process's by now).
+    #[test]
+    fn a_lock_left_to_a_child_names_the_child() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("lock");
+        File::create(&path).expect("lock file");
+        let script = "import fcntl, os, sys, time\n\
+                      f = open(sys.argv[1], 'r+')\n\
+                      fcntl.flock(f, fcntl.LOCK_EX)\n\
+                      if os.fork() == 0:\n    print(os.getpid(), flush=True)\n    time.sleep(30)\n\
+                      os._exit(0)\n";
+        let mut taker = std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(taker.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("the child's pid");
+        // The taker exits at once; its child keeps the lock.
+        taker.wait().expect("the taker exits");
+        let child: u32 = line.trim().parse().expect("a pid");
+        let named = holders(&File::open(&path).expect("handle"));
+        // SAFETY: kill only sends a signal to the child this test started.
+        unsafe { libc::kill(child as i32, libc::SIGKILL) };
+        assert_eq!(named.iter().map(|h| h.pid).collect::<Vec<_>>(), vec![child]);
+        assert!(
+            named[0]
+                .to_string()
+                .starts_with(&format!("pid {child} (\""))
+        );
     }
 }
