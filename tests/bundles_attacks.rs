@@ -199,3 +199,58 @@ fn a_denied_port_spelled_otherwise_is_still_denied() {
         );
     }
 }
+
+/// The operator points a grant at a directory of the project (`GAFFER_CACHE_DIR`, the
+/// workspace's `cache/`) and lets `cache` workers write it. The agent, who writes the
+/// workspace, swaps `cache/` for a link to a directory outside it before a worker starts: the
+/// grant must not follow it. (Before: the grant was opened through the link, and the worker
+/// wrote where it led.)
+#[test]
+fn a_grant_into_the_workspace_is_not_redirected_by_a_link_the_agent_swaps_in() {
+    let policy = r#"rules:
+  - id: cache-workers
+    effect: allow
+    operations: ["worker.start"]
+    targets:
+      - kind: worker
+        fields: {profile: ["cache"], declarations: ["mount_grant:*:mount:write:GAFFER_CACHE_DIR"]}
+"#;
+    let env = Env::new(Some(policy));
+    let outside = tempfile::tempdir().unwrap();
+    let cache = env.root().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let cache_var = cache.display().to_string();
+    let mut agent = mcp_agent(&env, "agent", &[("GAFFER_CACHE_DIR", cache_var.as_str())]);
+    std::fs::remove_dir(&cache).unwrap();
+    std::os::unix::fs::symlink(outside.path(), &cache).unwrap();
+    let bundle = json!({
+        "metadata": {"id": "cache", "revision": "r1", "created_at": "2026-12-01", "provenance": {"source": "agent"}},
+        "profiles": [{"selector": {"kind": "named", "value": "cache"},
+                      "command": ["sh", "-c", format!("echo pwned > {cache_var}/pwned; echo done")],
+                      "input_mode": "argument"}],
+        "declarations": [{"kind": "mount_grant", "name": "cache", "reference": "mount:write:GAFFER_CACHE_DIR"}],
+    });
+    let (err, synced) = tool(&mut agent, "sync_bundle", json!({"bundle": bundle}));
+    assert!(!err, "{synced}");
+    let (_, created) = tool(
+        &mut agent,
+        "create_worker",
+        json!({"profile": {"kind": "named", "value": "cache"}, "config_bundle": synced["reference"]}),
+    );
+    let id = created["worker"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && !id.is_empty() {
+        let text = transcript_text(&mut agent, &id);
+        if text.contains("done") || text.contains("failed") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !outside.path().join("pwned").exists(),
+        "the grant followed the agent's link out of the workspace: {created}"
+    );
+}

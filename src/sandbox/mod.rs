@@ -27,7 +27,7 @@ mod rules;
 
 use std::path::{Path, PathBuf};
 
-pub use declare::from_declarations;
+pub use declare::{check_declarations, from_declarations, resolve_grant};
 
 /// Landlock ABI needed: 6 adds signal and abstract-socket scoping.
 pub const MIN_ABI: i32 = 6;

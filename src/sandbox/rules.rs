@@ -87,7 +87,17 @@ pub fn build(spec: &Spec) -> Result<RulesetCreated, SandboxError> {
         super::WorkspaceAccess::None => {}
     }
     for g in &spec.grants {
-        add(&g.path, if g.write { all } else { read })?;
+        // Resolved when granted: a link found on the way now was put there since.
+        let fd = crate::util::openat2(
+            libc::AT_FDCWD,
+            &g.path,
+            libc::O_PATH | libc::O_CLOEXEC,
+            libc::RESOLVE_NO_SYMLINKS,
+        )
+        .map_err(|e| setup(format!("granted path {}: {e}", g.path.display())))?;
+        (&mut rs)
+            .add_rule(PathBeneath::new(fd, if g.write { all } else { read }))
+            .map_err(setup)?;
     }
     for port in &spec.tcp_connect {
         (&mut rs)

@@ -99,9 +99,7 @@ impl ExecutionBackend for ProcessBackend {
                 ));
             }
         }
-        crate::sandbox::from_declarations(std::path::Path::new("/"), declarations)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        crate::sandbox::check_declarations(declarations).map_err(|e| e.to_string())
     }
 
     fn spawn(

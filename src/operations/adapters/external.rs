@@ -150,10 +150,10 @@ impl ProviderDecl {
                     p.display()
                 ));
             }
-            spec.grants.push(crate::sandbox::Grant {
-                path: p.clone(),
-                write: false,
-            });
+            let path = crate::sandbox::resolve_grant(p, Some(root))
+                .map_err(|why| format!("provider {name}: read path {}: {why}", p.display()))?;
+            spec.grants
+                .push(crate::sandbox::Grant { path, write: false });
         }
         spec.tcp_connect = self.tcp_connect.clone();
         spec.workspace_access = self.workspace;
