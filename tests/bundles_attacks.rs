@@ -253,4 +253,11 @@ fn a_grant_into_the_workspace_is_not_redirected_by_a_link_the_agent_swaps_in() {
         !outside.path().join("pwned").exists(),
         "the grant followed the agent's link out of the workspace: {created}"
     );
+    // Refused for that reason, not failed for another.
+    assert!(
+        created
+            .to_string()
+            .contains("the granted path lies in the workspace"),
+        "{created}"
+    );
 }

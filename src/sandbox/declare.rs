@@ -11,7 +11,7 @@
 //!   connect); `network:none`, the default: no network at all;
 //! - `secret_ref` `env:NAME`: passed by the runtime, nothing to confine.
 
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 use super::{Grant, SandboxError, Spec};
 use crate::bundles::{Declaration, DeclarationKind};
@@ -82,28 +82,79 @@ fn mount(d: &Declaration, workspace: Option<&Path>) -> Result<Grant, SandboxErro
     if !path.is_absolute() || path.components().any(|c| c.as_os_str() == "..") {
         return Err(refuse(d, "the granted path must be absolute, without `..`"));
     }
-    let path = resolve_grant(&path, workspace).map_err(|why| refuse(d, why))?;
+    // Checked now for a clear refusal at creation; resolved again, and opened without
+    // following links, when the process starts (`rules::build`).
+    resolve_grant(&path, workspace, true).map_err(|why| refuse(d, &why))?;
     Ok(Grant { path, write })
 }
 
-/// A granted path as the sandbox takes it: resolved now (it is opened without following any
-/// link when the process starts, so what it reaches cannot be redirected in between), and
-/// never in `workspace`, whose entries the agent can swap for links before this looks.
+/// Where a granted path leads, resolved one component at a time as the kernel would, so that
+/// every place the resolution passes through is checked and not only where it ends: none may
+/// lie in `workspace`, whose entries the agent can swap for links (a link of the operator's
+/// into the workspace, where the agent's link leads out again, would let the agent choose).
+/// Unless `may_hold_workspace`, the path may not hold the workspace either (a process given
+/// none of the workspace, reading it through its parent). The result has no links: it is
+/// opened with `RESOLVE_NO_SYMLINKS`, so nothing swapped in after this redirects it.
 pub fn resolve_grant(
     path: &Path,
     workspace: Option<&Path>,
-) -> Result<std::path::PathBuf, &'static str> {
-    let resolved = std::fs::canonicalize(path).map_err(|_| "the granted path does not exist")?;
-    let inside = |ws: &Path| {
-        let root = std::fs::canonicalize(ws).unwrap_or_else(|_| ws.to_path_buf());
-        [path, resolved.as_path()]
-            .iter()
-            .any(|p| p.starts_with(ws) || p.starts_with(&root))
+    may_hold_workspace: bool,
+) -> Result<PathBuf, String> {
+    const IN_WS: &str = "the granted path lies in the workspace or leads through it, and the agent can swap its entries";
+    let roots: Vec<PathBuf> = workspace
+        .map(|ws| {
+            std::iter::once(ws.to_path_buf())
+                .chain(std::fs::canonicalize(ws))
+                .collect()
+        })
+        .unwrap_or_default();
+    let inside = |p: &Path| roots.iter().any(|r| p.starts_with(r));
+    let mut todo: Vec<std::ffi::OsString> = Vec::new();
+    let push = |todo: &mut Vec<std::ffi::OsString>, p: &Path| {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(n) => todo.push(n.to_os_string()),
+                Component::ParentDir => todo.push("..".into()),
+                _ => {}
+            }
+        }
     };
-    if workspace.is_some_and(inside) {
-        return Err("the granted path lies in the workspace, whose entries the agent can swap");
+    push(&mut todo, path);
+    let mut done = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(c) = todo.pop() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let next = done.join(&c);
+        if inside(&next) {
+            return Err(IN_WS.into());
+        }
+        let meta = std::fs::symlink_metadata(&next)
+            .map_err(|e| format!("the granted path {}: {e}", next.display()))?;
+        if !meta.file_type().is_symlink() {
+            done = next;
+            continue;
+        }
+        links += 1;
+        if links > 40 {
+            return Err("the granted path leads through too many links".into());
+        }
+        let target = std::fs::read_link(&next)
+            .map_err(|e| format!("the granted path {}: {e}", next.display()))?;
+        if target.is_absolute() {
+            done = PathBuf::from("/");
+        }
+        push(&mut todo, &target);
     }
-    Ok(resolved)
+    if !may_hold_workspace && roots.iter().any(|r| r.starts_with(&done)) {
+        return Err(format!(
+            "the granted path {} holds the workspace, which this process may not reach",
+            done.display()
+        ));
+    }
+    Ok(done)
 }
 
 fn network(d: &Declaration) -> Result<Option<u16>, SandboxError> {
@@ -193,5 +244,41 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// The operator's grant path lies outside the workspace but leads into it through a link
+    /// of the operator's (`~/cache` -> `<workspace>/cache`), and the agent swaps the
+    /// workspace's `cache` for a link out: both ends of the resolution lie outside, yet the
+    /// agent chose where the grant leads. (A second reader's finding.)
+    #[test]
+    fn a_grant_resolved_through_the_workspace_is_refused() {
+        let outside = tempfile::tempdir().expect("outside");
+        let ws = tempfile::tempdir().expect("workspace");
+        let secret = outside.path().join("secret");
+        std::fs::create_dir(&secret).expect("mkdir");
+        let in_ws = ws.path().join("cache");
+        std::os::unix::fs::symlink(&secret, &in_ws).expect("the agent's link");
+        let granted = outside.path().join("cache");
+        std::os::unix::fs::symlink(&in_ws, &granted).expect("the operator's link");
+        let got = resolve_grant(&granted, Some(ws.path()), true);
+        assert!(
+            got.is_err(),
+            "redirected by a link in the workspace to {got:?}"
+        );
+        // The same path without the workspace's part in it resolves, links and all.
+        let direct = outside.path().join("direct");
+        std::os::unix::fs::symlink(&secret, &direct).expect("link");
+        let resolved = resolve_grant(&direct, Some(ws.path()), true).expect("resolves");
+        assert_eq!(resolved, std::fs::canonicalize(&secret).expect("canonical"));
+    }
+
+    /// A process given none of the workspace is not given it through its parent either.
+    #[test]
+    fn a_grant_holding_the_workspace_is_refused_unless_the_process_may_reach_it() {
+        let home = tempfile::tempdir().expect("home");
+        let ws = home.path().join("proj");
+        std::fs::create_dir(&ws).expect("mkdir");
+        assert!(resolve_grant(home.path(), Some(&ws), false).is_err());
+        assert!(resolve_grant(home.path(), Some(&ws), true).is_ok());
     }
 }

@@ -86,15 +86,19 @@ pub fn build(spec: &Spec) -> Result<RulesetCreated, SandboxError> {
         super::WorkspaceAccess::Read => add(&spec.workspace, read)?,
         super::WorkspaceAccess::None => {}
     }
+    let holds = spec.workspace_access == super::WorkspaceAccess::ReadWrite;
     for g in &spec.grants {
-        // Resolved when granted: a link found on the way now was put there since.
+        // Resolved now, as this process starts, through nothing in the workspace; then
+        // opened without following links, so a link swapped in since leads nowhere.
+        let path = super::resolve_grant(&g.path, Some(&spec.workspace), holds)
+            .map_err(|why| setup(format!("granted path {}: {why}", g.path.display())))?;
         let fd = crate::util::openat2(
             libc::AT_FDCWD,
-            &g.path,
+            &path,
             libc::O_PATH | libc::O_CLOEXEC,
             libc::RESOLVE_NO_SYMLINKS,
         )
-        .map_err(|e| setup(format!("granted path {}: {e}", g.path.display())))?;
+        .map_err(|e| setup(format!("granted path {}: {e}", path.display())))?;
         (&mut rs)
             .add_rule(PathBeneath::new(fd, if g.write { all } else { read }))
             .map_err(setup)?;

@@ -150,10 +150,12 @@ impl ProviderDecl {
                     p.display()
                 ));
             }
-            let path = crate::sandbox::resolve_grant(p, Some(root))
-                .map_err(|why| format!("provider {name}: read path {}: {why}", p.display()))?;
-            spec.grants
-                .push(crate::sandbox::Grant { path, write: false });
+            // Resolved (through nothing in the workspace, holding none of it unless the
+            // provider may reach it) each time it starts: `sandbox::resolve_grant`.
+            spec.grants.push(crate::sandbox::Grant {
+                path: p.clone(),
+                write: false,
+            });
         }
         spec.tcp_connect = self.tcp_connect.clone();
         spec.workspace_access = self.workspace;
