@@ -37,6 +37,25 @@ fn mcp_agent(env: &Env, name: &str, extra: &[(&str, &str)]) -> Server {
     s
 }
 
+/// The agent syncs `bundle` and creates a worker of its `profile`: the create answer and the
+/// worker's id (empty when none was issued). `None` when the bundle was refused at sync.
+fn sync_and_create(s: &mut Server, bundle: Value, profile: &str) -> Option<(Value, String)> {
+    let (err, synced) = tool(s, "sync_bundle", json!({"bundle": bundle}));
+    if err {
+        return None;
+    }
+    let (_, created) = tool(
+        s,
+        "create_worker",
+        json!({"profile": {"kind": "named", "value": profile}, "config_bundle": synced["reference"]}),
+    );
+    let id = created["worker"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    Some((created, id))
+}
+
 fn transcript_text(s: &mut Server, id: &str) -> String {
     let (_, t) = tool(s, "read_worker_transcript", json!({"worker_id": id}));
     t.to_string()
@@ -67,15 +86,8 @@ fn a_secret_named_like_an_allowed_one_never_hands_over_another_variable() {
                       "command": ["printenv", AWS.0], "input_mode": "argument"}],
         "declarations": [{"kind": "secret_ref", "name": "github", "reference": format!("env:{}", AWS.0)}],
     });
-    let (err, synced) = tool(&mut agent, "sync_bundle", json!({"bundle": bundle}));
-    assert!(!err, "{synced}");
-    let (_, created) = tool(
-        &mut agent,
-        "create_worker",
-        json!({"profile": {"kind": "named", "value": "reviewer"}, "config_bundle": synced["reference"]}),
-    );
+    let (created, id) = sync_and_create(&mut agent, bundle, "reviewer").expect("synced");
     let w = created["worker"].clone();
-    let id = w["id"].as_str().unwrap_or_default().to_string();
     // Give a started worker time to print.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut text = String::new();
@@ -132,20 +144,10 @@ fn probe_denied_port(spell: impl Fn(u16) -> String) -> (String, Value, String) {
                       "input_mode": "argument"}],
         "declarations": [{"kind": "network_policy", "name": "db", "reference": format!("network:tcp-connect:{}", spell(port))}],
     });
-    let (err, synced) = tool(&mut agent, "sync_bundle", json!({"bundle": bundle}));
-    if err {
+    let Some((created, id)) = sync_and_create(&mut agent, bundle, "probe") else {
         // Refused at sync: nothing can start from it.
-        return (String::new(), synced, String::new());
-    }
-    let (_, created) = tool(
-        &mut agent,
-        "create_worker",
-        json!({"profile": {"kind": "named", "value": "probe"}, "config_bundle": synced["reference"]}),
-    );
-    let id = created["worker"]["id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+        return (String::new(), Value::Null, String::new());
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut reached = String::new();
     let mut text = String::new();
@@ -230,17 +232,7 @@ fn a_grant_into_the_workspace_is_not_redirected_by_a_link_the_agent_swaps_in() {
                       "input_mode": "argument"}],
         "declarations": [{"kind": "mount_grant", "name": "cache", "reference": "mount:write:GAFFER_CACHE_DIR"}],
     });
-    let (err, synced) = tool(&mut agent, "sync_bundle", json!({"bundle": bundle}));
-    assert!(!err, "{synced}");
-    let (_, created) = tool(
-        &mut agent,
-        "create_worker",
-        json!({"profile": {"kind": "named", "value": "cache"}, "config_bundle": synced["reference"]}),
-    );
-    let id = created["worker"]["id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let (created, id) = sync_and_create(&mut agent, bundle, "cache").expect("synced");
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline && !id.is_empty() {
         let text = transcript_text(&mut agent, &id);
