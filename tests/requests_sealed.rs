@@ -38,9 +38,14 @@ rules:
     targets: [{kind: file, fields: {path: ["docs/**"]}}]
 "#;
 
-/// The result of a submission that must succeed.
-fn submitted(s: &mut common::Server, op: &str, target: Value, args: Value, key: &str) -> Value {
-    ok(&submit(s, op, target, args, key)).clone()
+/// What a `file.write` of `args` to `target` under `key` is answered with.
+fn write(s: &mut common::Server, target: &Value, args: &Value, key: &str) -> Value {
+    submit(s, "file.write", target.clone(), args.clone(), key)
+}
+
+/// The result of a `file.write` submission that must succeed.
+fn written(s: &mut common::Server, target: &Value, args: &Value, key: &str) -> Value {
+    ok(&write(s, target, args, key)).clone()
 }
 
 fn listed(s: &mut common::Server, include_unverified: bool) -> Value {
@@ -65,11 +70,10 @@ fn a_request_forged_in_a_trusted_clients_name_is_neither_shown_nor_approvable() 
     // The operator's editor is connected throughout: it is told of requests as they come.
     let mut op = env.operator();
     let mut ci = env.agent("ci-agent");
-    let genuine = submitted(
+    let genuine = written(
         &mut ci,
-        "file.write",
-        json!({"path": "notes/genuine.txt"}),
-        json!({"content": "ok\n"}),
+        &json!({"path": "notes/genuine.txt"}),
+        &json!({"content": "ok\n"}),
         "g1",
     );
     let genuine_id = genuine["id"].as_str().unwrap().to_string();
@@ -84,11 +88,10 @@ fn a_request_forged_in_a_trusted_clients_name_is_neither_shown_nor_approvable() 
     );
 
     // A request ci-agent makes after the forged one is announced; the forged one never was.
-    let later = submitted(
+    let later = written(
         &mut ci,
-        "file.write",
-        json!({"path": "notes/later.txt"}),
-        json!({"content": "later\n"}),
+        &json!({"path": "notes/later.txt"}),
+        &json!({"content": "later\n"}),
         "g2",
     );
     let requested = |id: &Value| {
@@ -173,13 +176,7 @@ fn a_record_forged_under_a_clients_idempotency_key_is_not_replayed_as_its_outcom
     // digest of its exact form from the journal, then forges ci-agent's record under the
     // key ci-agent will use, saying the write succeeded.
     let mut agent = env.agent("agent-1");
-    let own = submitted(
-        &mut agent,
-        "file.write",
-        target.clone(),
-        args.clone(),
-        "probe",
-    );
+    let own = written(&mut agent, &target, &args, "probe");
     assert_eq!(own["state"], "denied", "{own}");
     drop(agent);
     let seg = the_segment(env.root());
@@ -197,7 +194,6 @@ fn a_record_forged_under_a_clients_idempotency_key_is_not_replayed_as_its_outcom
     o["terminal_at_ms"] = Value::Null;
     let o = o.as_object_mut().unwrap();
     o.remove("request_seal");
-    o.remove("outcome_seal");
     let at = gaffer::util::now_ms();
     append_as_agent(
         env.root(),
@@ -217,27 +213,15 @@ fn a_record_forged_under_a_clients_idempotency_key_is_not_replayed_as_its_outcom
 
     // ci-agent retries its submission with the same key: it is not told it succeeded.
     let mut ci = env.agent("ci-agent");
-    let r = submit(
-        &mut ci,
-        "file.write",
-        target.clone(),
-        args.clone(),
-        "release-1",
-    );
+    let r = write(&mut ci, &target, &args, "release-1");
     assert_eq!(err_code(&r), "request_unverified", "{r}");
     assert!(!env.root().join("docs/release.txt").exists());
 
     // A genuine submission is sealed here and replays as itself.
-    let first = submitted(
-        &mut ci,
-        "file.write",
-        target.clone(),
-        args.clone(),
-        "release-2",
-    );
+    let first = written(&mut ci, &target, &args, "release-2");
     let id = first["id"].as_str().unwrap().to_string();
     wait_state(&mut ci, &id, &["succeeded"]);
-    let again = submitted(&mut ci, "file.write", target, args, "release-2");
+    let again = written(&mut ci, &target, &args, "release-2");
     assert_eq!(again["id"], first["id"], "{again}");
     assert_eq!(
         std::fs::read_to_string(env.root().join("docs/release.txt")).unwrap(),
@@ -251,13 +235,7 @@ fn an_ending_forged_onto_a_genuine_request_is_not_replayed_as_its_outcome() {
     let target = json!({"path": "notes/deploy.txt"});
     let args = json!({"content": "go\n"});
     let mut ci = env.agent("ci-agent");
-    let first = submitted(
-        &mut ci,
-        "file.write",
-        target.clone(),
-        args.clone(),
-        "deploy-1",
-    );
+    let first = written(&mut ci, &target, &args, "deploy-1");
     assert_eq!(first["state"], "pending", "{first}");
     let id = first["id"].as_str().unwrap().to_string();
     drop(ci);
@@ -276,7 +254,7 @@ fn an_ending_forged_onto_a_genuine_request_is_not_replayed_as_its_outcome() {
         ],
     );
     let mut ci = env.agent("ci-agent");
-    let r = submit(&mut ci, "file.write", target, args, "deploy-1");
+    let r = write(&mut ci, &target, &args, "deploy-1");
     assert_eq!(err_code(&r), "request_unverified", "{r}");
     assert!(
         r["error"]["message"]
@@ -316,11 +294,10 @@ fn a_request_the_operator_denied() -> (Env, common::Server, String) {
     anchor_outside_the_workspace();
     let env = Env::new(Some(POLICY));
     let mut ci = env.agent("ci-agent");
-    let first = submitted(
+    let first = written(
         &mut ci,
-        "file.write",
-        json!({"path": "notes/denied.txt"}),
-        json!({"content": "denied\n"}),
+        &json!({"path": "notes/denied.txt"}),
+        &json!({"content": "denied\n"}),
         "d-1",
     );
     let id = first["id"].as_str().unwrap().to_string();
@@ -394,24 +371,12 @@ fn a_succeeded_write_recreated_by_the_agent_is_not_replayed_with_another_outcome
     let target = json!({"path": "notes/deploy.txt"});
     let args = json!({"content": "go\n"});
     let mut ci = env.agent("ci-agent");
-    let first = submitted(
-        &mut ci,
-        "file.write",
-        target.clone(),
-        args.clone(),
-        "deploy-1",
-    );
+    let first = written(&mut ci, &target, &args, "deploy-1");
     let id = first["id"].as_str().unwrap().to_string();
     let mut op = env.operator();
     approve(&env, &mut op, &id);
     wait_state(&mut ci, &id, &["succeeded"]);
-    let again = submitted(
-        &mut ci,
-        "file.write",
-        target.clone(),
-        args.clone(),
-        "deploy-1",
-    );
+    let again = written(&mut ci, &target, &args, "deploy-1");
     assert_eq!(again["state"], "succeeded", "control: {again}");
     drop(op);
     drop(ci);
@@ -426,13 +391,7 @@ fn a_succeeded_write_recreated_by_the_agent_is_not_replayed_with_another_outcome
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut replay;
     loop {
-        replay = submit(
-            &mut ci,
-            "file.write",
-            target.clone(),
-            args.clone(),
-            "deploy-1",
-        );
+        replay = write(&mut ci, &target, &args, "deploy-1");
         let st = replay["result"]["state"].as_str().unwrap_or("").to_string();
         if st != "pending" || Instant::now() > deadline {
             break;
@@ -460,7 +419,7 @@ fn genuine_endings_replay_after_a_restart_and_a_snapshot() {
     let mut sub = |ci: &mut common::Server, path: &str, key: &str| {
         let t = json!({ "path": path });
         let a = json!({"content": format!("{key}\n")});
-        let v = submitted(ci, "file.write", t.clone(), a.clone(), key);
+        let v = written(ci, &t, &a, key);
         let id = v["id"].as_str().unwrap().to_string();
         keys.push((key.to_string(), t, a, id.clone(), String::new()));
         id
@@ -493,7 +452,7 @@ fn genuine_endings_replay_after_a_restart_and_a_snapshot() {
     let check =
         |ci: &mut common::Server, keys: &[(String, Value, Value, String, String)], when: &str| {
             for (key, t, a, id, _) in keys {
-                let r = submit(ci, "file.write", t.clone(), a.clone(), key);
+                let r = write(ci, t, a, key);
                 assert_eq!(
                     r["result"]["id"],
                     id.as_str(),
@@ -535,11 +494,10 @@ fn a_byte_identical_copy_of_a_denied_request_is_not_verified() {
     );
     assert_eq!(err_code(&r), "request_unverified", "{r}");
     // ci-agent's retry is not told the copy is its request either.
-    let r = submit(
+    let r = write(
         &mut ci,
-        "file.write",
-        json!({"path": "notes/denied.txt"}),
-        json!({"content": "denied\n"}),
+        &json!({"path": "notes/denied.txt"}),
+        &json!({"content": "denied\n"}),
         "d-1",
     );
     assert_eq!(err_code(&r), "request_unverified", "{r}");
@@ -557,7 +515,7 @@ fn an_ending_gaffer_writes_after_the_agents_steps_is_not_replayed_as_the_clients
     let mut ci = env.agent("ci-agent");
     let target = json!({"path": "notes/x.md"});
     let args = json!({"content": "x"});
-    let v = submitted(&mut ci, "file.write", target.clone(), args.clone(), "fx");
+    let v = written(&mut ci, &target, &args, "fx");
     let id = v["id"].as_str().unwrap().to_string();
     assert_eq!(v["state"], "pending", "{v}");
     drop(ci);
@@ -584,7 +542,7 @@ fn an_ending_gaffer_writes_after_the_agents_steps_is_not_replayed_as_the_clients
     );
     let mut ci = env.agent("ci-agent");
     let end = wait_state(&mut ci, &id, &["succeeded", "failed"]);
-    let r = submit(&mut ci, "file.write", target, args, "fx");
+    let r = write(&mut ci, &target, &args, "fx");
     assert_eq!(err_code(&r), "request_unverified", "after {end}: {r}");
     assert!(!env.root().join("notes/x.md").exists());
 }
@@ -607,13 +565,7 @@ rules:
     let mut ci = env.agent("ci-agent");
     let mut op = env.operator();
     let write = |ci: &mut common::Server, path: &str, key: &str| {
-        submit(
-            ci,
-            "file.write",
-            json!({"path": path}),
-            json!({"content": key}),
-            key,
-        )
+        write(ci, &json!({"path": path}), &json!({"content": key}), key)
     };
     let first = ok(&write(&mut ci, "drafts/a.md", "a")).clone();
     let first_id = first["id"].as_str().unwrap().to_string();
@@ -647,10 +599,10 @@ fn the_first_request_in_a_fresh_workspace_is_verified() {
     anon.notify("initialized", json!({}));
     let target = json!({"path": "notes/first.txt"});
     let args = json!({"content": "first\n"});
-    let first = submitted(&mut anon, "file.write", target.clone(), args.clone(), "k");
+    let first = written(&mut anon, &target, &args, "k");
     // Untrusted, the policy's rules wait for a human.
     assert_eq!(first["state"], "pending", "{first}");
-    let again = submitted(&mut anon, "file.write", target, args, "k");
+    let again = written(&mut anon, &target, &args, "k");
     assert_eq!(again["id"], first["id"], "{again}");
     let mut op = env.operator();
     let list = op.call("approvals/list", json!({}));
@@ -665,11 +617,10 @@ fn the_first_request_in_a_fresh_workspace_is_verified() {
 fn doctor_reports_the_seal_key_and_a_damaged_one_is_named_when_approving() {
     let env = Env::new(Some(POLICY));
     let mut ci = env.agent("ci-agent");
-    let first = submitted(
+    let first = written(
         &mut ci,
-        "file.write",
-        json!({"path": "notes/a.txt"}),
-        json!({"content": "a\n"}),
+        &json!({"path": "notes/a.txt"}),
+        &json!({"content": "a\n"}),
         "a",
     );
     let doctor = |env: &Env| -> Value {
@@ -749,25 +700,19 @@ fn requests_pipelined_from_two_processes_are_all_verified() {
 
 /// ci-agent's write of `path` (allowed) under `key`, run to its end: the operation id.
 fn a_finished_write(ci: &mut common::Server, path: &str, key: &str) -> String {
-    let v = submitted(
-        ci,
-        "file.write",
-        json!({ "path": path }),
-        json!({"content": format!("{key}\n")}),
-        key,
-    );
+    let v = ok(&retried(ci, path, key)).clone();
     let id = v["id"].as_str().unwrap().to_string();
     wait_state(ci, &id, &["succeeded"]);
     id
 }
 
-/// What ci-agent's retried submission of that write under `key` is answered with.
+/// What ci-agent's submission (or retried submission) of that write under `key` is answered
+/// with.
 fn retried(ci: &mut common::Server, path: &str, key: &str) -> Value {
-    submit(
+    write(
         ci,
-        "file.write",
-        json!({ "path": path }),
-        json!({"content": format!("{key}\n")}),
+        &json!({ "path": path }),
+        &json!({"content": format!("{key}\n")}),
         key,
     )
 }
@@ -877,11 +822,10 @@ fn an_operation_the_agent_ended_is_not_pruned_into_running_again() {
     let run = json!({"operation": "command.run", "target": {"argv": ["sh", "-c", "echo run >> runs.log"]}, "arguments": {}, "reason": "r", "idempotency_key": "run-1"});
     // Something gaffer's sweep forgets, so that it records a prune.
     let mut a = env.agent("agent-1");
-    let done = submitted(
+    let done = written(
         &mut a,
-        "file.write",
-        json!({"path": "docs/d.txt"}),
-        json!({"content": "d"}),
+        &json!({"path": "docs/d.txt"}),
+        &json!({"content": "d"}),
         "d-1",
     );
     wait_state(&mut a, done["id"].as_str().unwrap(), &["succeeded"]);
@@ -955,11 +899,10 @@ fn an_operation_kept_from_prunes_does_not_have_a_prune_recorded_at_every_start()
     anchor_outside_the_workspace();
     let env = Env::new(Some(POLICY));
     let mut ci = env.agent("ci-agent");
-    let p = submitted(
+    let p = written(
         &mut ci,
-        "file.write",
-        json!({"path": "notes/a.txt"}),
-        json!({"content": "a\n"}),
+        &json!({"path": "notes/a.txt"}),
+        &json!({"content": "a\n"}),
         "pending-1",
     );
     assert_eq!(p["state"], "pending", "{p}");
