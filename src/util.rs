@@ -443,7 +443,7 @@ pub fn openat2(
         .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: open_how is plain data; zeroed is its documented default.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = flags as u64;
+    how.flags = u64::from(flags as u32);
     how.resolve = resolve;
     // SAFETY: a NUL-terminated path and a live open_how of the size passed.
     let fd = unsafe {

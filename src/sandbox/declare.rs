@@ -3,9 +3,9 @@
 //! - `mount_grant` `mount:read:VAR` or `mount:write:VAR`: the tree at the absolute path in
 //!   gaffer's environment variable `VAR` becomes readable (and writable). Like secrets, the
 //!   path comes from the environment the operator started gaffer with, never from the bundle;
-//!   `.gaffer/` stays covered whatever is granted. The path is resolved when the grant is
-//!   made and opened without following links when the process starts, and never lies in the
-//!   workspace (whose entries the agent can swap for links);
+//!   `.gaffer/` stays covered whatever is granted. The path is resolved each time a process
+//!   starts ([`resolve_grant`]), never through the workspace (whose entries the agent can
+//!   swap for links), and opened without following links;
 //! - `network_policy` `network:tcp-connect:PORT`: TCP connections to that port are allowed
 //!   (the process then shares gaffer's network namespace; Landlock allows no other TCP bind or
 //!   connect); `network:none`, the default: no network at all;
@@ -35,6 +35,7 @@ pub fn check_declarations(decls: &[Declaration]) -> Result<(), SandboxError> {
 }
 
 fn spec_of(workspace: Option<&Path>, decls: &[Declaration]) -> Result<Spec, SandboxError> {
+    // Without a workspace the spec is only checked, never used.
     let mut spec = Spec::new(workspace.unwrap_or(Path::new("/")));
     for d in decls {
         match d.kind {
